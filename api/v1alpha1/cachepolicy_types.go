@@ -1,0 +1,254 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// EvictionPolicy chooses which block leaves a full tier first.
+// +kubebuilder:validation:Enum=LRU;LFU;LRFU;MRD
+type EvictionPolicy string
+
+// The eviction policies.
+const (
+	// EvictLRU evicts the least recently used block.
+	EvictLRU EvictionPolicy = "LRU"
+	// EvictLFU evicts the least frequently used block.
+	EvictLFU EvictionPolicy = "LFU"
+	// EvictLRFU weighs recency against frequency with lambda: 0 behaves like LFU, 1 like LRU.
+	EvictLRFU EvictionPolicy = "LRFU"
+	// EvictMRD is DAG-aware: it evicts the block whose next use in the lineage graph is furthest away.
+	EvictMRD EvictionPolicy = "MRD"
+)
+
+// EvictionSpec configures eviction.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.lambda) || (has(self.policy) && self.policy == 'LRFU')",message="spec.eviction.lambda only applies to policy: LRFU"
+type EvictionSpec struct {
+	// Policy is LRU, LFU, LRFU or MRD (DAG-aware).
+	// +kubebuilder:default=LRU
+	// +optional
+	Policy EvictionPolicy `json:"policy,omitempty"`
+
+	// Lambda weighs recency against frequency for LRFU, in [0, 1]: 0 is LFU, 1 is LRU.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self >= 0.0 && self <= 1.0",message="spec.eviction.lambda must be in [0, 1]: 0 behaves like LFU, 1 like LRU"
+	Lambda *float64 `json:"lambda,omitempty"`
+
+	// Watermarks, when set, override the TierPool's watermarks for this policy's Datasets.
+	// +optional
+	Watermarks *Watermarks `json:"watermarks,omitempty"`
+}
+
+// PromotionSpec configures moving hot blocks up a tier.
+type PromotionSpec struct {
+	// AccessThreshold is how many reads a block in a lower tier needs before it moves up.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:XValidation:rule="self >= 1",message="spec.promotion.accessThreshold must be at least 1"
+	// +optional
+	AccessThreshold int32 `json:"accessThreshold,omitempty"`
+}
+
+// ReplicationScope is where replicas of intermediate data go.
+// +kubebuilder:validation:Enum=Node;Rack;Zone
+type ReplicationScope string
+
+// The replication scopes, from the topology labels of the nodes.
+const (
+	// ReplicateAnyNode puts a replica on any other node.
+	ReplicateAnyNode ReplicationScope = "Node"
+	// ReplicateSameRack keeps replicas in the writer's rack (label topology.strata.dev/rack).
+	ReplicateSameRack ReplicationScope = "Rack"
+	// ReplicateSameZone keeps replicas in the writer's zone (label topology.kubernetes.io/zone).
+	ReplicateSameZone ReplicationScope = "Zone"
+)
+
+// ReplicationSpec configures replication of cached blocks. Replication is always asynchronous:
+// a writer never waits for a replica.
+type ReplicationSpec struct {
+	// Count is the number of in-cache copies of each block, the original included; 1 means no replica.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="self >= 1",message="spec.replication.count is the number of copies including the original and must be at least 1"
+	// +kubebuilder:validation:Maximum=8
+	// +optional
+	Count int32 `json:"count,omitempty"`
+
+	// Scope keeps replicas near the writer to spare the core network.
+	// +kubebuilder:default=Rack
+	// +optional
+	Scope ReplicationScope `json:"scope,omitempty"`
+
+	// Selective replicates only data that is read on the node that wrote it; data a shuffle
+	// already moved to another node has a copy there.
+	// +kubebuilder:default=true
+	// +optional
+	Selective *bool `json:"selective,omitempty"`
+}
+
+// CheckpointStrategy chooses when outputs are written to their under-store.
+// +kubebuilder:validation:Enum=Edge;Interval;None
+type CheckpointStrategy string
+
+// The checkpoint strategies.
+const (
+	// CheckpointEdge checkpoints the leaves of the lineage graph first and hot files in between
+	// (Tachyon's Edge algorithm), bounding recomputation time.
+	CheckpointEdge CheckpointStrategy = "Edge"
+	// CheckpointInterval checkpoints every output once per interval, oldest first.
+	CheckpointInterval CheckpointStrategy = "Interval"
+	// CheckpointNone never checkpoints; lost outputs are always recomputed.
+	CheckpointNone CheckpointStrategy = "None"
+)
+
+// CheckpointSpec configures checkpointing of Lineage outputs.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.strategy) || self.strategy != 'Interval' || has(self.interval)",message="spec.checkpoint.interval is required with strategy: Interval, for example 5m"
+type CheckpointSpec struct {
+	// Strategy is Edge, Interval or None.
+	// +kubebuilder:default=Edge
+	// +optional
+	Strategy CheckpointStrategy `json:"strategy,omitempty"`
+
+	// EdgeFraction is c, the share of checkpoint time spent on the edge of the lineage graph;
+	// the rest goes to hot files. Any file then recovers within 3·M/c, M being the longest time to
+	// compute or checkpoint one edge file.
+	// +kubebuilder:default=0.5
+	// +kubebuilder:validation:XValidation:rule="self > 0.0 && self <= 1.0",message="spec.checkpoint.edgeFraction must be in (0, 1]: it is the share c of checkpoint time spent on the edge, and recovery time grows as 1/c"
+	// +optional
+	EdgeFraction float64 `json:"edgeFraction,omitempty"`
+
+	// HotReads is how many reads make a file hot.
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	HotReads int32 `json:"hotReads,omitempty"`
+
+	// Interval is the checkpoint period for strategy Interval.
+	// +optional
+	Interval *metav1.Duration `json:"interval,omitempty"`
+
+	// BandwidthLimit caps checkpoint writes per worker, in bytes per second, such as 100Mi.
+	// Empty means no cap.
+	// +optional
+	BandwidthLimit *resource.Quantity `json:"bandwidthLimit,omitempty"`
+
+	// SyncWriteThreshold: files larger than this are written to the under-store synchronously as
+	// they are written, since recomputing them would cost more than writing them. Empty means never.
+	// +optional
+	SyncWriteThreshold *resource.Quantity `json:"syncWriteThreshold,omitempty"`
+
+	// TemporaryPathPatterns are glob patterns of output paths that are never checkpointed unless
+	// memory runs short, such as "**/_tmp/**".
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	TemporaryPathPatterns []string `json:"temporaryPathPatterns,omitempty"`
+}
+
+// PrefetchPolicy chooses what is read ahead.
+// +kubebuilder:validation:Enum=None;MRD;CP;CMR
+type PrefetchPolicy string
+
+// The prefetch policies (Kariz).
+const (
+	// PrefetchNone reads nothing ahead.
+	PrefetchNone PrefetchPolicy = "None"
+	// PrefetchMRD prefetches the data whose next use in the lineage graph is nearest.
+	PrefetchMRD PrefetchPolicy = "MRD"
+	// PrefetchCP prefetches the inputs of the critical path first.
+	PrefetchCP PrefetchPolicy = "CP"
+	// PrefetchCMR caches just enough of each input to shorten the critical path, by time saved per byte.
+	PrefetchCMR PrefetchPolicy = "CMR"
+)
+
+// PrefetchSpec configures prefetching.
+type PrefetchSpec struct {
+	// Policy is None, MRD, CP or CMR.
+	// +kubebuilder:default=None
+	// +optional
+	Policy PrefetchPolicy `json:"policy,omitempty"`
+}
+
+// CachePolicySpec is how the Datasets that name this policy are cached, replicated and checkpointed.
+type CachePolicySpec struct {
+	// Eviction chooses which blocks leave a full tier.
+	// +kubebuilder:default={}
+	// +optional
+	Eviction EvictionSpec `json:"eviction,omitempty"`
+
+	// Promotion moves hot blocks up a tier.
+	// +kubebuilder:default={}
+	// +optional
+	Promotion PromotionSpec `json:"promotion,omitempty"`
+
+	// PinnedPaths are glob patterns of paths, inside each Dataset, that are never evicted.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=256
+	PinnedPaths []string `json:"pinnedPaths,omitempty"`
+
+	// Replication of cached blocks.
+	// +kubebuilder:default={}
+	// +optional
+	Replication ReplicationSpec `json:"replication,omitempty"`
+
+	// Checkpoint of Lineage outputs to their under-store.
+	// +kubebuilder:default={}
+	// +optional
+	Checkpoint CheckpointSpec `json:"checkpoint,omitempty"`
+
+	// Prefetch reads data ahead of its use.
+	// +kubebuilder:default={}
+	// +optional
+	Prefetch PrefetchSpec `json:"prefetch,omitempty"`
+}
+
+// CachePolicyStatus is the observed state of a CachePolicy.
+type CachePolicyStatus struct {
+	// Conditions: Ready when the policy has reached the master and the workers.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Datasets counts the Datasets that use this policy.
+	// +optional
+	Datasets int32 `json:"datasets,omitempty"`
+}
+
+// CachePolicy is how Datasets are evicted, promoted, replicated, checkpointed and prefetched.
+// Datasets in the same namespace name it in spec.cachePolicyName.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:categories=strata
+// +kubebuilder:printcolumn:name="Eviction",type=string,JSONPath=`.spec.eviction.policy`
+// +kubebuilder:printcolumn:name="Checkpoint",type=string,JSONPath=`.spec.checkpoint.strategy`
+// +kubebuilder:printcolumn:name="Copies",type=integer,JSONPath=`.spec.replication.count`
+// +kubebuilder:printcolumn:name="Prefetch",type=string,JSONPath=`.spec.prefetch.policy`
+// +kubebuilder:printcolumn:name="Datasets",type=integer,JSONPath=`.status.datasets`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type CachePolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   CachePolicySpec   `json:"spec,omitempty"`
+	Status CachePolicyStatus `json:"status,omitempty"`
+}
+
+// CachePolicyList is a list of CachePolicies.
+//
+// +kubebuilder:object:root=true
+type CachePolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []CachePolicy `json:"items"`
+}
+
+func init() {
+	knownTypes = append(knownTypes, &CachePolicy{}, &CachePolicyList{})
+}

@@ -1,0 +1,47 @@
+package v1alpha1
+
+// Condition types shared by the kinds of this package. Each kind's status carries a list of
+// metav1.Condition; these are the types the controllers set.
+const (
+	// ConditionReady is True when the object does what it declares: a Dataset can be mounted,
+	// a TierPool's workers run, a Lineage's outputs are available.
+	ConditionReady = "Ready"
+
+	// ConditionSourceReachable is True when a Dataset's under-store answers with the
+	// credentials given and the prefix exists.
+	ConditionSourceReachable = "SourceReachable"
+
+	// ConditionCached is True when every byte of a Dataset is in the cache.
+	ConditionCached = "Cached"
+
+	// ConditionCheckpointed is True when every output of a Lineage is in its under-store.
+	ConditionCheckpointed = "Checkpointed"
+
+	// ConditionRecomputing is True while a Lineage recomputes lost outputs.
+	ConditionRecomputing = "Recomputing"
+)
+
+// Watermarks bound how full a tier may get. When the used share of a tier's quota passes High,
+// blocks are moved down (or, from the last tier, dropped when that is safe) until it falls to Low.
+//
+// +kubebuilder:validation:XValidation:rule="self.high > self.low",message="watermarks.high must be above watermarks.low, for example high: 0.9 and low: 0.7"
+type Watermarks struct {
+	// High is the share of the quota, in (0, 1], at which eviction starts.
+	// +kubebuilder:default=0.9
+	// +kubebuilder:validation:XValidation:rule="self > 0.0 && self <= 1.0",message="watermarks.high is a share of the quota and must be in (0, 1], for example 0.9"
+	High float64 `json:"high"`
+
+	// Low is the share of the quota, in [0, 1), at which eviction stops.
+	// +kubebuilder:default=0.7
+	// +kubebuilder:validation:XValidation:rule="self >= 0.0 && self < 1.0",message="watermarks.low is a share of the quota and must be in [0, 1), for example 0.7"
+	Low float64 `json:"low"`
+}
+
+// SecretReference names a Secret in the namespace of the object that refers to it. There is
+// deliberately no namespace field: credentials are only ever read from the user's own namespace.
+type SecretReference struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}

@@ -1,0 +1,196 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DatasetSpec declares where a Dataset's data comes from and how it is cached.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.source) != has(self.lineage)",message="set exactly one of spec.source (data that already exists in an under-store) and spec.lineage (data that a Lineage writes)"
+type DatasetSpec struct {
+	// Source is the under-store that already holds the data. Mutually exclusive with Lineage.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.source is immutable: create a new Dataset to cache other data"
+	Source *DatasetSource `json:"source,omitempty"`
+
+	// Lineage names the Lineage, in this Dataset's namespace, whose Job writes this Dataset.
+	// The Dataset is then an output: written once into memory, made durable by lineage and by
+	// checkpoints. Mutually exclusive with Source.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.lineage is immutable: create a new Dataset for another Lineage"
+	Lineage *LineageReference `json:"lineage,omitempty"`
+
+	// CachePolicyName names a CachePolicy in this namespace. Empty means the built-in defaults:
+	// LRU eviction, Edge checkpointing, one in-memory copy.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	CachePolicyName string `json:"cachePolicyName,omitempty"`
+
+	// TierPoolName names the TierPool whose workers cache this Dataset.
+	// +kubebuilder:default=default
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	TierPoolName string `json:"tierPoolName,omitempty"`
+
+	// Preload loads the whole Dataset into the cache as soon as it is created, instead of on
+	// first read. Progress shows in status.cachedPercentage.
+	// +optional
+	Preload bool `json:"preload,omitempty"`
+
+	// Temporary marks intermediate data that is never checkpointed to the under-store unless
+	// memory runs short; lineage alone makes it recoverable.
+	// +optional
+	Temporary bool `json:"temporary,omitempty"`
+}
+
+// DatasetSource is an under-store location.
+//
+// +kubebuilder:validation:XValidation:rule="self.uri.matches('^(s3|file|pvc|https?)://')",message="spec.source.uri must start with s3://, file://, pvc://, http:// or https://"
+// +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('s3://') || self.uri.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",message="an s3:// source must name a bucket: s3://bucket or s3://bucket/prefix"
+// +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('pvc://') || self.uri.matches('^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?$')",message="a pvc:// source must name a PersistentVolumeClaim of the Dataset's namespace: pvc://claim or pvc://claim/path"
+// +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('file://') || self.uri.startsWith('file:///')",message="a file:// source must be an absolute path: file:///path"
+// +kubebuilder:validation:XValidation:rule="!has(self.endpoint) || self.uri.startsWith('s3://')",message="spec.source.endpoint only applies to s3:// sources"
+type DatasetSource struct {
+	// URI of the data: s3://bucket/prefix, file:///path (only under the TierPool's
+	// fileSourceRoots), pvc://claim/path (a claim in the Dataset's namespace), or http(s)://host/path.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	URI string `json:"uri"`
+
+	// Endpoint of an S3-compatible server, such as http://minio.storage:9000. Empty means AWS S3.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^https?://[^\s/]+(/.*)?$`
+	// +kubebuilder:validation:MaxLength=2048
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// Region of an S3 bucket.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Region string `json:"region,omitempty"`
+
+	// SecretRef names a Secret in the Dataset's namespace with the credentials: keys
+	// accessKeyID and secretAccessKey for s3://, username and password or token for https://.
+	// +optional
+	SecretRef *SecretReference `json:"secretRef,omitempty"`
+}
+
+// LineageReference names a Lineage in the same namespace.
+type LineageReference struct {
+	// Name of the Lineage.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// DatasetPhase is a one-word summary of a Dataset's state.
+// +kubebuilder:validation:Enum=Pending;Loading;Ready;Degraded;Lost;Recomputing
+type DatasetPhase string
+
+// The phases of a Dataset.
+const (
+	// DatasetPending means accepted, not yet registered or its source not yet validated.
+	DatasetPending DatasetPhase = "Pending"
+	// DatasetLoading means being preloaded or written.
+	DatasetLoading DatasetPhase = "Loading"
+	// DatasetReady means mountable; every byte is cached or readable from its source.
+	DatasetReady DatasetPhase = "Ready"
+	// DatasetDegraded means mountable, but some blocks are lost and will be re-read or recomputed.
+	DatasetDegraded DatasetPhase = "Degraded"
+	// DatasetLost means data is gone and there is neither a checkpoint nor a Lineage to recompute it.
+	DatasetLost DatasetPhase = "Lost"
+	// DatasetRecomputing means lost outputs are being recomputed from lineage.
+	DatasetRecomputing DatasetPhase = "Recomputing"
+)
+
+// TierUsage is how many bytes of a Dataset one tier holds, summed over nodes.
+type TierUsage struct {
+	// Tier is the tier's name in the TierPool.
+	Tier string `json:"tier"`
+	// Bytes of the Dataset in this tier.
+	Bytes int64 `json:"bytes"`
+}
+
+// DatasetStatus is the observed state of a Dataset.
+type DatasetStatus struct {
+	// Phase summarises the conditions for kubectl get.
+	// +optional
+	Phase DatasetPhase `json:"phase,omitempty"`
+
+	// Conditions: Ready, SourceReachable, Cached.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// TotalBytes is the size of the Dataset.
+	// +optional
+	TotalBytes int64 `json:"totalBytes,omitempty"`
+
+	// Files is the number of files in the Dataset.
+	// +optional
+	Files int64 `json:"files,omitempty"`
+
+	// CachedBytes is how much of it is in the cache, in any tier.
+	// +optional
+	CachedBytes int64 `json:"cachedBytes,omitempty"`
+
+	// CachedPercentage is CachedBytes over TotalBytes, for kubectl get, such as "87%".
+	// +optional
+	CachedPercentage string `json:"cachedPercentage,omitempty"`
+
+	// Size is TotalBytes in binary units, for kubectl get, such as "1.5Gi".
+	// +optional
+	Size string `json:"size,omitempty"`
+
+	// Tiers is the use per tier.
+	// +optional
+	// +listType=map
+	// +listMapKey=tier
+	Tiers []TierUsage `json:"tiers,omitempty"`
+
+	// CheckpointedBytes is how much of an output Dataset is durable in its under-store.
+	// +optional
+	CheckpointedBytes int64 `json:"checkpointedBytes,omitempty"`
+
+	// PersistentVolumeClaimName is the claim, in the Dataset's namespace, that pods mount.
+	// +optional
+	PersistentVolumeClaimName string `json:"persistentVolumeClaimName,omitempty"`
+}
+
+// Dataset is data that Strata caches near the pods that read it: existing data in an
+// under-store, or the output of a Lineage. Pods mount it through the PVC in status.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:categories=strata
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Cached",type=string,JSONPath=`.status.cachedPercentage`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.source.uri`,priority=1
+// +kubebuilder:printcolumn:name="Lineage",type=string,JSONPath=`.spec.lineage.name`,priority=1
+// +kubebuilder:printcolumn:name="PVC",type=string,JSONPath=`.status.persistentVolumeClaimName`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Dataset struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   DatasetSpec   `json:"spec"`
+	Status DatasetStatus `json:"status,omitempty"`
+}
+
+// DatasetList is a list of Datasets.
+//
+// +kubebuilder:object:root=true
+type DatasetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Dataset `json:"items"`
+}
+
+func init() {
+	knownTypes = append(knownTypes, &Dataset{}, &DatasetList{})
+}

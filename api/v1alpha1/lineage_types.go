@@ -1,0 +1,185 @@
+package v1alpha1
+
+import (
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DependencyType says which inputs each output of a Lineage depends on.
+// +kubebuilder:validation:Enum=Narrow;Wide
+type DependencyType string
+
+const (
+	// DependencyNarrow means output i depends on input i alone, so losing output i reruns only its part.
+	DependencyNarrow DependencyType = "Narrow"
+	// DependencyWide means every output depends on every input.
+	DependencyWide DependencyType = "Wide"
+)
+
+// LineageSpec is how a set of output Datasets is computed from a set of input Datasets.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.outputs) && size(self.outputs) > 0",message="spec.outputs must name at least one Dataset that this Lineage writes"
+// +kubebuilder:validation:XValidation:rule="!has(self.inputs) || !has(self.outputs) || self.outputs.all(o, !(o in self.inputs))",message="a Dataset cannot be both an input and an output of one Lineage: remove it from spec.inputs or from spec.outputs"
+// +kubebuilder:validation:XValidation:rule="!has(self.dependency) || self.dependency != 'Narrow' || (has(self.inputs) && has(self.outputs) && size(self.inputs) == size(self.outputs))",message="a Narrow Lineage maps input i to output i, so spec.inputs and spec.outputs must have the same length; use dependency: Wide otherwise"
+// +kubebuilder:validation:XValidation:rule="has(self.template.spec) && has(self.template.spec.template.spec) && size(self.template.spec.template.spec.containers) > 0",message="spec.template must be a Job template with at least one container in spec.template.spec.template.spec.containers"
+// +kubebuilder:validation:XValidation:rule="!has(self.partitions) || (has(self.outputs) && self.partitions.all(p, p.output in self.outputs))",message="every spec.partitions[].output must be one of spec.outputs"
+type LineageSpec struct {
+	// Inputs are the names of the Datasets, in this namespace, that the Job reads, in order.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	Inputs []string `json:"inputs,omitempty"`
+
+	// Outputs are the names of the Datasets, in this namespace, that the Job writes, in order.
+	// Each must declare this Lineage in its spec.lineage.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	Outputs []string `json:"outputs,omitempty"`
+
+	// Dependency is Narrow (output i depends on input i) or Wide (on all inputs).
+	// +kubebuilder:default=Wide
+	// +optional
+	Dependency DependencyType `json:"dependency,omitempty"`
+
+	// Template is the Job that computes the outputs. Its arguments and configuration are opaque
+	// to Strata; recomputation creates a Job from it, with the inputs and outputs mounted at the
+	// same paths.
+	Template batchv1.JobTemplateSpec `json:"template"`
+
+	// Partitions maps the completion indexes of an Indexed Job to the output partitions they
+	// write, so that recovery reruns only the indexes whose partitions were lost.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=4096
+	Partitions []OutputPartition `json:"partitions,omitempty"`
+
+	// MaxRecomputations caps how many times lost outputs are recomputed before the Lineage
+	// reports Failed instead of retrying; a Job that fails deterministically must not loop.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxRecomputations int32 `json:"maxRecomputations,omitempty"`
+}
+
+// OutputPartition ties one completion index of an Indexed Job to the part of an output it writes.
+type OutputPartition struct {
+	// Index is the Job completion index.
+	// +kubebuilder:validation:Minimum=0
+	Index int32 `json:"index"`
+	// Output is the output Dataset's name.
+	// +kubebuilder:validation:MinLength=1
+	Output string `json:"output"`
+	// Path is the partition's path inside the output, such as part-00003.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.contains('..')",message="spec.partitions[].path is relative to the output and may not contain '..'"
+	Path string `json:"path"`
+}
+
+// OutputState is where one output of a Lineage stands.
+// +kubebuilder:validation:Enum=Pending;InMemory;Checkpointing;Checkpointed;Lost;Recomputing
+type OutputState string
+
+// The states of a Lineage output.
+const (
+	OutputPending       OutputState = "Pending"
+	OutputInMemory      OutputState = "InMemory"
+	OutputCheckpointing OutputState = "Checkpointing"
+	OutputCheckpointed  OutputState = "Checkpointed"
+	OutputLost          OutputState = "Lost"
+	OutputRecomputing   OutputState = "Recomputing"
+)
+
+// LineageOutputStatus is the state of one output.
+type LineageOutputStatus struct {
+	// Name of the output Dataset.
+	Name string `json:"name"`
+	// State of the output.
+	State OutputState `json:"state"`
+	// CheckpointedBytes is how much of it is durable in the under-store.
+	// +optional
+	CheckpointedBytes int64 `json:"checkpointedBytes,omitempty"`
+}
+
+// RecomputationStatus describes the recomputation Job that runs now.
+type RecomputationStatus struct {
+	// JobName is the recomputation Job in the Lineage's namespace.
+	JobName string `json:"jobName"`
+	// PriorityClassName is the class the Job's pods run with, inherited from the highest-priority
+	// pod waiting on the lost data.
+	PriorityClassName string `json:"priorityClassName"`
+	// Indexes are the completion indexes being rerun; empty means the whole Job.
+	// +optional
+	// +listType=atomic
+	Indexes []int32 `json:"indexes,omitempty"`
+	// StartTime is when the Job was created.
+	StartTime metav1.Time `json:"startTime"`
+}
+
+// LineageStatus is the observed state of a Lineage.
+type LineageStatus struct {
+	// Conditions: Ready, Checkpointed, Recomputing.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Outputs is the state of each output.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Outputs []LineageOutputStatus `json:"outputs,omitempty"`
+
+	// Recomputations counts the recomputation Jobs created so far.
+	// +optional
+	Recomputations int32 `json:"recomputations,omitempty"`
+
+	// ActiveRecomputation is the recomputation running now, if any.
+	// +optional
+	ActiveRecomputation *RecomputationStatus `json:"activeRecomputation,omitempty"`
+
+	// UncheckpointedDepth is the length of the longest chain of uncheckpointed outputs ending at
+	// this Lineage: how many Jobs a loss could force to rerun.
+	// +optional
+	UncheckpointedDepth int32 `json:"uncheckpointedDepth,omitempty"`
+}
+
+// Lineage records how output Datasets are computed from input Datasets by a Job, so that lost
+// outputs can be recomputed instead of replicated.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:categories=strata
+// +kubebuilder:printcolumn:name="Dependency",type=string,JSONPath=`.spec.dependency`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Checkpointed",type=string,JSONPath=`.status.conditions[?(@.type=="Checkpointed")].status`
+// +kubebuilder:printcolumn:name="Depth",type=integer,JSONPath=`.status.uncheckpointedDepth`
+// +kubebuilder:printcolumn:name="Recomputations",type=integer,JSONPath=`.status.recomputations`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Lineage struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   LineageSpec   `json:"spec"`
+	Status LineageStatus `json:"status,omitempty"`
+}
+
+// LineageList is a list of Lineages.
+//
+// +kubebuilder:object:root=true
+type LineageList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Lineage `json:"items"`
+}
+
+func init() {
+	knownTypes = append(knownTypes, &Lineage{}, &LineageList{})
+}
