@@ -5,12 +5,41 @@ KUBERNETES_VERSION ?= v1.32.4
 ETCD_VERSION ?= v3.5.16
 CONTROLLER_TOOLS_VERSION ?= v0.17.3
 GOLANGCI_LINT_VERSION ?= v2.15.0
+KIND_VERSION ?= v0.27.0
+HELM_VERSION ?= v3.17.3
+COREDNS_VERSION ?= v1.11.3
+# MinIO publishes no semantic versions as Go modules; this pseudo-version is its 2026-02-12 commit.
+MINIO_VERSION ?= v0.0.0-20260212201848-7aac2a2c5b7c
+
+# The project's version, which tags its images and the chart's appVersion.
+VERSION ?= 0.1.0
+IMAGE_PREFIX ?= strata-cache
 
 # Where tools and built dependencies go (git-ignored); nothing is installed outside it.
 LOCALBIN ?= $(CURDIR)/bin
 K8S_BIN ?= $(LOCALBIN)/k8s/$(KUBERNETES_VERSION)
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+KIND ?= $(LOCALBIN)/kind-$(KIND_VERSION)
+HELM ?= $(LOCALBIN)/helm-$(HELM_VERSION)
+COREDNS ?= $(LOCALBIN)/coredns-$(COREDNS_VERSION)
+MINIO ?= $(LOCALBIN)/minio-$(MINIO_VERSION)
+KUBECTL ?= $(K8S_BIN)/kubectl
+
+# The e2e Kind cluster. Every image it runs is built here (no registry is reachable).
+KIND_CLUSTER ?= strata
+NODE_IMAGE ?= $(IMAGE_PREFIX)/kind-node:$(KUBERNETES_VERSION)
+ROOTFS_TAR ?= $(LOCALBIN)/kind/rootfs-bookworm.tar
+ROOTFS_IMAGE ?= $(IMAGE_PREFIX)/kind-rootfs:bookworm
+KUBE_BINARIES := kubeadm kubelet kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy
+# The images kubeadm $(KUBERNETES_VERSION) runs (`kubeadm config images list`), under their usual names.
+KUBEADM_IMAGES := registry.k8s.io/kube-apiserver:$(KUBERNETES_VERSION) \
+	registry.k8s.io/kube-controller-manager:$(KUBERNETES_VERSION) \
+	registry.k8s.io/kube-scheduler:$(KUBERNETES_VERSION) \
+	registry.k8s.io/kube-proxy:$(KUBERNETES_VERSION) \
+	registry.k8s.io/coredns/coredns:$(COREDNS_VERSION) \
+	registry.k8s.io/pause:3.10 \
+	registry.k8s.io/etcd:$(patsubst v%,%,$(ETCD_VERSION))-0
 
 GO_TEST_FLAGS ?= -race
 SHELL := /usr/bin/env bash -o pipefail
@@ -26,10 +55,8 @@ help: ## Show the targets.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the demo: a Kind cluster, Strata installed by Helm, a Dataset from a local S3 server read by a pod.
-	@echo "make demo needs the Kind harness (issue: a real multi-node Kind cluster, built offline), which has not landed yet." >&2
-	@echo "Until then, 'make test' runs everything that exists: the API validated by a real kube-apiserver." >&2
-	@exit 1
+demo: kind-up deploy minio-deploy ## Run the demo: a Kind cluster, Strata installed by Helm, a Dataset from a local S3 server read by a pod.
+	KUBECTL=$(KUBECTL) KUBE_CONTEXT=$(KUBE_CONTEXT) TESTKIT_IMAGE=$(IMAGE_PREFIX)/testkit:e2e hack/demo.sh
 
 ##@ Development
 
@@ -42,8 +69,8 @@ generate: $(CONTROLLER_GEN) ## Generate DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
 .PHONY: verify-gen
-verify-gen: manifests generate ## Fail if generated files differ from what is committed.
-	@git diff --exit-code -- config/crd api || { echo "generated files are stale: run 'make manifests generate' and commit" >&2; exit 1; }
+verify-gen: manifests generate chart-crds ## Fail if generated files differ from what is committed.
+	@git diff --exit-code -- config/crd api charts/strata/crds || { echo "generated files are stale: run 'make manifests generate' and commit" >&2; exit 1; }
 
 .PHONY: fmt
 fmt: ## Run go fmt.
@@ -71,6 +98,113 @@ lint-fix: $(GOLANGCI_LINT) ## Run golangci-lint and fix what it can.
 build: manifests generate fmt vet ## Build the binaries into bin/.
 	CGO_ENABLED=0 go build -o $(LOCALBIN)/ ./cmd/...
 
+##@ Kind cluster (offline)
+
+.PHONY: docker-up
+docker-up: ## Install and start a Docker engine if none answers.
+	hack/docker-up.sh
+
+.PHONY: kube-binaries
+kube-binaries: ## Build the Kubernetes binaries of $(KUBERNETES_VERSION) from source.
+	hack/build-kube.sh $(KUBERNETES_VERSION) $(K8S_BIN) $(KUBE_BINARIES)
+
+.PHONY: kubeadm-images
+kubeadm-images: docker-up kube-binaries $(K8S_BIN)/etcd $(COREDNS) rootfs-image ## Build every image kubeadm needs, FROM scratch.
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/pause ./hack/kind/pause
+	hack/scratch-image.sh registry.k8s.io/pause:3.10 /pause $(LOCALBIN)/pause:/pause
+	hack/scratch-image.sh registry.k8s.io/etcd:$(patsubst v%,%,$(ETCD_VERSION))-0 - $(K8S_BIN)/etcd:/usr/local/bin/etcd
+	hack/scratch-image.sh registry.k8s.io/coredns/coredns:$(COREDNS_VERSION) /coredns $(COREDNS):/coredns
+	for b in kube-apiserver kube-controller-manager kube-scheduler; do \
+		hack/scratch-image.sh registry.k8s.io/$$b:$(KUBERNETES_VERSION) - $(K8S_BIN)/$$b:/usr/local/bin/$$b; done
+	hack/kind/kube-proxy-image.sh registry.k8s.io/kube-proxy:$(KUBERNETES_VERSION) $(ROOTFS_IMAGE) $(K8S_BIN)/kube-proxy
+
+.PHONY: rootfs-image
+rootfs-image: docker-up ## Debootstrap the Debian rootfs that the node and kube-proxy images start from.
+	hack/kind/build-rootfs.sh $(ROOTFS_TAR)
+	docker image inspect $(ROOTFS_IMAGE) >/dev/null 2>&1 || docker import $(ROOTFS_TAR) $(ROOTFS_IMAGE) >/dev/null
+
+.PHONY: node-image
+node-image: kubeadm-images ## Build the Kind node image with every kubeadm image preloaded.
+	NODE_IMAGE=$(NODE_IMAGE) KUBERNETES_VERSION=$(KUBERNETES_VERSION) K8S_BIN=$(K8S_BIN) KIND_VERSION=$(KIND_VERSION) \
+		ROOTFS_IMAGE=$(ROOTFS_IMAGE) PRELOAD_IMAGES="$(KUBEADM_IMAGES)" hack/kind/build-node-image.sh
+
+.PHONY: kind-up
+kind-up: node-image $(KIND) podnet-image ## Create the Kind cluster (1 control plane, 2 workers) if it does not exist.
+	KIND=$(KIND) KUBECTL=$(KUBECTL) KIND_CLUSTER=$(KIND_CLUSTER) NODE_IMAGE=$(NODE_IMAGE) \
+		PODNET_IMAGE=$(IMAGE_PREFIX)/podnet:e2e hack/kind/up.sh
+
+.PHONY: kind-down
+kind-down: $(KIND) ## Delete the Kind cluster.
+	$(KIND) delete cluster --name $(KIND_CLUSTER)
+
+.PHONY: podnet-image
+podnet-image: docker-up ## The pod-network daemon of the e2e clusters.
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/podnet ./hack/podnet
+	hack/scratch-image.sh $(IMAGE_PREFIX)/podnet:e2e /podnet $(LOCALBIN)/podnet:/podnet
+
+##@ Images and deployment
+
+# The project's images, FROM scratch with static binaries.
+IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION)
+# The images of the e2e test infrastructure.
+E2E_IMAGES := $(IMAGE_PREFIX)/testkit:e2e $(IMAGE_PREFIX)/minio:e2e
+KUBE_CONTEXT ?= kind-$(KIND_CLUSTER)
+STRATA_NAMESPACE ?= strata-system
+
+.PHONY: images
+images: docker-up ## Build the project's images, tagged $(VERSION).
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/operator ./cmd/operator
+	hack/scratch-image.sh $(IMAGE_PREFIX)/operator:$(VERSION) /operator $(LOCALBIN)/images/operator:/operator
+
+.PHONY: e2e-images
+e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and the testkit client.
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/testkit ./e2e/testkit
+	hack/scratch-image.sh $(IMAGE_PREFIX)/testkit:e2e /testkit $(LOCALBIN)/images/testkit:/testkit
+	hack/scratch-image.sh $(IMAGE_PREFIX)/minio:e2e /minio $(MINIO):/minio
+
+.PHONY: kind-load
+kind-load: images e2e-images $(KIND) ## Load the images into the Kind cluster.
+	for img in $(IMAGES) $(E2E_IMAGES); do $(KIND) load docker-image --name $(KIND_CLUSTER) $$img >/dev/null; done
+
+.PHONY: chart-crds
+chart-crds: manifests ## Copy the generated CRDs into the chart.
+	mkdir -p charts/strata/crds && cp config/crd/bases/*.yaml charts/strata/crds/
+
+.PHONY: deploy
+deploy: chart-crds $(HELM) kind-load ## Install or upgrade Strata in the Kind cluster with Helm.
+	$(HELM) upgrade --install strata charts/strata --kube-context $(KUBE_CONTEXT) \
+		--namespace $(STRATA_NAMESPACE) --create-namespace --set image.tag=$(VERSION) --wait --timeout 5m
+
+.PHONY: undeploy
+undeploy: $(HELM) ## Uninstall Strata from the Kind cluster (CRDs and Datasets stay, as Helm keeps CRDs).
+	$(HELM) uninstall strata --kube-context $(KUBE_CONTEXT) --namespace $(STRATA_NAMESPACE) --wait
+
+.PHONY: minio-deploy
+minio-deploy: $(KUBECTL) ## Run MinIO in the Kind cluster as the S3 under-store.
+	$(KUBECTL) --context $(KUBE_CONTEXT) apply -f hack/minio/minio.yaml
+	$(KUBECTL) --context $(KUBE_CONTEXT) -n minio rollout status deployment/minio --timeout=180s
+
+##@ End-to-end tests
+
+E2E_KEEP_CLUSTER ?=
+E2E_TIMEOUT ?= 60m
+
+.PHONY: e2e
+e2e: ## Run every e2e suite on the Kind cluster; it is deleted afterwards unless E2E_KEEP_CLUSTER=1.
+	$(MAKE) e2e-run E2E_LABELS=
+
+.PHONY: e2e-smoke
+e2e-smoke: ## Run the short e2e subset that CI runs.
+	$(MAKE) e2e-run E2E_LABELS=smoke
+
+.PHONY: e2e-run
+e2e-run: kind-up deploy minio-deploy
+	status=0; \
+	KUBECTL=$(KUBECTL) HELM=$(HELM) E2E_IMAGE_TAG=$(VERSION) E2E_KUBE_CONTEXT=$(KUBE_CONTEXT) E2E_STRATA_NAMESPACE=$(STRATA_NAMESPACE) \
+		go test -tags e2e ./e2e/ -count=1 -timeout $(E2E_TIMEOUT) -v -ginkgo.v -ginkgo.label-filter="$(E2E_LABELS)" || status=$$?; \
+	if [ -z "$(E2E_KEEP_CLUSTER)" ]; then $(KIND) delete cluster --name $(KIND_CLUSTER); fi; \
+	exit $$status
+
 ##@ Dependencies
 
 $(LOCALBIN):
@@ -85,6 +219,21 @@ $(K8S_BIN)/kube-apiserver:
 $(K8S_BIN)/etcd:
 	hack/build-etcd.sh $(ETCD_VERSION) $@
 
+$(K8S_BIN)/kubectl:
+	hack/build-kube.sh $(KUBERNETES_VERSION) $(K8S_BIN) kubectl
+
+$(KIND): | $(LOCALBIN)
+	$(call go-install-tool,$(KIND),sigs.k8s.io/kind,$(KIND_VERSION))
+
+$(HELM): | $(LOCALBIN)
+	$(call go-install-tool,$(HELM),helm.sh/helm/v3/cmd/helm,$(HELM_VERSION))
+
+$(COREDNS): | $(LOCALBIN)
+	$(call go-install-tool,$(COREDNS),github.com/coredns/coredns,$(COREDNS_VERSION))
+
+$(MINIO): | $(LOCALBIN)
+	$(call go-install-tool,$(MINIO),github.com/minio/minio,$(MINIO_VERSION))
+
 $(CONTROLLER_GEN): | $(LOCALBIN)
 	$(call go-install-tool,$(CONTROLLER_GEN),sigs.k8s.io/controller-tools/cmd/controller-gen,$(CONTROLLER_TOOLS_VERSION))
 
@@ -98,7 +247,7 @@ define go-install-tool
 set -e; \
 echo "installing $(2)@$(3)" ; \
 tmp=$$(mktemp -d) ; \
-GOBIN=$$tmp GOFLAGS=-mod=mod go install $(2)@$(3) ; \
+GOBIN=$$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath $(2)@$(3) ; \
 mv $$tmp/$$(basename $(2)) $(1) ; \
 rm -rf $$tmp ; \
 }

@@ -45,10 +45,11 @@ type Tier struct {
 	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))",message="quota must be a positive quantity of bytes, such as 8Gi or 500Mi"
 	Quota resource.Quantity `json:"quota"`
 
-	// Watermarks of this tier.
+	// Watermarks of this tier. (omitzero: a Go client that leaves them out sends nothing and
+	// gets the defaults, instead of zeros that fail validation.)
 	// +kubebuilder:default={high: 0.9, low: 0.7}
 	// +optional
-	Watermarks Watermarks `json:"watermarks,omitempty"`
+	Watermarks Watermarks `json:"watermarks,omitempty,omitzero"`
 }
 
 // TierPoolSpec is a set of nodes and the tiers each of them gives to the cache.
@@ -71,13 +72,13 @@ type TierPoolSpec struct {
 	// +kubebuilder:validation:MaxItems=6
 	Tiers []Tier `json:"tiers,omitempty"`
 
-	// BlockSize is the unit of caching, eviction and transfer.
+	// BlockSize is the unit of caching, eviction and transfer. (omitzero, as for Watermarks.)
 	// +kubebuilder:default="64Mi"
 	// +kubebuilder:validation:XIntOrString
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('1Gi')) <= 0",message="blockSize must be a quantity between 1Mi and 1Gi, such as 64Mi"
 	// +optional
-	BlockSize resource.Quantity `json:"blockSize,omitempty"`
+	BlockSize resource.Quantity `json:"blockSize,omitempty,omitzero"`
 
 	// FileSourceRoots are the host directories that Datasets may read through file:// sources.
 	// A file:// source outside them is refused; empty refuses every file:// source, so that no
@@ -99,9 +100,9 @@ type TierStatus struct {
 	Name string `json:"name"`
 	// Medium of the tier.
 	Medium Medium `json:"medium"`
-	// CapacityBytes is the sum of the tier's quota over the ready workers.
+	// CapacityBytes is the tier's quota times the number of nodes the pool selects.
 	CapacityBytes int64 `json:"capacityBytes"`
-	// UsedBytes is what the tier holds over the ready workers.
+	// UsedBytes is what the tier holds, summed over the workers' reports.
 	UsedBytes int64 `json:"usedBytes"`
 }
 
@@ -139,10 +140,9 @@ type TierPoolStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,categories=strata
-// +kubebuilder:printcolumn:name="Tiers",type=string,JSONPath=`.spec.tiers[*].name`
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodes`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyWorkers`
-// +kubebuilder:printcolumn:name="Block",type=string,JSONPath=`.spec.blockSize`,priority=1
+// +kubebuilder:printcolumn:name="Block",type=string,JSONPath=`.spec.blockSize`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type TierPool struct {
 	metav1.TypeMeta   `json:",inline"`

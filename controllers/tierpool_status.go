@@ -1,0 +1,146 @@
+package controllers
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+// Reasons of a TierPool's Ready condition.
+const (
+	// ReasonNoNodesSelected means that no node matches the pool's selector, or that every one
+	// that does has a taint the pool does not tolerate.
+	ReasonNoNodesSelected = "NoNodesSelected"
+	// ReasonWorkersNotDeployed means that the pool selects nodes but no worker runs on them yet.
+	ReasonWorkersNotDeployed = "WorkersNotDeployed"
+)
+
+// daemonSetTolerations are the tolerations the DaemonSet controller adds to every daemon pod
+// (see "Taints and tolerations" in the DaemonSet documentation). The workers of a pool run as a
+// DaemonSet, so status.nodes counts what the DaemonSet's desired number of pods counts: a cordoned
+// or pressured node stays in the pool. A node that is not ready carries
+// node.kubernetes.io/not-ready:NoSchedule and leaves it, as it leaves the DaemonSet's count
+// (a worker already running there is not evicted: the NoExecute variant is tolerated).
+var daemonSetTolerations = []corev1.Toleration{
+	{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
+	{Key: corev1.TaintNodeUnreachable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute},
+	{Key: corev1.TaintNodeDiskPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+	{Key: corev1.TaintNodeMemoryPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+	{Key: corev1.TaintNodePIDPressure, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+	{Key: corev1.TaintNodeUnschedulable, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+}
+
+// untoleratedTaint returns the first NoSchedule or NoExecute taint that neither the pool's
+// tolerations nor the DaemonSet's own tolerate, or nil when a worker can run on the node.
+// PreferNoSchedule taints do not keep a pod off a node.
+func untoleratedTaint(taints []corev1.Taint, tolerations []corev1.Toleration) *corev1.Taint {
+	for i := range taints {
+		taint := &taints[i]
+		if taint.Effect != corev1.TaintEffectNoSchedule && taint.Effect != corev1.TaintEffectNoExecute {
+			continue
+		}
+		if !tolerates(tolerations, taint) && !tolerates(daemonSetTolerations, taint) {
+			return taint
+		}
+	}
+	return nil
+}
+
+func tolerates(tolerations []corev1.Toleration, taint *corev1.Taint) bool {
+	for i := range tolerations {
+		if tolerations[i].ToleratesTaint(taint) {
+			return true
+		}
+	}
+	return false
+}
+
+// setTierPoolStatus writes into pool.Status what sel says about the cluster. It is the only
+// place that sets the pool's conditions.
+func setTierPoolStatus(pool *datav1alpha1.TierPool, sel nodeSelection) {
+	nodes := int32(len(sel.schedulable))
+	pool.Status.Nodes = nodes
+	// The worker DaemonSet (its own issue) fills this in from its ready pods; none exist yet.
+	pool.Status.ReadyWorkers = 0
+	pool.Status.ObservedGeneration = pool.Generation
+
+	tiers := make([]datav1alpha1.TierStatus, 0, len(pool.Spec.Tiers))
+	for _, t := range pool.Spec.Tiers {
+		tiers = append(tiers, datav1alpha1.TierStatus{
+			Name:          t.Name,
+			Medium:        t.Medium,
+			CapacityBytes: multiplySaturating(t.Quota.Value(), int64(nodes)),
+			// Workers report what their tiers hold; until they run, nothing is cached.
+			UsedBytes: 0,
+		})
+	}
+	pool.Status.Tiers = tiers
+
+	ready := metav1.Condition{
+		Type:               datav1alpha1.ConditionReady,
+		Status:             metav1.ConditionFalse,
+		ObservedGeneration: pool.Generation,
+	}
+	if nodes == 0 {
+		ready.Reason = ReasonNoNodesSelected
+		ready.Message = noNodesMessage(pool.Spec.NodeSelector, sel)
+	} else {
+		ready.Reason = ReasonWorkersNotDeployed
+		ready.Message = fmt.Sprintf("%d node(s) selected, but no cache worker runs on them yet: "+
+			"this version of the operator does not deploy the worker DaemonSet", nodes)
+		if excluded := sel.matching - len(sel.schedulable); excluded > 0 {
+			ready.Message += fmt.Sprintf("; %d more node(s) match spec.nodeSelector but have a taint "+
+				"the pool does not tolerate, such as %s", excluded, sel.untolerated.ToString())
+		}
+	}
+	meta.SetStatusCondition(&pool.Status.Conditions, ready)
+}
+
+// noNodesMessage says why a pool selects no node and what to change.
+func noNodesMessage(selector map[string]string, sel nodeSelection) string {
+	switch {
+	case sel.matching > 0:
+		return fmt.Sprintf("%d node(s) match spec.nodeSelector %s, but each has a taint the pool does not "+
+			"tolerate, such as %s: add a toleration to spec.tolerations or remove the taint from the nodes",
+			sel.matching, formatSelector(selector), sel.untolerated.ToString())
+	case len(selector) == 0:
+		return "the cluster has no node: spec.nodeSelector is empty and selects every node, so add nodes to the cluster"
+	default:
+		pairs := selectorPairs(selector)
+		return fmt.Sprintf("no node matches spec.nodeSelector {%s}: label nodes with "+
+			"`kubectl label node <node> %s` or change the selector",
+			strings.Join(pairs, ", "), strings.Join(pairs, " "))
+	}
+}
+
+// formatSelector writes a node selector as {key=value, …} with sorted keys.
+func formatSelector(selector map[string]string) string {
+	return "{" + strings.Join(selectorPairs(selector), ", ") + "}"
+}
+
+func selectorPairs(selector map[string]string) []string {
+	pairs := make([]string, 0, len(selector))
+	for k, v := range selector {
+		pairs = append(pairs, k+"="+v)
+	}
+	sort.Strings(pairs)
+	return pairs
+}
+
+// multiplySaturating returns a×b for non-negative a and b, or math.MaxInt64 when that overflows.
+func multiplySaturating(a, b int64) int64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	if a > math.MaxInt64/b {
+		return math.MaxInt64
+	}
+	return a * b
+}

@@ -1,0 +1,76 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"os/exec"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+var (
+	helmPath    = envOr("HELM", "helm")
+	imageTag    = envOr("E2E_IMAGE_TAG", "0.1.0")
+	releaseName = "strata"
+)
+
+// helm runs the Helm CLI against the e2e cluster and fails the spec, with Helm's output, on error.
+func helm(args ...string) {
+	args = append([]string{"--kube-context", kubeContext, "--namespace", strataNamespace}, args...)
+	out, err := exec.Command(helmPath, args...).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "helm %v:\n%s", args, out)
+}
+
+var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
+	var namespace string
+
+	BeforeAll(func(ctx SpecContext) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-chart-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
+	})
+	AfterEach(func() { dumpOnFailure(namespace) })
+
+	It("removes everything it installed on helm uninstall, but the CRDs and the user's Datasets", func(ctx SpecContext) {
+		dataset := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "kept", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Source: &datav1alpha1.DatasetSource{URI: "s3://bucket/prefix"}},
+		}
+		Expect(k8sClient.Create(ctx, dataset)).To(Succeed())
+
+		helm("uninstall", releaseName, "--wait", "--timeout", "3m")
+		// Reinstalled whatever happens next, so that the specs that follow find Strata running.
+		DeferCleanup(func(ctx SpecContext) {
+			helm("upgrade", "--install", releaseName, "../charts/strata", "--set", "image.tag="+imageTag, "--wait", "--timeout", "5m")
+		})
+
+		released := client.MatchingLabels{"app.kubernetes.io/instance": releaseName, "app.kubernetes.io/managed-by": "Helm"}
+		inRelease := client.InNamespace(strataNamespace)
+		for name, list := range map[string]client.ObjectList{
+			"Deployments":         &appsv1.DeploymentList{},
+			"ServiceAccounts":     &corev1.ServiceAccountList{},
+			"Services":            &corev1.ServiceList{},
+			"Roles":               &rbacv1.RoleList{},
+			"RoleBindings":        &rbacv1.RoleBindingList{},
+			"ClusterRoles":        &rbacv1.ClusterRoleList{},
+			"ClusterRoleBindings": &rbacv1.ClusterRoleBindingList{},
+			"PriorityClasses":     &schedulingv1.PriorityClassList{},
+		} {
+			Expect(k8sClient.List(ctx, list, released, inRelease)).To(Succeed(), "listing %s", name)
+			Expect(list).To(HaveField("Items", BeEmpty()), "%s of the release are left after helm uninstall", name)
+		}
+
+		// Helm never deletes CRDs: deleting them would delete every user's Datasets.
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(dataset), dataset)).To(Succeed())
+	})
+})

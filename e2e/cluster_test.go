@@ -1,0 +1,227 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+const (
+	minioNamespace = "minio"
+	minioEndpoint  = "http://minio.minio.svc:9000"
+	cacheNodeLabel = "strata.dev/cache"
+)
+
+var _ = Describe("The e2e cluster", Ordered, Label("smoke"), func() {
+	var namespace string
+
+	BeforeAll(func(ctx SpecContext) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-cluster-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
+	})
+	AfterEach(func() { dumpOnFailure(namespace, minioNamespace) })
+
+	It("has a control plane and two cache nodes, all Ready, labelled with their zone and rack", func(ctx SpecContext) {
+		var nodes corev1.NodeList
+		Expect(k8sClient.List(ctx, &nodes)).To(Succeed())
+		Expect(nodes.Items).To(HaveLen(3))
+		cacheNodes := 0
+		for _, node := range nodes.Items {
+			Expect(nodeReady(&node)).To(BeTrue(), "node %s is not Ready", node.Name)
+			if node.Labels[cacheNodeLabel] == "true" {
+				cacheNodes++
+				Expect(node.Labels).To(HaveKey("topology.kubernetes.io/zone"), "cache node %s", node.Name)
+				Expect(node.Labels).To(HaveKey("topology.strata.dev/rack"), "cache node %s", node.Name)
+			}
+		}
+		Expect(cacheNodes).To(Equal(2))
+	})
+
+	It("runs the Strata operator, Ready", func(ctx SpecContext) {
+		Eventually(func(g Gomega) {
+			var deploy appsv1.Deployment
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: strataNamespace, Name: "strata-operator"}, &deploy)).To(Succeed())
+			g.Expect(deploy.Status.ObservedGeneration).To(Equal(deploy.Generation))
+			g.Expect(deploy.Status.AvailableReplicas).To(Equal(*deploy.Spec.Replicas))
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for deployment %s/strata-operator to be available", strataNamespace)
+	})
+
+	It("serves the four Strata kinds", func() {
+		resources, err := clientset.Discovery().ServerResourcesForGroupVersion("data.strata.dev/v1alpha1")
+		Expect(err).NotTo(HaveOccurred())
+		var kinds []string
+		for _, r := range resources.APIResources {
+			if !strings.Contains(r.Name, "/") {
+				kinds = append(kinds, r.Kind)
+			}
+		}
+		Expect(kinds).To(ConsistOf("Dataset", "Lineage", "CachePolicy", "TierPool"))
+	})
+
+	It("accepts every sample of config/samples", func(ctx SpecContext) {
+		for _, obj := range readSamples() {
+			if obj.GetKind() == "TierPool" {
+				obj.SetName(namespace + "-" + obj.GetName())
+			} else {
+				obj.SetNamespace(namespace)
+			}
+			Expect(k8sClient.Create(ctx, obj)).To(Succeed(), "creating %s %s", obj.GetKind(), obj.GetName())
+			DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, obj))).To(Succeed()) })
+		}
+	})
+
+	It("lets a pod on one node read an object from the in-cluster MinIO on another node", func(ctx SpecContext) {
+		minioNode := runningPodNode(ctx, minioNamespace, "app.kubernetes.io/name=minio")
+		var nodes corev1.NodeList
+		Expect(k8sClient.List(ctx, &nodes, client.MatchingLabels{cacheNodeLabel: "true"})).To(Succeed())
+		readerNode := ""
+		for _, n := range nodes.Items {
+			if n.Name != minioNode {
+				readerNode = n.Name
+				break
+			}
+		}
+		Expect(readerNode).NotTo(BeEmpty(), "no cache node other than MinIO's node %s", minioNode)
+
+		copyMinioCredentials(ctx, namespace)
+		key := uniqueName("object")
+		written := runTestkit(ctx, namespace, minioNode, "s3", "put", "--endpoint", minioEndpoint,
+			"--bucket", "e2e", "--key", key, "--size", "8388608", "--seed", "42")
+		read := runTestkit(ctx, namespace, readerNode, "s3", "get", "--endpoint", minioEndpoint,
+			"--bucket", "e2e", "--key", key)
+		Expect(read.Bytes).To(Equal(int64(8 << 20)))
+		Expect(read.SHA256).To(Equal(written.SHA256), "bytes read on %s differ from bytes written on %s", readerNode, minioNode)
+	})
+})
+
+func nodeReady(node *corev1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// readSamples decodes every object of config/samples.
+func readSamples() []*unstructured.Unstructured {
+	files, err := filepath.Glob(filepath.Join("..", "config", "samples", "data_*.yaml"))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(files).NotTo(BeEmpty())
+	var objs []*unstructured.Unstructured
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		Expect(err).NotTo(HaveOccurred())
+		decoder := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			obj := &unstructured.Unstructured{}
+			if err := decoder.Decode(&obj.Object); errors.Is(err, io.EOF) {
+				break
+			} else {
+				Expect(err).NotTo(HaveOccurred(), "decoding %s", file)
+			}
+			if len(obj.Object) > 0 {
+				objs = append(objs, obj)
+			}
+		}
+	}
+	return objs
+}
+
+// runningPodNode returns the node of the one running, ready pod that matches selector.
+func runningPodNode(ctx context.Context, namespace, selector string) string {
+	var node string
+	Eventually(func(g Gomega) {
+		pods, err := clientset.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(pods.Items).To(HaveLen(1))
+		g.Expect(pods.Items[0].Status.Phase).To(Equal(corev1.PodRunning))
+		node = pods.Items[0].Spec.NodeName
+	}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for one running pod %s in %s", selector, namespace)
+	return node
+}
+
+// copyMinioCredentials gives namespace the Secret a user would create for a Dataset: MinIO's
+// credentials under the keys spec.source.secretRef documents.
+func copyMinioCredentials(ctx context.Context, namespace string) {
+	var root corev1.Secret
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: minioNamespace, Name: "minio-root"}, &root)).To(Succeed())
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "minio-credentials", Namespace: namespace},
+		Data: map[string][]byte{
+			"accessKeyID":     root.Data["MINIO_ROOT_USER"],
+			"secretAccessKey": root.Data["MINIO_ROOT_PASSWORD"],
+		},
+	}
+	Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, secret))).To(Succeed())
+}
+
+// testkitResult is the JSON line testkit prints.
+type testkitResult struct {
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+// runTestkit runs testkit with args in a pod on node, waits for it to succeed and decodes its output.
+func runTestkit(ctx context.Context, namespace, node string, args ...string) testkitResult {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "testkit-", Namespace: namespace},
+		Spec: corev1.PodSpec{
+			NodeName:      node,
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name:            "testkit",
+				Image:           testkitImage,
+				ImagePullPolicy: corev1.PullNever,
+				Args:            args,
+				Env: []corev1.EnvVar{
+					secretEnv("AWS_ACCESS_KEY_ID", "minio-credentials", "accessKeyID"),
+					secretEnv("AWS_SECRET_ACCESS_KEY", "minio-credentials", "secretAccessKey"),
+				},
+			}},
+		},
+	}
+	Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+		g.Expect(pod.Status.Phase).NotTo(Equal(corev1.PodFailed), "testkit %v failed: %s", args, podLogs(ctx, pod))
+		g.Expect(pod.Status.Phase).To(Equal(corev1.PodSucceeded))
+	}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for testkit %v on %s to succeed", args, node)
+
+	var res testkitResult
+	logs := podLogs(ctx, pod)
+	Expect(json.Unmarshal([]byte(strings.TrimSpace(logs)), &res)).To(Succeed(), "testkit output: %s", logs)
+	return res
+}
+
+func podLogs(ctx context.Context, pod *corev1.Pod) string {
+	raw, err := clientset.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		return "(no logs: " + err.Error() + ")"
+	}
+	return string(raw)
+}
+
+func secretEnv(name, secret, key string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: key,
+	}}}
+}

@@ -1,0 +1,192 @@
+// Command testkit is the client that end-to-end tests run inside the cluster, from a FROM scratch
+// image, to put known data into the under-store and to read it back with a checksum:
+//
+//	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
+//	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
+//	testkit sum /data/imagenet
+//
+// Credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Each command prints one JSON
+// line per object or file, {"bucket":…,"key":…,"bytes":…,"sha256":…}, that the test compares;
+// sum names files by their path relative to the folder, so its keys match the object keys below
+// a Dataset's prefix.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// result is what every command prints.
+type result struct {
+	Bucket string `json:"bucket"`
+	Key    string `json:"key"`
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "testkit:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N] | testkit sum DIR"
+
+func run(args []string) error {
+	if len(args) == 2 && args[0] == "sum" {
+		return sum(args[1], json.NewEncoder(os.Stdout))
+	}
+	if len(args) < 2 || args[0] != "s3" || (args[1] != "put" && args[1] != "get") {
+		return errors.New(usage)
+	}
+	flags := flag.NewFlagSet("s3 "+args[1], flag.ContinueOnError)
+	endpoint := flags.String("endpoint", "", "S3 endpoint URL, such as http://minio.minio.svc:9000")
+	bucket := flags.String("bucket", "", "bucket name")
+	keys := flags.String("key", "", "object keys, comma-separated")
+	size := flags.Int64("size", 1<<20, "bytes to put")
+	seed := flags.Uint64("seed", 1, "seed of the pseudo-random content to put")
+	timeout := flags.Duration("timeout", 5*time.Minute, "give up after this long")
+	if err := flags.Parse(args[2:]); err != nil {
+		return err
+	}
+	if *endpoint == "" || *bucket == "" || *keys == "" {
+		return errors.New("--endpoint, --bucket and --key are required")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+
+	client, err := newClient(*endpoint)
+	if err != nil {
+		return err
+	}
+	out := json.NewEncoder(os.Stdout)
+	for i, key := range strings.Split(*keys, ",") {
+		var res result
+		if args[1] == "put" {
+			// Each object gets its own content, reproducible from the seed and its position.
+			res, err = put(ctx, client, *bucket, key, *size, *seed+uint64(i))
+		} else {
+			res, err = get(ctx, client, *bucket, key)
+		}
+		if err != nil {
+			return err
+		}
+		if err := out.Encode(res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sum prints the size and SHA-256 of every regular file below dir.
+func sum(dir string, out *json.Encoder) error {
+	return filepath.WalkDir(dir, func(path string, entry fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("walking %s: %w", path, err)
+		}
+		if !entry.Type().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", path, err)
+		}
+		defer func() { _ = f.Close() }()
+		hash := sha256.New()
+		n, err := io.Copy(hash, f)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", path, err)
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		return out.Encode(result{Key: filepath.ToSlash(rel), Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil))})
+	})
+}
+
+func newClient(endpoint string) (*minio.Client, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("--endpoint %q is not a URL such as http://minio.minio.svc:9000", endpoint)
+	}
+	access, secret := os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
+	if access == "" || secret == "" {
+		return nil, errors.New("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+	}
+	client, err := minio.New(u.Host, &minio.Options{
+		Creds:  credentials.NewStaticV4(access, secret, ""),
+		Secure: u.Scheme == "https",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating S3 client for %s: %w", endpoint, err)
+	}
+	return client, nil
+}
+
+func put(ctx context.Context, client *minio.Client, bucket, key string, size int64, seed uint64) (result, error) {
+	exists, err := client.BucketExists(ctx, bucket)
+	if err != nil {
+		return result{}, fmt.Errorf("checking bucket %s: %w", bucket, err)
+	}
+	if !exists {
+		if err := client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
+			return result{}, fmt.Errorf("creating bucket %s: %w", bucket, err)
+		}
+	}
+	hash := sha256.New()
+	content := io.TeeReader(io.LimitReader(rand.NewChaCha8(seedBytes(seed)), size), hash)
+	info, err := client.PutObject(ctx, bucket, key, content, size, minio.PutObjectOptions{})
+	if err != nil {
+		return result{}, fmt.Errorf("putting s3://%s/%s: %w", bucket, key, err)
+	}
+	return result{Bucket: bucket, Key: key, Bytes: info.Size, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+}
+
+func get(ctx context.Context, client *minio.Client, bucket, key string) (result, error) {
+	object, err := client.GetObject(ctx, bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		return result{}, fmt.Errorf("getting s3://%s/%s: %w", bucket, key, err)
+	}
+	defer func() { _ = object.Close() }()
+	hash := sha256.New()
+	n, err := io.Copy(hash, object)
+	if err != nil {
+		return result{}, fmt.Errorf("reading s3://%s/%s: %w", bucket, key, err)
+	}
+	return result{Bucket: bucket, Key: key, Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+}
+
+// seedBytes spreads a small seed over the 32 bytes ChaCha8 wants.
+func seedBytes(seed uint64) [32]byte {
+	var b [32]byte
+	for i := range 4 {
+		v := seed + uint64(i)*0x9e3779b97f4a7c15
+		for j := range 8 {
+			b[i*8+j] = byte(v >> (8 * j))
+		}
+	}
+	return b
+}
