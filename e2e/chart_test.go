@@ -50,7 +50,7 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 
 		helm("uninstall", releaseName, "--wait", "--timeout", "3m")
 		// Reinstalled whatever happens next, so that the specs that follow find Strata running.
-		DeferCleanup(func(ctx SpecContext) {
+		DeferCleanup(func() {
 			helm("upgrade", "--install", releaseName, "../charts/strata", "--set", "image.tag="+imageTag, "--wait", "--timeout", "5m")
 		})
 

@@ -3,9 +3,19 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -32,6 +42,23 @@ type options struct {
 	leaderElect             bool
 	leaderElectionNamespace string
 	zap                     zap.Options
+
+	// namespace is the operator's own, where it runs the master.
+	namespace string
+	// ownerDeployment is the operator's Deployment, which owns what the operator creates in its
+	// namespace, so that uninstalling the operator removes it too.
+	ownerDeployment string
+	master          masterOptions
+}
+
+// masterOptions describe the master StatefulSet; the chart's master.* values set them.
+type masterOptions struct {
+	image         string
+	pullPolicy    string
+	replicas      int
+	resourcesJSON string
+	storageSize   string
+	storageClass  string
 }
 
 func main() {
@@ -44,6 +71,22 @@ func main() {
 		"Elect a leader among the replicas, so that one reconciles at a time.")
 	flag.StringVar(&opts.leaderElectionNamespace, "leader-election-namespace", os.Getenv("POD_NAMESPACE"),
 		"Namespace of the leader-election Lease; defaults to $POD_NAMESPACE, then to the pod's own namespace.")
+	flag.StringVar(&opts.namespace, "namespace", os.Getenv("POD_NAMESPACE"),
+		"Namespace the operator runs the master in; defaults to $POD_NAMESPACE.")
+	flag.StringVar(&opts.ownerDeployment, "owner-deployment", "",
+		"Name of the operator's own Deployment, which then owns the master (garbage-collected with it).")
+	flag.StringVar(&opts.master.image, "master-image", "",
+		"Image of the master; empty means the operator deploys no master.")
+	flag.StringVar(&opts.master.pullPolicy, "master-image-pull-policy", string(corev1.PullIfNotPresent),
+		"Pull policy of the master image: Always, IfNotPresent or Never.")
+	flag.IntVar(&opts.master.replicas, "master-replicas", 3,
+		"Replicas of the master's Raft group: 3 tolerates the loss of one, 5 of two.")
+	flag.StringVar(&opts.master.resourcesJSON, "master-resources", "{}",
+		`Resources of each master replica, as JSON: {"requests":{"memory":"256Mi"}}.`)
+	flag.StringVar(&opts.master.storageSize, "master-storage-size", "",
+		"Size of each master replica's PersistentVolumeClaim, such as 10Gi; empty means an emptyDir.")
+	flag.StringVar(&opts.master.storageClass, "master-storage-class", "",
+		"StorageClass of the master's claims; empty means the cluster's default class.")
 	opts.zap.BindFlags(flag.CommandLine)
 	flag.Parse()
 
@@ -69,8 +112,19 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
+	masterSpec, err := opts.masterSpec()
+	if err != nil {
+		return err
+	}
+
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
+		Scheme: scheme,
+		// The operator owns StatefulSets and Services in its own namespace only: watch no other,
+		// so that it needs no cluster-wide permission on them.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&appsv1.StatefulSet{}: {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			&corev1.Service{}:     {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+		}},
 		Metrics:                 metricsserver.Options{BindAddress: opts.metricsAddr},
 		HealthProbeBindAddress:  opts.probeAddr,
 		LeaderElection:          opts.leaderElect,
@@ -91,6 +145,19 @@ func run(opts options) error {
 		return fmt.Errorf("setting up the TierPool controller: %w", err)
 	}
 
+	if masterSpec != nil {
+		if opts.ownerDeployment != "" {
+			owner, err := ownerReference(context.Background(), mgr.GetAPIReader(), opts.namespace, opts.ownerDeployment)
+			if err != nil {
+				return err
+			}
+			masterSpec.Owner = owner
+		}
+		if err := (&controllers.MasterReconciler{Client: mgr.GetClient(), Spec: *masterSpec}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the master controller: %w", err)
+		}
+	}
+
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
 	}
@@ -104,4 +171,56 @@ func run(opts options) error {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil
+}
+
+// masterSpec validates the master flags once, at start-up; nil means no master is deployed.
+func (o options) masterSpec() (*controllers.MasterSpec, error) {
+	if o.master.image == "" {
+		return nil, nil
+	}
+	if o.namespace == "" {
+		return nil, errors.New("--namespace (or $POD_NAMESPACE) is required to deploy the master")
+	}
+	if o.master.replicas < 1 || o.master.replicas%2 == 0 {
+		return nil, fmt.Errorf("--master-replicas=%d: use an odd number, such as 3 or 5, so that a majority exists", o.master.replicas)
+	}
+	policy := corev1.PullPolicy(o.master.pullPolicy)
+	switch policy {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		return nil, fmt.Errorf("--master-image-pull-policy=%q: use Always, IfNotPresent or Never", o.master.pullPolicy)
+	}
+	spec := &controllers.MasterSpec{
+		Namespace:        o.namespace,
+		Name:             "strata-master",
+		Image:            o.master.image,
+		ImagePullPolicy:  policy,
+		Replicas:         int32(o.master.replicas),
+		StorageClassName: o.master.storageClass,
+	}
+	if err := json.Unmarshal([]byte(o.master.resourcesJSON), &spec.Resources); err != nil {
+		return nil, fmt.Errorf("--master-resources is not a JSON ResourceRequirements: %w", err)
+	}
+	if o.master.storageSize != "" {
+		size, err := resource.ParseQuantity(o.master.storageSize)
+		if err != nil {
+			return nil, fmt.Errorf("--master-storage-size=%q is not a quantity such as 10Gi: %w", o.master.storageSize, err)
+		}
+		spec.StorageSize = size
+	}
+	return spec, nil
+}
+
+// ownerReference points at the operator's Deployment, read once at start-up.
+func ownerReference(ctx context.Context, reader client.Reader, namespace, name string) (*metav1.OwnerReference, error) {
+	deploy := &appsv1.Deployment{}
+	if err := reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, deploy); err != nil {
+		return nil, fmt.Errorf("reading the operator's Deployment %s/%s (--owner-deployment): %w", namespace, name, err)
+	}
+	return &metav1.OwnerReference{
+		APIVersion: "apps/v1",
+		Kind:       "Deployment",
+		Name:       deploy.Name,
+		UID:        deploy.UID,
+	}, nil
 }

@@ -1,0 +1,298 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"maps"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+)
+
+// Ports of a master replica.
+const (
+	MasterRaftPort    = 7000
+	MasterGRPCPort    = 7001
+	MasterMetricsPort = 9090
+	// masterDataDir holds the Raft log, the snapshots and the metadata (BadgerDB).
+	masterDataDir = "/var/lib/strata-master"
+)
+
+// MasterSpec is what the operator runs as the master, from its flags (the chart's values).
+// There is one master per Strata installation, so it is configuration, not a custom resource.
+type MasterSpec struct {
+	// Namespace the master runs in: the operator's own.
+	Namespace string
+	// Name of the StatefulSet; its Services are <Name> (clients) and <Name>-peers (headless).
+	Name string
+	// Image of the master.
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+	// Replicas of the Raft group; 3 tolerates the loss of one, 5 of two.
+	Replicas int32
+	// Resources of each replica.
+	Resources corev1.ResourceRequirements
+	// StorageSize, when set, gives each replica a PersistentVolumeClaim of that size (of
+	// StorageClassName, or the cluster's default class when empty); when zero, an emptyDir, so a
+	// rescheduled replica starts empty and rejoins its peers, which send it the state.
+	StorageSize      resource.Quantity
+	StorageClassName string
+	// Owner, when set, is the operator's Deployment: the master is garbage-collected with it, so
+	// that uninstalling Strata leaves no master behind.
+	Owner *metav1.OwnerReference
+}
+
+// PeersServiceName is the headless Service through which replicas find each other.
+func (s MasterSpec) PeersServiceName() string { return s.Name + "-peers" }
+
+// Addresses are the gRPC addresses of every replica, in ordinal order, as clients dial them.
+func (s MasterSpec) Addresses() []string {
+	addrs := make([]string, s.Replicas)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("%s-%d.%s.%s.svc:%d", s.Name, i, s.PeersServiceName(), s.Namespace, MasterGRPCPort)
+	}
+	return addrs
+}
+
+func (s MasterSpec) labels() map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/name":       "strata-master",
+		"app.kubernetes.io/instance":   s.Name,
+		"app.kubernetes.io/component":  "master",
+		"app.kubernetes.io/part-of":    "strata",
+		"app.kubernetes.io/managed-by": "strata-operator",
+	}
+}
+
+func (s MasterSpec) selector() map[string]string {
+	return map[string]string{"app.kubernetes.io/name": "strata-master", "app.kubernetes.io/instance": s.Name}
+}
+
+// MasterReconciler deploys the master StatefulSet and its Services, and heals them: a deleted
+// object is recreated and a changed one is put back as the spec says.
+type MasterReconciler struct {
+	Client client.Client
+	Spec   MasterSpec
+}
+
+// +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=statefulsets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",namespace=strata-system,resources=services,verbs=get;list;watch;create;update;patch
+
+// Reconcile makes the master's objects match the spec. Every request means the same thing.
+func (r *MasterReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx).WithValues("master", r.Spec.Namespace+"/"+r.Spec.Name)
+	for _, obj := range []client.Object{r.peersService(), r.clientService(), r.statefulSet()} {
+		desired := obj.DeepCopyObject().(client.Object)
+		result, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error {
+			return r.mutate(obj, desired)
+		})
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("applying %T %s: %w", obj, obj.GetName(), err)
+		}
+		if result != controllerutil.OperationResultNone {
+			log.Info("master object applied", "kind", fmt.Sprintf("%T", obj), "name", obj.GetName(), "operation", result)
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// mutate copies into current, read from the server, the fields of desired that the operator
+// owns. Fields the API server defaults or forbids changing are left alone.
+func (r *MasterReconciler) mutate(current, desired client.Object) error {
+	labels := current.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, desired.GetLabels())
+	current.SetLabels(labels)
+	if r.Spec.Owner != nil {
+		current.SetOwnerReferences([]metav1.OwnerReference{*r.Spec.Owner})
+	}
+	switch cur := current.(type) {
+	case *corev1.Service:
+		want := desired.(*corev1.Service)
+		cur.Spec.Selector = want.Spec.Selector
+		cur.Spec.Ports = want.Spec.Ports
+		cur.Spec.PublishNotReadyAddresses = want.Spec.PublishNotReadyAddresses
+		if cur.CreationTimestamp.IsZero() {
+			cur.Spec.ClusterIP = want.Spec.ClusterIP
+		}
+	case *appsv1.StatefulSet:
+		want := desired.(*appsv1.StatefulSet)
+		cur.Spec.Replicas = want.Spec.Replicas
+		cur.Spec.Template = want.Spec.Template
+		if cur.CreationTimestamp.IsZero() {
+			// Immutable after creation.
+			cur.Spec.Selector = want.Spec.Selector
+			cur.Spec.ServiceName = want.Spec.ServiceName
+			cur.Spec.PodManagementPolicy = want.Spec.PodManagementPolicy
+			cur.Spec.VolumeClaimTemplates = want.Spec.VolumeClaimTemplates
+		}
+	}
+	return nil
+}
+
+func (r *MasterReconciler) objectMeta(name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: name, Namespace: r.Spec.Namespace, Labels: r.Spec.labels()}
+}
+
+// peersService is headless and publishes replicas before they are ready: a replica must find
+// its peers to become ready at all.
+func (r *MasterReconciler) peersService() *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: r.objectMeta(r.Spec.PeersServiceName()),
+		Spec: corev1.ServiceSpec{
+			ClusterIP:                corev1.ClusterIPNone,
+			PublishNotReadyAddresses: true,
+			Selector:                 r.Spec.selector(),
+			Ports: []corev1.ServicePort{
+				{Name: "raft", Port: MasterRaftPort, TargetPort: intstr.FromString("raft")},
+				{Name: "grpc", Port: MasterGRPCPort, TargetPort: intstr.FromString("grpc")},
+			},
+		},
+	}
+}
+
+// clientService balances over ready replicas; clients that reach a follower are told the leader.
+func (r *MasterReconciler) clientService() *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: r.objectMeta(r.Spec.Name),
+		Spec: corev1.ServiceSpec{
+			Selector: r.Spec.selector(),
+			Ports: []corev1.ServicePort{
+				{Name: "grpc", Port: MasterGRPCPort, TargetPort: intstr.FromString("grpc")},
+				{Name: "metrics", Port: MasterMetricsPort, TargetPort: intstr.FromString("metrics")},
+			},
+		},
+	}
+}
+
+func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
+	s := r.Spec
+	replicas := s.Replicas
+	nonRoot := true
+	noEscalation := false
+	user := int64(65532)
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: r.objectMeta(s.Name),
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:    &replicas,
+			ServiceName: s.PeersServiceName(),
+			// All replicas start at once: ordinal 0 bootstraps, the others join it; ordered
+			// start would keep ordinal 1 waiting for a ready ordinal 0 that waits for a quorum.
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			Selector:            &metav1.LabelSelector{MatchLabels: s.selector()},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: s.labels()},
+				Spec: corev1.PodSpec{
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   &nonRoot,
+						RunAsUser:      &user,
+						RunAsGroup:     &user,
+						FSGroup:        &user,
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					// Replicas on different nodes, when the cluster has enough of them.
+					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+						PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+							Weight: 100,
+							PodAffinityTerm: corev1.PodAffinityTerm{
+								LabelSelector: &metav1.LabelSelector{MatchLabels: s.selector()},
+								TopologyKey:   corev1.LabelHostname,
+							},
+						}},
+					}},
+					Containers: []corev1.Container{{
+						Name:            "master",
+						Image:           s.Image,
+						ImagePullPolicy: s.ImagePullPolicy,
+						Args: []string{
+							"--statefulset",
+							"--peers-service=" + s.PeersServiceName(),
+							fmt.Sprintf("--replicas=%d", s.Replicas),
+							"--data-dir=" + masterDataDir,
+							fmt.Sprintf("--raft-port=%d", MasterRaftPort),
+							fmt.Sprintf("--grpc-port=%d", MasterGRPCPort),
+							fmt.Sprintf("--metrics-port=%d", MasterMetricsPort),
+						},
+						Env: []corev1.EnvVar{
+							{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+							{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+						},
+						Ports: []corev1.ContainerPort{
+							{Name: "raft", ContainerPort: MasterRaftPort},
+							{Name: "grpc", ContainerPort: MasterGRPCPort},
+							{Name: "metrics", ContainerPort: MasterMetricsPort},
+						},
+						ReadinessProbe: &corev1.Probe{
+							ProbeHandler:  corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: MasterGRPCPort}},
+							PeriodSeconds: 2,
+						},
+						LivenessProbe: &corev1.Probe{
+							ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("metrics")}},
+							PeriodSeconds:    10,
+							FailureThreshold: 3,
+						},
+						Resources: s.Resources,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: &noEscalation,
+							ReadOnlyRootFilesystem:   &nonRoot,
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: masterDataDir}},
+					}},
+				},
+			},
+		},
+	}
+	if s.StorageSize.IsZero() {
+		sts.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	} else {
+		claim := corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "data"},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: s.StorageSize}},
+			},
+		}
+		if s.StorageClassName != "" {
+			claim.Spec.StorageClassName = &s.StorageClassName
+		}
+		sts.Spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{claim}
+	}
+	return sts
+}
+
+// SetupWithManager runs the reconciler once at start and again whenever one of the master's
+// objects changes or disappears.
+func (r *MasterReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	key := types.NamespacedName{Namespace: r.Spec.Namespace, Name: r.Spec.Name}
+	ours := predicate.NewPredicateFuncs(func(obj client.Object) bool {
+		return obj.GetNamespace() == r.Spec.Namespace &&
+			(obj.GetName() == r.Spec.Name || obj.GetName() == r.Spec.PeersServiceName())
+	})
+	toKey := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: key}}
+	})
+	start := make(chan event.GenericEvent, 1)
+	start <- event.GenericEvent{Object: &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("master").
+		WatchesRawSource(source.Channel(start, toKey)).
+		Watches(&appsv1.StatefulSet{}, toKey, builder.WithPredicates(ours)).
+		Watches(&corev1.Service{}, toKey, builder.WithPredicates(ours)).
+		Complete(r)
+}

@@ -1,0 +1,91 @@
+package controllers
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// testMasterSpec is the master the suite's operator deploys.
+var testMasterSpec = MasterSpec{
+	Namespace:       "strata-system",
+	Name:            "strata-master",
+	Image:           "strata-cache/master:test",
+	ImagePullPolicy: corev1.PullIfNotPresent,
+	Replicas:        3,
+	Resources: corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
+	},
+}
+
+var _ = Describe("The master reconciler", func() {
+	key := client.ObjectKey{Namespace: testMasterSpec.Namespace, Name: testMasterSpec.Name}
+
+	getStatefulSet := func(g Gomega) *appsv1.StatefulSet {
+		sts := &appsv1.StatefulSet{}
+		g.Expect(k8sClient.Get(ctx, key, sts)).To(Succeed())
+		return sts
+	}
+
+	It("deploys the master as a StatefulSet of three replicas that start together", func() {
+		Eventually(func(g Gomega) {
+			sts := getStatefulSet(g)
+			g.Expect(sts.Spec.Replicas).To(HaveValue(Equal(int32(3))))
+			g.Expect(sts.Spec.PodManagementPolicy).To(Equal(appsv1.ParallelPodManagement))
+			g.Expect(sts.Spec.ServiceName).To(Equal("strata-master-peers"))
+			container := sts.Spec.Template.Spec.Containers[0]
+			g.Expect(container.Image).To(Equal("strata-cache/master:test"))
+			g.Expect(container.Args).To(ContainElements("--statefulset", "--peers-service=strata-master-peers", "--replicas=3"))
+			g.Expect(sts.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", "data")),
+				"without a storage size the data directory is an emptyDir")
+		}).Should(Succeed(), "waiting for StatefulSet %s", key)
+	})
+
+	It("publishes replicas to their peers before they are ready, and serves clients on a second Service", func() {
+		Eventually(func(g Gomega) {
+			peers := &corev1.Service{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: "strata-master-peers"}, peers)).To(Succeed())
+			g.Expect(peers.Spec.ClusterIP).To(Equal(corev1.ClusterIPNone))
+			g.Expect(peers.Spec.PublishNotReadyAddresses).To(BeTrue())
+			clients := &corev1.Service{}
+			g.Expect(k8sClient.Get(ctx, key, clients)).To(Succeed())
+			g.Expect(clients.Spec.Ports).To(ContainElement(HaveField("Port", int32(MasterGRPCPort))))
+		}).Should(Succeed(), "waiting for the master's Services")
+	})
+
+	It("recreates the StatefulSet when someone deletes it", func() {
+		var uid string
+		Eventually(func(g Gomega) { uid = string(getStatefulSet(g).UID) }).Should(Succeed())
+		Expect(k8sClient.Delete(ctx, &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}})).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(string(getStatefulSet(g).UID)).NotTo(Equal(uid))
+		}).Should(Succeed(), "waiting for a new StatefulSet %s", key)
+	})
+
+	It("puts back a replica count or an image someone changed", func() {
+		Eventually(func(g Gomega) {
+			sts := getStatefulSet(g)
+			sts.Spec.Replicas = ptr.To[int32](1)
+			sts.Spec.Template.Spec.Containers[0].Image = "someone/else:latest"
+			g.Expect(k8sClient.Update(ctx, sts)).To(Succeed())
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			sts := getStatefulSet(g)
+			g.Expect(sts.Spec.Replicas).To(HaveValue(Equal(int32(3))))
+			g.Expect(sts.Spec.Template.Spec.Containers[0].Image).To(Equal("strata-cache/master:test"))
+		}).Should(Succeed(), "waiting for the operator to restore StatefulSet %s", key)
+	})
+
+	It("lists the replicas' addresses in ordinal order for clients", func() {
+		Expect(testMasterSpec.Addresses()).To(Equal([]string{
+			"strata-master-0.strata-master-peers.strata-system.svc:7001",
+			"strata-master-1.strata-master-peers.strata-system.svc:7001",
+			"strata-master-2.strata-master-peers.strata-system.svc:7001",
+		}))
+	})
+})
