@@ -10,6 +10,8 @@ HELM_VERSION ?= v3.17.3
 COREDNS_VERSION ?= v1.11.3
 # MinIO publishes no semantic versions as Go modules; this pseudo-version is its 2026-02-12 commit.
 MINIO_VERSION ?= v0.0.0-20260212201848-7aac2a2c5b7c
+PROTOC_GEN_GO_VERSION ?= v1.36.7
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.5.1
 
 # The project's version, which tags its images and the chart's appVersion.
 VERSION ?= 0.1.0
@@ -68,9 +70,15 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRDs from the API types.
 generate: $(CONTROLLER_GEN) ## Generate DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
 
+.PHONY: proto
+proto: ## Regenerate the master's gRPC API and Raft commands from master/masterpb/master.proto.
+	LOCALBIN=$(LOCALBIN) PROTOC_GEN_GO_VERSION=$(PROTOC_GEN_GO_VERSION) \
+		PROTOC_GEN_GO_GRPC_VERSION=$(PROTOC_GEN_GO_GRPC_VERSION) hack/gen-proto.sh
+
 .PHONY: verify-gen
-verify-gen: manifests generate chart-crds ## Fail if generated files differ from what is committed.
-	@git diff --exit-code -- config/crd api charts/strata/crds || { echo "generated files are stale: run 'make manifests generate' and commit" >&2; exit 1; }
+verify-gen: manifests generate chart-crds proto ## Fail if generated files differ from what is committed.
+	@git diff --exit-code -- config/crd api charts/strata/crds master/masterpb || \
+		{ echo "generated files are stale: run 'make manifests generate chart-crds proto' and commit" >&2; exit 1; }
 
 .PHONY: fmt
 fmt: ## Run go fmt.
@@ -81,8 +89,18 @@ vet: ## Run go vet.
 	go vet ./...
 
 .PHONY: test
-test: manifests generate fmt vet envtest-assets ## Run unit and envtest suites (not e2e).
-	KUBEBUILDER_ASSETS="$(K8S_BIN)" go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /e2e) -coverprofile cover.out
+test: manifests generate fmt vet envtest-assets $(MINIO) ## Run unit, envtest and MinIO-backed suites (not e2e).
+	KUBEBUILDER_ASSETS="$(K8S_BIN)" STRATA_MINIO="$(MINIO)" \
+		go test $(GO_TEST_FLAGS) $$(go list ./... | grep -v /e2e) -coverprofile cover.out
+
+# BENCH_FILES is the namespace size of the failover benchmark; 1000000 for the seeds' figure.
+BENCH_FILES ?= 1000
+
+.PHONY: bench
+bench: $(MINIO) ## Run the benchmarks, each beside the baseline it is compared with (see docs/benchmarks.md).
+	STRATA_MINIO="$(MINIO)" go test ./cacheworker/cache/ -run '^$$' -bench BenchmarkDataPath -benchmem -count=3
+	go test ./master/bench -run '^$$' -bench 'Create|Exists|Rename|Delete|List' -benchtime 3000x -timeout 30m
+	go test ./master/bench -run '^$$' -bench 'Failover|MemoryPerFile' -benchtime 3x -files $(BENCH_FILES) -timeout 2h
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
@@ -145,7 +163,7 @@ podnet-image: docker-up ## The pod-network daemon of the e2e clusters.
 ##@ Images and deployment
 
 # The project's images, FROM scratch with static binaries.
-IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION)
+IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION) $(IMAGE_PREFIX)/master:$(VERSION)
 # The images of the e2e test infrastructure.
 E2E_IMAGES := $(IMAGE_PREFIX)/testkit:e2e $(IMAGE_PREFIX)/minio:e2e
 KUBE_CONTEXT ?= kind-$(KIND_CLUSTER)
@@ -155,6 +173,8 @@ STRATA_NAMESPACE ?= strata-system
 images: docker-up ## Build the project's images, tagged $(VERSION).
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/operator ./cmd/operator
 	hack/scratch-image.sh $(IMAGE_PREFIX)/operator:$(VERSION) /operator $(LOCALBIN)/images/operator:/operator
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/master ./cmd/master
+	hack/scratch-image.sh $(IMAGE_PREFIX)/master:$(VERSION) /master $(LOCALBIN)/images/master:/master
 
 .PHONY: e2e-images
 e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and the testkit client.
@@ -209,6 +229,9 @@ e2e-run: kind-up deploy minio-deploy
 
 $(LOCALBIN):
 	mkdir -p $(LOCALBIN)
+
+.PHONY: minio
+minio: $(MINIO) ## Build the MinIO server that tests, benchmarks and the e2e cluster use as S3.
 
 .PHONY: envtest-assets
 envtest-assets: $(K8S_BIN)/kube-apiserver $(K8S_BIN)/etcd ## Build kube-apiserver and etcd for envtest.

@@ -219,14 +219,16 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 						Name:            "master",
 						Image:           s.Image,
 						ImagePullPolicy: s.ImagePullPolicy,
+						// The flags of cmd/master; the namespace and the replica's id come from POD_NAMESPACE
+						// and POD_NAME.
 						Args: []string{
 							"--statefulset",
-							"--peers-service=" + s.PeersServiceName(),
+							"--service=" + s.PeersServiceName(),
 							fmt.Sprintf("--replicas=%d", s.Replicas),
 							"--data-dir=" + masterDataDir,
-							fmt.Sprintf("--raft-port=%d", MasterRaftPort),
-							fmt.Sprintf("--grpc-port=%d", MasterGRPCPort),
-							fmt.Sprintf("--metrics-port=%d", MasterMetricsPort),
+							fmt.Sprintf("--raft-addr=:%d", MasterRaftPort),
+							fmt.Sprintf("--grpc-addr=:%d", MasterGRPCPort),
+							fmt.Sprintf("--metrics-addr=:%d", MasterMetricsPort),
 						},
 						Env: []corev1.EnvVar{
 							{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
@@ -238,7 +240,7 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 							{Name: "metrics", ContainerPort: MasterMetricsPort},
 						},
 						ReadinessProbe: &corev1.Probe{
-							ProbeHandler:  corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: MasterGRPCPort}},
+							ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("metrics")}},
 							PeriodSeconds: 2,
 						},
 						LivenessProbe: &corev1.Probe{

@@ -40,7 +40,7 @@ var _ = Describe("The master reconciler", func() {
 			g.Expect(sts.Spec.ServiceName).To(Equal("strata-master-peers"))
 			container := sts.Spec.Template.Spec.Containers[0]
 			g.Expect(container.Image).To(Equal("strata-cache/master:test"))
-			g.Expect(container.Args).To(ContainElements("--statefulset", "--peers-service=strata-master-peers", "--replicas=3"))
+			g.Expect(container.Args).To(ContainElements("--statefulset", "--service=strata-master-peers", "--replicas=3"))
 			g.Expect(sts.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", "data")),
 				"without a storage size the data directory is an emptyDir")
 		}).Should(Succeed(), "waiting for StatefulSet %s", key)

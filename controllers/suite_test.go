@@ -71,6 +71,10 @@ var _ = BeforeSuite(func() {
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor("strata-operator"),
 	}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&DatasetReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorderFor("strata-operator"),
+	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 
 	go func() {

@@ -70,6 +70,13 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 			Expect(list).To(HaveField("Items", BeEmpty()), "%s of the release are left after helm uninstall", name)
 		}
 
+		// The operator's Deployment owns the master it created, so the garbage collector removes it.
+		Eventually(func(g Gomega) {
+			var sets appsv1.StatefulSetList
+			g.Expect(k8sClient.List(ctx, &sets, inRelease, client.MatchingLabels{"app.kubernetes.io/part-of": "strata"})).To(Succeed())
+			g.Expect(sets.Items).To(BeEmpty())
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the master StatefulSet to be garbage-collected")
+
 		// Helm never deletes CRDs: deleting them would delete every user's Datasets.
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(dataset), dataset)).To(Succeed())
 	})

@@ -64,22 +64,21 @@ YAML
 kubectl get tierpools
 kubectl -n "$ns" get datasets -o wide
 
-say "4. Waiting for the Dataset's PVC"
-pvc=""
-for _ in $(seq 1 30); do
-  pvc=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.persistentVolumeClaimName}')
-  [ -n "$pvc" ] && break
-  sleep 2
-done
-if [ -z "$pvc" ]; then
+say "4. Waiting for the Dataset to be Ready"
+if ! kubectl -n "$ns" wait dataset pictures --for=condition=Ready --timeout=60s >/dev/null 2>&1; then
+  kubectl -n "$ns" get dataset pictures -o wide
+  reason=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.conditions[?(@.type=="Ready")].reason}')
+  message=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}')
   cat >&2 <<MSG
 
-The Dataset was accepted and validated by the API server, but nothing serves it yet: the
-Dataset controller (PV/PVC), the cache workers and the CSI driver have not landed. This is
-where the demo stops until they do.
+The Dataset is not Ready: $reason: $message
+
+Strata's operator validated the Dataset and gave it its claim, but the cache workers and the
+CSI driver that serve the claim have not landed yet. This is where the demo stops until they do.
 MSG
   exit 1
 fi
+pvc=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.persistentVolumeClaimName}')
 
 say "5. A pod reads the Dataset through $pvc"
 kubectl -n "$ns" delete pod demo-read --ignore-not-found --wait >/dev/null

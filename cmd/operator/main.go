@@ -145,6 +145,13 @@ func run(opts options) error {
 		return fmt.Errorf("setting up the TierPool controller: %w", err)
 	}
 
+	if err := (&controllers.DatasetReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorderFor(eventSource),
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Dataset controller: %w", err)
+	}
+
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {
 			owner, err := ownerReference(context.Background(), mgr.GetAPIReader(), opts.namespace, opts.ownerDeployment)

@@ -4,6 +4,7 @@
 //	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
 //	testkit sum /data/imagenet
+//	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
 //
 // Credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Each command prints one JSON
 // line per object or file, {"bucket":…,"key":…,"bytes":…,"sha256":…}, that the test compares;
@@ -49,11 +50,15 @@ func main() {
 	}
 }
 
-const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N] | testkit sum DIR"
+const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N]" +
+	" | testkit sum DIR | testkit master soak --addrs ADDRS --dataset NAME [--duration D]"
 
 func run(args []string) error {
 	if len(args) == 2 && args[0] == "sum" {
 		return sum(args[1], json.NewEncoder(os.Stdout))
+	}
+	if len(args) >= 2 && args[0] == "master" && args[1] == "soak" {
+		return masterSoak(args[2:], json.NewEncoder(os.Stdout))
 	}
 	if len(args) < 2 || args[0] != "s3" || (args[1] != "put" && args[1] != "get") {
 		return errors.New(usage)

@@ -67,3 +67,8 @@ app.kubernetes.io/component: operator
 {{- define "strata.operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/* The master's image. */}}
+{{- define "strata.master.image" -}}
+{{- printf "%s:%s" .Values.master.image.repository (default .Chart.AppVersion .Values.master.image.tag) }}
+{{- end }}

@@ -1,0 +1,171 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
+)
+
+// ErrOutOfRange is returned for a block index at or past the end of its file.
+var ErrOutOfRange = errors.New("block index past the end of the file")
+
+// ErrClosed is returned once the cache is closed.
+var ErrClosed = errors.New("cache closed")
+
+// BlockStore is the local tiers, as the cache uses them.
+type BlockStore interface {
+	Get(ctx context.Context, id string) ([]byte, tierstore.BlockInfo, error)
+	Put(ctx context.Context, id string, r io.Reader, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
+	Stats() []tierstore.TierStats
+}
+
+// Source is the under-store, as the cache uses it.
+type Source = understore.RangeReader
+
+// Config configures a Cache.
+type Config struct {
+	// Store is the node's tier store.
+	Store BlockStore
+	// Source is the under-store the files are read from.
+	Source Source
+	// SourceID names the source in block ids, so that the same path in two Datasets never
+	// shares blocks: the Dataset's UID, or its source URL and version.
+	SourceID string
+	// BlockSize is the TierPool's block size: block i of a file is its bytes [i*BlockSize, (i+1)*BlockSize).
+	BlockSize int64
+	// Fetch tunes the parallel ranged reads of a missing block; the zero value means the
+	// understore defaults.
+	Fetch understore.ParallelOptions
+	// Metrics receives the cache's counts; nil keeps them unregistered.
+	Metrics *Metrics
+	// Log receives what the cache cannot do but works around.
+	Log logr.Logger
+}
+
+// Cache reads blocks of one under-store through the node's tiers.
+type Cache struct {
+	cfg    Config
+	m      *Metrics
+	log    logr.Logger
+	flight *flight
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	ctx    context.Context
+}
+
+// New returns a cache. Close it to stop the fetches it has under way.
+func New(cfg Config) (*Cache, error) {
+	switch {
+	case cfg.Store == nil || cfg.Source == nil:
+		return nil, errors.New("a cache needs a block store and a source")
+	case cfg.SourceID == "":
+		return nil, errors.New("a cache needs a source id to name its blocks")
+	case cfg.BlockSize <= 0:
+		return nil, fmt.Errorf("block size must be positive, got %d", cfg.BlockSize)
+	}
+	m := cfg.Metrics
+	if m == nil {
+		var err error
+		if m, err = NewMetrics(prometheus.NewRegistry(), cfg.Store); err != nil {
+			return nil, err
+		}
+	}
+	log := cfg.Log
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Cache{cfg: cfg, m: m, log: log, cancel: cancel, ctx: ctx}
+	c.flight = newFlight(ctx, &c.wg)
+	return c, nil
+}
+
+// Close cancels the fetches under way and waits for them to end.
+func (c *Cache) Close() {
+	c.cancel()
+	c.flight.close()
+}
+
+// BlockID is the id of block index of file in the source named sourceID: a hash of the two
+// names, so that any path yields a short id that is safe as a file name, and the index.
+func BlockID(sourceID, file string, index int64) string {
+	h := sha256.Sum256([]byte(sourceID + "\x00" + file))
+	return hex.EncodeToString(h[:16]) + "-" + strconv.FormatInt(index, 10)
+}
+
+// ReadBlock returns block index of file: from a local tier if it is there, otherwise read from
+// the under-store (in parallel ranges), stored in the top tier and returned. Concurrent misses
+// on one block fetch it once. The last block of a file is shorter than BlockSize; a block past
+// the end fails with ErrOutOfRange. The caller owns the returned slice.
+func (c *Cache) ReadBlock(ctx context.Context, file string, index int64) ([]byte, error) {
+	if index < 0 {
+		return nil, fmt.Errorf("block %d of %s: %w", index, file, ErrOutOfRange)
+	}
+	if c.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
+	id := BlockID(c.cfg.SourceID, file, index)
+	data, info, err := c.cfg.Store.Get(ctx, id)
+	switch {
+	case err == nil:
+		c.m.hits.WithLabelValues(info.Tier).Inc()
+		return data, nil
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("reading block %d of %s: %w", index, file, ctx.Err())
+	case errors.Is(err, tierstore.ErrClosed):
+		return nil, fmt.Errorf("reading block %d of %s: %w", index, file, err)
+	case !errors.Is(err, tierstore.ErrNotFound):
+		// A corrupt copy has been removed by the store; a local I/O error should not stop a
+		// reader either. The under-store still has the block.
+		c.log.Error(err, "local copy unusable, reading from the under-store", "file", file, "block", index)
+	}
+	c.m.misses.Inc()
+	data, err = c.flight.do(ctx, id, func(fctx context.Context) ([]byte, func(context.Context), error) {
+		return c.fetch(fctx, id, file, index)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading block %d of %s: %w", index, file, err)
+	}
+	return data, nil
+}
+
+// fetch reads a block from the under-store and returns it with the function that stores it.
+func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte, func(context.Context), error) {
+	// The flight before this one may have stored the block a moment ago.
+	if data, _, err := c.cfg.Store.Get(ctx, id); err == nil {
+		return data, nil, nil
+	}
+	buf := make([]byte, c.cfg.BlockSize)
+	n, err := understore.ParallelReadAt(ctx, c.cfg.Source, file, buf, index*c.cfg.BlockSize, c.cfg.Fetch)
+	if err != nil && !errors.Is(err, io.EOF) {
+		c.m.fetchErrors.Inc()
+		return nil, nil, err
+	}
+	if n == 0 {
+		return nil, nil, ErrOutOfRange
+	}
+	data := buf[:n]
+	c.m.fetches.Inc()
+	c.m.fetchedBytes.Add(float64(n))
+	store := func(ctx context.Context) {
+		// Clean: the under-store has it, so the last tier may drop it without persisting it.
+		_, err := c.cfg.Store.Put(ctx, id, bytes.NewReader(data), int64(n), tierstore.PutOptions{Clean: true})
+		if err != nil && !errors.Is(err, tierstore.ErrExists) {
+			c.m.storeFailures.Inc()
+			c.log.Info("served a block without caching it", "file", file, "block", index, "reason", err.Error())
+		}
+	}
+	return data, store, nil
+}

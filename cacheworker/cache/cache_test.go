@@ -1,0 +1,417 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/internal/miniotest"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
+)
+
+const blockSize = 1024
+
+// countingSource is an under-store over in-memory files that counts its reads. With a gate,
+// every read waits for the gate to open (or its context to end), so a test can hold a fetch
+// in flight; cancelled receives the context error of reads that gave up.
+type countingSource struct {
+	files     map[string][]byte
+	calls     atomic.Int32
+	gate      chan struct{}
+	cancelled chan error
+}
+
+func newSource(files map[string][]byte) *countingSource {
+	return &countingSource{files: files, cancelled: make(chan error, 64)}
+}
+
+func (s *countingSource) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int, error) {
+	s.calls.Add(1)
+	if s.gate != nil {
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+			s.cancelled <- ctx.Err()
+			return 0, ctx.Err()
+		}
+	}
+	data, ok := s.files[p]
+	if !ok {
+		return 0, &understore.Error{Op: "read", Store: "mem://", Path: p, Kind: understore.ErrNotFound}
+	}
+	if off >= int64(len(data)) {
+		return 0, io.EOF
+	}
+	n := copy(buf, data[off:])
+	if n < len(buf) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func randomBytes(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// openStore opens a tier store with one MEM tier of quota bytes in a temporary directory.
+func openStore(t testing.TB, quota int64) *tierstore.Store {
+	t.Helper()
+	root := t.TempDir()
+	s, err := tierstore.Open(context.Background(), tierstore.Config{
+		IndexDir: filepath.Join(root, "index"),
+		Tiers:    []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(root, "mem")}, Quota: quota}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+type fixture struct {
+	store *tierstore.Store
+	src   *countingSource
+	cache *Cache
+	m     *Metrics
+	reg   *prometheus.Registry
+}
+
+func newFixture(t *testing.T, quota int64, files map[string][]byte) *fixture {
+	t.Helper()
+	f := &fixture{store: openStore(t, quota), src: newSource(files), reg: prometheus.NewRegistry()}
+	var err error
+	if f.m, err = NewMetrics(f.reg, f.store); err != nil {
+		t.Fatal(err)
+	}
+	f.cache, err = New(Config{Store: f.store, Source: f.src, SourceID: "dataset-uid", BlockSize: blockSize,
+		Fetch: understore.ParallelOptions{ChunkSize: blockSize}, Metrics: f.m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.cache.Close)
+	return f
+}
+
+// settled waits until no fetch or store of the block is under way, so that what follows sees
+// the block stored (or its store failed).
+func (f *fixture) settled(g *WithT, file string, index int64) {
+	id := BlockID("dataset-uid", file, index)
+	g.Eventually(func() bool {
+		f.cache.flight.mu.Lock()
+		defer f.cache.flight.mu.Unlock()
+		return f.cache.flight.calls[id] == nil
+	}).WithTimeout(10*time.Second).Should(BeTrue(), "the fetch of block %d of %s has ended", index, file)
+}
+
+// waiters is how many readers wait for the fetch of a block.
+func (f *fixture) waiters(file string, index int64) int {
+	f.cache.flight.mu.Lock()
+	defer f.cache.flight.mu.Unlock()
+	if c := f.cache.flight.calls[BlockID("dataset-uid", file, index)]; c != nil {
+		return c.waiters
+	}
+	return 0
+}
+
+func TestConcurrentMissesOnOneBlockFetchItOnce(t *testing.T) {
+	g := NewWithT(t)
+	data := randomBytes(3*blockSize, 1)
+	f := newFixture(t, 1<<20, map[string][]byte{"part-0": data})
+	f.src.gate = make(chan struct{})
+
+	const readers = 50
+	var wg sync.WaitGroup
+	results := make([][]byte, readers)
+	errs := make([]error, readers)
+	for i := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = f.cache.ReadBlock(context.Background(), "part-0", 1)
+		}()
+	}
+	// Every reader has missed and joined the one fetch, which the gate holds.
+	g.Eventually(func() int { return f.waiters("part-0", 1) }).WithTimeout(10*time.Second).
+		Should(Equal(readers), "all readers wait for the one fetch")
+	g.Expect(testutil.ToFloat64(f.m.misses)).To(Equal(float64(readers)))
+	close(f.src.gate)
+	wg.Wait()
+
+	g.Expect(f.src.calls.Load()).To(BeEquivalentTo(1), "the under-store was read once")
+	g.Expect(testutil.ToFloat64(f.m.fetches)).To(Equal(1.0))
+	for i := range readers {
+		g.Expect(errs[i]).NotTo(HaveOccurred())
+		g.Expect(results[i]).To(Equal(data[blockSize : 2*blockSize]))
+	}
+	results[0][0] ^= 0xff
+	g.Expect(results[1][0]).To(Equal(data[blockSize]), "every reader owns its slice")
+
+	f.settled(g, "part-0", 1)
+	again, err := f.cache.ReadBlock(context.Background(), "part-0", 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again).To(Equal(data[blockSize : 2*blockSize]))
+	g.Expect(f.src.calls.Load()).To(BeEquivalentTo(1), "the next read hits the local tier")
+	g.Expect(testutil.ToFloat64(f.m.hits.WithLabelValues("mem"))).To(Equal(1.0))
+}
+
+func TestReadBlock(t *testing.T) {
+	file := randomBytes(2*blockSize+100, 2)
+	cases := map[string]struct {
+		quota    int64
+		file     string
+		index    int64
+		damage   func(t *testing.T, f *fixture) // run after a first read has cached the block
+		want     []byte
+		wantErr  error
+		reads    int // under-store reads for the first read and a second one
+		failures float64
+	}{
+		"a miss reads the under-store once, then the block is served locally": {
+			file: "f", index: 0, want: file[:blockSize], reads: 1,
+		},
+		"the last block of a file is short": {
+			file: "f", index: 2, want: file[2*blockSize:], reads: 1,
+		},
+		"a block past the end of the file is out of range": {
+			file: "f", index: 3, wantErr: ErrOutOfRange, reads: 2,
+		},
+		"a negative index is out of range": {
+			file: "f", index: -1, wantErr: ErrOutOfRange, reads: 0,
+		},
+		"a missing file fails with the under-store's error": {
+			file: "nope", index: 0, wantErr: understore.ErrNotFound, reads: 2,
+		},
+		"a corrupt local copy is removed and read again from the under-store": {
+			file: "f", index: 1, want: file[blockSize : 2*blockSize], reads: 2,
+			damage: func(t *testing.T, f *fixture) {
+				info, err := f.store.Info(BlockID("dataset-uid", "f", 1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				p := filepath.Join(info.Dir, info.ID)
+				b, err := os.ReadFile(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b[7] ^= 1
+				if err := os.WriteFile(p, b, 0o640); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+		"a block the tiers cannot take is still served": {
+			quota: blockSize / 2, file: "f", index: 0, want: file[:blockSize], reads: 2, failures: 2,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			quota := tc.quota
+			if quota == 0 {
+				quota = 1 << 20
+			}
+			f := newFixture(t, quota, map[string][]byte{"f": file})
+			for i := range 2 {
+				got, err := f.cache.ReadBlock(context.Background(), tc.file, tc.index)
+				if tc.wantErr != nil {
+					g.Expect(err).To(MatchError(tc.wantErr))
+					g.Expect(err.Error()).To(ContainSubstring(fmt.Sprintf("block %d of %s", tc.index, tc.file)))
+				} else {
+					g.Expect(err).NotTo(HaveOccurred())
+					g.Expect(got).To(Equal(tc.want))
+				}
+				f.settled(g, tc.file, tc.index)
+				if i == 0 && tc.damage != nil {
+					tc.damage(t, f)
+				}
+			}
+			g.Expect(f.src.calls.Load()).To(BeEquivalentTo(tc.reads))
+			g.Expect(testutil.ToFloat64(f.m.storeFailures)).To(Equal(tc.failures))
+		})
+	}
+}
+
+func TestAReaderThatGivesUpDoesNotFailTheOthers(t *testing.T) {
+	g := NewWithT(t)
+	data := randomBytes(blockSize, 3)
+	f := newFixture(t, 1<<20, map[string][]byte{"f": data})
+	f.src.gate = make(chan struct{})
+
+	impatient, giveUp := context.WithCancel(context.Background())
+	impatientErr := make(chan error, 1)
+	patient := make(chan []byte, 1)
+	go func() {
+		_, err := f.cache.ReadBlock(impatient, "f", 0)
+		impatientErr <- err
+	}()
+	go func() {
+		b, err := f.cache.ReadBlock(context.Background(), "f", 0)
+		if err != nil {
+			t.Error(err)
+		}
+		patient <- b
+	}()
+	g.Eventually(func() int { return f.waiters("f", 0) }).WithTimeout(10*time.Second).
+		Should(Equal(2), "both readers wait for the one fetch")
+	giveUp()
+	g.Expect(<-impatientErr).To(MatchError(context.Canceled))
+	close(f.src.gate)
+	g.Expect(<-patient).To(Equal(data))
+	g.Expect(f.src.calls.Load()).To(BeEquivalentTo(1))
+}
+
+func TestWhenEveryReaderGivesUpTheFetchStops(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, 1<<20, map[string][]byte{"f": randomBytes(blockSize, 4)})
+	f.src.gate = make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.cache.ReadBlock(ctx, "f", 0)
+		done <- err
+	}()
+	g.Eventually(func() int32 { return f.src.calls.Load() }).WithTimeout(10 * time.Second).Should(BeEquivalentTo(1))
+	cancel()
+	g.Expect(<-done).To(MatchError(context.Canceled))
+	g.Expect(<-f.src.cancelled).To(MatchError(context.Canceled), "the under-store read was cancelled")
+
+	// The next reader starts a fresh fetch rather than joining the cancelled one.
+	close(f.src.gate)
+	_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	g.Expect(err).NotTo(HaveOccurred())
+}
+
+func TestCloseStopsFetchesUnderWay(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, 1<<20, map[string][]byte{"f": randomBytes(blockSize, 5)})
+	f.src.gate = make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+		done <- err
+	}()
+	g.Eventually(func() int32 { return f.src.calls.Load() }).WithTimeout(10 * time.Second).Should(BeEquivalentTo(1))
+	f.cache.Close()
+	g.Expect(<-f.src.cancelled).To(MatchError(context.Canceled))
+	g.Expect(<-done).To(MatchError(context.Canceled))
+	_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	g.Expect(err).To(MatchError(ErrClosed))
+}
+
+func TestBlockIDs(t *testing.T) {
+	g := NewWithT(t)
+	a := BlockID("dataset-a", "dir/part-0.parquet", 3)
+	g.Expect(a).To(MatchRegexp(`^[0-9a-f]{32}-3$`))
+	g.Expect(BlockID("dataset-b", "dir/part-0.parquet", 3)).NotTo(Equal(a), "two sources never share blocks")
+	g.Expect(BlockID("dataset-a", "dir/part-0.parquet", 4)).NotTo(Equal(a))
+	g.Expect(BlockID("dataset-a", "../../etc/passwd", 0)).To(MatchRegexp(`^[0-9a-f]{32}-0$`), "any path gives a safe id")
+}
+
+func TestMetricsAreRegisteredOnTheGivenRegistry(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, 1<<20, map[string][]byte{"f": randomBytes(blockSize, 6)})
+	_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	g.Expect(err).NotTo(HaveOccurred())
+	f.settled(g, "f", 0)
+	_, err = f.cache.ReadBlock(context.Background(), "f", 0)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	families, err := f.reg.Gather()
+	g.Expect(err).NotTo(HaveOccurred())
+	values := make(map[string]float64)
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			values[mf.GetName()] += v
+		}
+	}
+	g.Expect(values).To(And(
+		HaveKeyWithValue("strata_worker_cache_hits_total", 1.0),
+		HaveKeyWithValue("strata_worker_cache_misses_total", 1.0),
+		HaveKeyWithValue("strata_worker_under_store_fetches_total", 1.0),
+		HaveKeyWithValue("strata_worker_under_store_fetched_bytes_total", float64(blockSize)),
+		HaveKeyWithValue("strata_worker_tier_used_bytes", float64(blockSize)),
+		HaveKeyWithValue("strata_worker_tier_quota_bytes", float64(1<<20)),
+		HaveKeyWithValue("strata_worker_tier_blocks", 1.0),
+		HaveKey("strata_worker_tier_promotions_total"),
+		HaveKey("strata_worker_tier_demotions_total"),
+		HaveKey("strata_worker_tier_evictions_total"),
+	))
+	g.Expect(testutil.CollectAndCount(newTierCollector(f.store), "strata_worker_tier_used_bytes")).To(Equal(1))
+
+	_, err = NewMetrics(f.reg, f.store)
+	g.Expect(err).To(MatchError(ContainSubstring("registering cache metrics")), "a second registration on one registry is refused")
+}
+
+func TestReadThroughFromMinIO(t *testing.T) {
+	g := NewWithT(t)
+	srv := miniotest.Start(t)
+	srv.MakeBucket(t, "data")
+	obj := randomBytes(5*blockSize/2, 7)
+	srv.Put(t, "data", "in/part-0", obj)
+	s3, err := understore.NewS3(understore.S3Config{Endpoint: srv.Endpoint, Bucket: "data", Prefix: "in", AccessKey: miniotest.AccessKey, SecretKey: miniotest.SecretKey})
+	g.Expect(err).NotTo(HaveOccurred())
+	reg := prometheus.NewRegistry()
+	store := openStore(t, 1<<20)
+	m, err := NewMetrics(reg, store)
+	g.Expect(err).NotTo(HaveOccurred())
+	c, err := New(Config{Store: store, Source: s3, SourceID: "s3://data/in", BlockSize: blockSize,
+		Fetch: understore.ParallelOptions{ChunkSize: 256, Concurrency: 3}, Metrics: m})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer c.Close()
+
+	for pass := range 2 {
+		var got []byte
+		for i := int64(0); ; i++ {
+			b, err := c.ReadBlock(context.Background(), "part-0", i)
+			if errors.Is(err, ErrOutOfRange) {
+				break
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			got = append(got, b...)
+			g.Eventually(func() error { _, err := store.Info(BlockID("s3://data/in", "part-0", i)); return err }).
+				WithTimeout(10*time.Second).Should(Succeed(), "block %d is stored", i)
+		}
+		g.Expect(got).To(Equal(obj), "pass %d", pass)
+	}
+	g.Expect(testutil.ToFloat64(m.fetches)).To(Equal(3.0), "three blocks fetched once each")
+	g.Expect(testutil.ToFloat64(m.hits.WithLabelValues("mem"))).To(Equal(3.0))
+
+	_, err = c.ReadBlock(context.Background(), "missing", 0)
+	g.Expect(err).To(MatchError(understore.ErrNotFound))
+	g.Expect(err.Error()).To(ContainSubstring("s3://data/in/missing"))
+}
+
+func TestAReaderChangingItsBytesNeverChangesTheCachedBlock(t *testing.T) {
+	g := NewWithT(t)
+	data := randomBytes(blockSize, 8)
+	f := newFixture(t, 1<<20, map[string][]byte{"f": data})
+	got, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	g.Expect(err).NotTo(HaveOccurred())
+	for i := range got {
+		got[i] = 0 // while the block may still be being stored
+	}
+	f.settled(g, "f", 0)
+	again, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again).To(Equal(data))
+}

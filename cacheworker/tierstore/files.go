@@ -1,0 +1,158 @@
+package tierstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"syscall"
+
+	"github.com/strata-cache/strata/cacheworker/blockindex"
+)
+
+// copyBufferSize is the chunk in which blocks are written and copied: large enough that the
+// system-call count does not matter, small enough that a cancelled context is noticed soon.
+const copyBufferSize = 1 << 20
+
+// writeFile writes size bytes from r as block id in dirPath, atomically: a temporary file
+// renamed over the final name, so that the name never shows a partial block. If durable, the
+// file is fsynced before the rename and the directory after it, so that the block survives a
+// crash; blocks with a copy elsewhere skip both, since a torn one is caught by its checksum
+// when the store starts and read again. It returns the bytes' CRC-32C. If want is non-nil,
+// the bytes must match it, or the file is removed and the error wraps ErrCorrupt.
+func writeFile(ctx context.Context, dirPath, id string, r io.Reader, size int64, want *uint32, durable bool) (sum uint32, err error) {
+	f, err := os.CreateTemp(dirPath, blockindex.TempPrefix+id+"-*")
+	if err != nil {
+		return 0, fmt.Errorf("creating temporary file for block %s in %s: %w", id, dirPath, err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}()
+	h := blockindex.NewHash()
+	// One byte more than declared, to notice a reader that has more to give.
+	n, err := io.CopyBuffer(io.MultiWriter(f, h), io.LimitReader(ctxReader{ctx, r}, size+1), make([]byte, min(copyBufferSize, size+1)))
+	if err != nil {
+		return 0, fmt.Errorf("writing block %s to %s: %w", id, tmp, err)
+	}
+	if n != size {
+		return 0, fmt.Errorf("writing block %s: the reader gave %s bytes, %d were declared", id, atLeast(n, size), size)
+	}
+	sum = h.Sum32()
+	if want != nil && sum != *want {
+		return 0, fmt.Errorf("copying block %s: crc32c %08x, expected %08x: %w", id, sum, *want, ErrCorrupt)
+	}
+	if durable {
+		if err = f.Sync(); err != nil {
+			return 0, fmt.Errorf("syncing block %s in %s: %w", id, tmp, err)
+		}
+	}
+	if err = f.Close(); err != nil {
+		return 0, fmt.Errorf("closing block %s in %s: %w", id, tmp, err)
+	}
+	if err = os.Rename(tmp, blockindex.BlockPath(dirPath, id)); err != nil {
+		return 0, fmt.Errorf("renaming block %s into place in %s: %w", id, dirPath, err)
+	}
+	if durable {
+		if err = syncDir(dirPath); err != nil {
+			return 0, err
+		}
+	}
+	return sum, nil
+}
+
+func atLeast(n, size int64) string {
+	if n > size {
+		return fmt.Sprintf("more than %d", size)
+	}
+	return fmt.Sprint(n)
+}
+
+func syncDir(p string) error {
+	d, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("opening directory %s to sync it: %w", p, err)
+	}
+	defer func() { _ = d.Close() }() // the sync above is what matters
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("syncing directory %s: %w", p, err)
+	}
+	return nil
+}
+
+// openBlock opens a block file for reading. O_NOFOLLOW: a block is always a regular file the
+// store wrote, never a link to something else.
+func openBlock(p string) (*os.File, error) {
+	return os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+}
+
+// readBlock reads a whole block of the given size from p. A file of another size is corrupt.
+func readBlock(p string, size int64) ([]byte, error) {
+	f, err := openBlock(p)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }() // read-only: a failed close loses nothing
+	buf := make([]byte, size+1)
+	n, err := io.ReadFull(f, buf)
+	switch {
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		if int64(n) != size {
+			return nil, fmt.Errorf("%s has %d bytes, %d expected: %w", p, n, size, ErrCorrupt)
+		}
+		return buf[:n], nil
+	case err != nil:
+		return nil, fmt.Errorf("reading %s: %w", p, err)
+	default:
+		return nil, fmt.Errorf("%s is longer than the %d bytes expected: %w", p, size, ErrCorrupt)
+	}
+}
+
+// ctxReader stops a copy when its context ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// verifyingReader checksums what it reads and, at the end, fails with ErrCorrupt rather than
+// io.EOF if the bytes do not match: whoever consumes it (a checkpoint upload) then fails
+// instead of storing corrupt data as good.
+type verifyingReader struct {
+	id   string
+	r    io.Reader
+	h    hash.Hash32
+	want uint32
+	size int64
+	n    int64
+}
+
+func newVerifyingReader(id string, r io.Reader, size int64, want uint32) *verifyingReader {
+	return &verifyingReader{id: id, r: r, h: blockindex.NewHash(), want: want, size: size}
+}
+
+func (v *verifyingReader) Read(p []byte) (int, error) {
+	n, err := v.r.Read(p)
+	v.h.Write(p[:n])
+	v.n += int64(n)
+	if errors.Is(err, io.EOF) {
+		if v.n != v.size {
+			return n, fmt.Errorf("block %s has %d bytes, %d expected: %w", v.id, v.n, v.size, ErrCorrupt)
+		}
+		if sum := v.h.Sum32(); sum != v.want {
+			return n, fmt.Errorf("block %s: crc32c %08x, expected %08x: %w", v.id, sum, v.want, ErrCorrupt)
+		}
+	}
+	return n, err
+}

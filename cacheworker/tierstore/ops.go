@@ -1,0 +1,331 @@
+package tierstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/strata-cache/strata/cacheworker/blockindex"
+)
+
+// lookupAttempts bounds how often a read looks a block up again because it was moved between
+// the lookup and the open. Each retry needs a whole move to complete in that gap, so more
+// than a few means something else is wrong.
+const lookupAttempts = 4
+
+// Put stores size bytes from r as block id in the top tier, making room by demotion if the
+// tier would pass its high watermark. It fails with ErrExists if the id is stored or being
+// stored, and with a *TierFullError (ErrTierFull) if no room can be made without losing data.
+func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opts PutOptions) (BlockInfo, error) {
+	if err := blockindex.ValidateID(id); err != nil {
+		return BlockInfo{}, fmt.Errorf("storing block: %w", err)
+	}
+	if size < 0 {
+		return BlockInfo{}, fmt.Errorf("storing block %s: negative size %d", id, size)
+	}
+	if err := s.enter(); err != nil {
+		return BlockInfo{}, err
+	}
+	defer s.exit()
+
+	s.mu.Lock()
+	if s.blocks[id] != nil || s.pending[id] {
+		s.mu.Unlock()
+		return BlockInfo{}, fmt.Errorf("storing block %s: %w", id, ErrExists)
+	}
+	s.pending[id] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.pending, id)
+		s.mu.Unlock()
+	}()
+
+	top := s.tiers[0]
+	if err := s.reserve(ctx, top, size); err != nil {
+		return BlockInfo{}, fmt.Errorf("storing block %s: %w", id, err)
+	}
+	d := s.pickDir(top, size)
+	durable := !opts.Clean
+	sum, err := writeFile(ctx, d.path, id, r, size, nil, durable)
+	if err != nil {
+		s.release(top, d, size)
+		return BlockInfo{}, err
+	}
+	now := s.cfg.Now()
+	b := &block{id: id, tier: top, dir: d, size: size, checksum: sum, created: now, lastAccess: now,
+		clean: opts.Clean, pinned: opts.Pinned}
+
+	l := s.stripe(id)
+	l.Lock()
+	defer l.Unlock()
+	if err := s.commit(b.entry(), durable); err != nil {
+		_ = os.Remove(b.path())
+		s.release(top, d, size)
+		return BlockInfo{}, fmt.Errorf("storing block %s: %w", id, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.blocks[id] = b
+	top.blocks++
+	top.policy.Add(id)
+	if b.pinned {
+		top.policy.SetPinned(id, true)
+	}
+	return b.info(), nil
+}
+
+// Get reads a whole block and checks it against its checksum. A block that fails the check is
+// removed and the error wraps ErrCorrupt. A read counts as an access for eviction and, in a
+// lower tier, towards promotion.
+func (s *Store) Get(ctx context.Context, id string) ([]byte, BlockInfo, error) {
+	var data []byte
+	info, err := s.read(ctx, id, func(b BlockInfo, p string) error {
+		var err error
+		data, err = readBlock(p, b.Size)
+		if err == nil && blockindex.Checksum(data) != b.Checksum {
+			err = fmt.Errorf("block %s in %s: crc32c %08x, expected %08x: %w", b.ID, p, blockindex.Checksum(data), b.Checksum, ErrCorrupt)
+		}
+		return err
+	})
+	return data, info, err
+}
+
+// OpenBlock opens a block for reading, for callers that read parts of it or hand the file to
+// the kernel (sendfile, splice). Unlike Get it cannot check the checksum, which covers the
+// whole block; blocks are checked when the store starts and whenever they are copied. The
+// caller closes the file. The file stays readable if the block is moved or deleted meanwhile.
+func (s *Store) OpenBlock(ctx context.Context, id string) (*os.File, BlockInfo, error) {
+	var f *os.File
+	info, err := s.read(ctx, id, func(_ BlockInfo, p string) error {
+		var err error
+		f, err = openBlock(p)
+		return err
+	})
+	return f, info, err
+}
+
+// read finds a block and calls fn with its path, looking again if the block was moved away
+// between the lookup and fn's open. On success it records the access.
+func (s *Store) read(ctx context.Context, id string, fn func(b BlockInfo, path string) error) (BlockInfo, error) {
+	if err := blockindex.ValidateID(id); err != nil {
+		return BlockInfo{}, fmt.Errorf("reading block: %w", err)
+	}
+	if err := s.enter(); err != nil {
+		return BlockInfo{}, err
+	}
+	defer s.exit()
+	for range lookupAttempts {
+		if err := ctx.Err(); err != nil {
+			return BlockInfo{}, fmt.Errorf("reading block %s: %w", id, err)
+		}
+		s.mu.Lock()
+		b := s.blocks[id]
+		if b == nil {
+			s.mu.Unlock()
+			return BlockInfo{}, fmt.Errorf("reading block %s: %w", id, ErrNotFound)
+		}
+		info, p := b.info(), b.path()
+		s.mu.Unlock()
+
+		err := fn(info, p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if errors.Is(err, ErrCorrupt) {
+			s.quarantine(b, p, err)
+			return BlockInfo{}, err
+		}
+		if err != nil {
+			return BlockInfo{}, fmt.Errorf("reading block %s: %w", id, err)
+		}
+		return s.touch(b), nil
+	}
+	return BlockInfo{}, fmt.Errorf("reading block %s: it kept moving between tiers while being opened", id)
+}
+
+// touch records a successful read of b and queues it for promotion once it has been read
+// PromotionThreshold times in a lower tier.
+func (s *Store) touch(b *block) BlockInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b.accesses++
+	b.lastAccess = s.cfg.Now()
+	b.dirty = true
+	b.tierReads++
+	b.tier.policy.Touch(b.id)
+	if s.blocks[b.id] == b && b.tier.index > 0 && !b.queued && b.tierReads >= s.cfg.PromotionThreshold {
+		b.queued = true
+		s.queue[b.id] = true
+		select {
+		case s.wake <- struct{}{}:
+		default: // Run has been woken already and will see the whole queue.
+		}
+	}
+	return b.info()
+}
+
+// quarantine removes a block found corrupt at path p, unless it has moved meanwhile (the copy
+// is checked on the way, so the new location holds good bytes).
+func (s *Store) quarantine(b *block, p string, cause error) {
+	l := s.stripe(b.id)
+	l.Lock()
+	defer l.Unlock()
+	s.mu.Lock()
+	if s.blocks[b.id] != b || b.path() != p {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.log.Error(cause, "removing corrupt block", "block", b.id, "path", p)
+	if err := s.idx.Delete(b.id); err != nil {
+		// The entry stays; the next start verifies the file again and removes it then.
+		s.log.Error(err, "removing index entry of corrupt block", "block", b.id)
+	}
+	s.mu.Lock()
+	s.forgetLocked(b)
+	b.tier.corrupt++
+	s.mu.Unlock()
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error(err, "removing corrupt block file", "path", p)
+	}
+}
+
+// Delete removes a block. It fails with ErrNotFound if there is none.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := blockindex.ValidateID(id); err != nil {
+		return fmt.Errorf("deleting block: %w", err)
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("deleting block %s: %w", id, err)
+	}
+	l := s.stripe(id)
+	l.Lock()
+	defer l.Unlock()
+	s.mu.Lock()
+	b := s.blocks[id]
+	s.mu.Unlock()
+	if b == nil {
+		return fmt.Errorf("deleting block %s: %w", id, ErrNotFound)
+	}
+	// The entry goes first: a crash before the file is removed leaves an orphan file, which
+	// the next start removes, rather than a deleted block coming back.
+	// Synced, so that a deleted block never comes back after a crash, even under an id that
+	// is used again for other bytes.
+	if err := s.idx.Delete(id); err != nil {
+		return fmt.Errorf("deleting block %s: %w", id, err)
+	}
+	if err := s.idx.Sync(); err != nil {
+		return fmt.Errorf("deleting block %s: %w", id, err)
+	}
+	s.mu.Lock()
+	p := b.path()
+	s.forgetLocked(b)
+	s.mu.Unlock()
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("deleting block %s: %w", id, err)
+	}
+	return nil
+}
+
+// forgetLocked drops b from the in-memory state and frees its space. mu must be held.
+func (s *Store) forgetLocked(b *block) {
+	delete(s.blocks, b.id)
+	delete(s.queue, b.id)
+	b.tier.policy.Remove(b.id)
+	b.tier.used -= b.size
+	b.dir.used -= b.size
+	b.tier.blocks--
+}
+
+// Info describes a stored block without counting as an access.
+func (s *Store) Info(id string) (BlockInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.blocks[id]
+	if b == nil {
+		return BlockInfo{}, fmt.Errorf("block %s: %w", id, ErrNotFound)
+	}
+	return b.info(), nil
+}
+
+// Blocks describes every stored block, ordered by id: what a worker reports to the master
+// when it registers.
+func (s *Store) Blocks() []BlockInfo {
+	s.mu.Lock()
+	out := make([]BlockInfo, 0, len(s.blocks))
+	for _, b := range s.blocks {
+		out = append(out, b.info())
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b BlockInfo) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Pin marks a block as never to be evicted, or lifts the mark.
+func (s *Store) Pin(ctx context.Context, id string, pinned bool) error {
+	return s.update(ctx, id, "pinning", func(b *block) { b.pinned = pinned })
+}
+
+// SetClean records that a copy of the block now exists elsewhere (it was checkpointed or
+// replicated), so it may be dropped without persisting it first.
+func (s *Store) SetClean(ctx context.Context, id string) error {
+	return s.update(ctx, id, "marking clean", func(b *block) { b.clean = true })
+}
+
+// update changes a block's flags: in the index first, then in memory, so that a failed
+// index write changes nothing.
+func (s *Store) update(ctx context.Context, id, what string, change func(b *block)) error {
+	if err := blockindex.ValidateID(id); err != nil {
+		return fmt.Errorf("%s block: %w", what, err)
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s block %s: %w", what, id, err)
+	}
+	l := s.stripe(id)
+	l.Lock()
+	defer l.Unlock()
+	s.mu.Lock()
+	b := s.blocks[id]
+	if b == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("%s block %s: %w", what, id, ErrNotFound)
+	}
+	shadow := *b
+	change(&shadow)
+	e := shadow.entry()
+	s.mu.Unlock()
+	if err := s.commit(e, true); err != nil {
+		return fmt.Errorf("%s block %s: %w", what, id, err)
+	}
+	s.mu.Lock()
+	change(b)
+	b.tier.policy.SetPinned(id, b.pinned)
+	s.mu.Unlock()
+	return nil
+}
+
+// commit writes a block's index entry, the commit point of its write or move, and makes it
+// durable when the block has no copy elsewhere (see blockindex.Index).
+func (s *Store) commit(e blockindex.Entry, durable bool) error {
+	if err := s.idx.Put(e); err != nil {
+		return err
+	}
+	if durable {
+		return s.idx.Sync()
+	}
+	return nil
+}

@@ -1,0 +1,443 @@
+package tierstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+
+	"github.com/strata-cache/strata/cacheworker/blockindex"
+)
+
+// room says how far makeRoom may go.
+type room struct {
+	// forPromotion: free only until the block fits under the high watermark, never past it,
+	// and evict only blocks read fewer times in their tier than colderThan was in its own. A
+	// promotion is an optimisation; it must not push out more than it needs, nor hotter data.
+	forPromotion bool
+	colderThan   *block
+}
+
+// reserve takes need bytes of t's quota for a write. Below the high watermark that is all;
+// above it, it makes room under evictMu.
+func (s *Store) reserve(ctx context.Context, t *tier, need int64) error {
+	if s.tryReserve(t, need, t.high) {
+		return nil
+	}
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+	return s.makeRoom(ctx, t, need, room{})
+}
+
+// tryReserve takes need bytes of t if that keeps it at or under limit.
+func (s *Store) tryReserve(t *tier, need, limit int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.used+need > limit {
+		return false
+	}
+	t.used += need
+	return true
+}
+
+// release gives back a reservation that was not used.
+func (s *Store) release(t *tier, d *dir, n int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.used -= n
+	d.used -= n
+}
+
+// pickDir chooses the emptiest directory of t for n bytes and counts them there at once, so
+// that concurrent writers spread over the directories too.
+func (s *Store) pickDir(t *tier, n int64) *dir {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	best := t.dirs[0]
+	for _, d := range t.dirs[1:] {
+		if d.used < best.used {
+			best = d
+		}
+	}
+	best.used += n
+	return best
+}
+
+// makeRoom reserves need bytes in t. If that would pass the high watermark it first evicts
+// blocks, coldest first, until t is back at its low watermark with need reserved. When no
+// more blocks can leave, it still succeeds if need fits under the quota (the high watermark
+// for promotions); otherwise it fails with a *TierFullError and has lost nothing.
+// evictMu must be held.
+func (s *Store) makeRoom(ctx context.Context, t *tier, need int64, rm room) error {
+	if need > t.Quota {
+		return &TierFullError{Tier: t.Name, Need: need, Used: s.usedOf(t), Quota: t.Quota,
+			Reason: fmt.Sprintf("the block is larger than the tier's whole quota of %d bytes", t.Quota)}
+	}
+	if s.tryReserve(t, need, t.high) {
+		return nil
+	}
+	target, limit := t.low, t.Quota
+	if rm.forPromotion {
+		target, limit = t.high, t.high
+	}
+	failed := make(map[string]bool)
+	var firstFailure error
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("making room in tier %s: %w", t.Name, err)
+		}
+		s.mu.Lock()
+		if t.used+need <= target {
+			t.used += need
+			s.mu.Unlock()
+			return nil
+		}
+		v := s.victimLocked(t, failed, rm.colderThan)
+		if v == nil {
+			if t.used+need <= limit {
+				t.used += need
+				s.mu.Unlock()
+				return nil
+			}
+			used := t.used
+			s.mu.Unlock()
+			return &TierFullError{Tier: t.Name, Need: need, Used: used, Quota: t.Quota, Reason: fullReason(len(failed), firstFailure, rm)}
+		}
+		v.moving = true
+		s.mu.Unlock()
+
+		err := s.evict(ctx, v)
+
+		s.mu.Lock()
+		v.moving = false
+		s.mu.Unlock()
+		switch {
+		case err == nil || errors.Is(err, errGone):
+		case ctx.Err() != nil:
+			return fmt.Errorf("making room in tier %s: %w", t.Name, err)
+		default:
+			failed[v.id] = true
+			if firstFailure == nil {
+				firstFailure = err
+			}
+			s.log.V(1).Info("block cannot leave its tier", "block", v.id, "tier", t.Name, "reason", err.Error())
+		}
+	}
+}
+
+func fullReason(failed int, first error, rm room) string {
+	switch {
+	case failed > 0:
+		return fmt.Sprintf("%d block(s) could not leave it, the first because: %v", failed, first)
+	case rm.colderThan != nil:
+		return "no block in it has been read less often than the block to promote"
+	default:
+		return "every block in it is pinned or already on the move"
+	}
+}
+
+func (s *Store) usedOf(t *tier) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return t.used
+}
+
+// victimLocked is the coldest block of t that may leave now. mu must be held.
+func (s *Store) victimLocked(t *tier, failed map[string]bool, colderThan *block) *block {
+	id, ok := t.policy.Victim(func(id string) bool {
+		b := s.blocks[id]
+		return b == nil || b.moving || failed[id] || (colderThan != nil && b.tierReads >= colderThan.tierReads)
+	})
+	if !ok {
+		return nil
+	}
+	return s.blocks[id]
+}
+
+// evict moves b one tier down or, from the last tier or when the tiers below are full,
+// drops it if that loses nothing. evictMu must be held and b marked moving.
+func (s *Store) evict(ctx context.Context, b *block) error {
+	from := b.tier
+	if from.index+1 == len(s.tiers) {
+		return s.drop(ctx, b)
+	}
+	to := s.tiers[from.index+1]
+	err := s.move(ctx, b, to, room{})
+	if err == nil {
+		s.mu.Lock()
+		from.demotions++
+		s.mu.Unlock()
+		return nil
+	}
+	if !errors.Is(err, ErrTierFull) {
+		return err
+	}
+	if derr := s.drop(ctx, b); derr != nil {
+		if errors.Is(derr, errGone) {
+			return derr
+		}
+		return fmt.Errorf("demoting it: %w; dropping it instead: %w", err, derr)
+	}
+	return nil
+}
+
+// move copies b into tier to, checking its checksum on the way, commits the new location in
+// the index and removes the old file. evictMu must be held and b marked moving.
+func (s *Store) move(ctx context.Context, b *block, to *tier, rm room) error {
+	from, fromDir := b.tier, b.dir
+	if err := s.makeRoom(ctx, to, b.size, rm); err != nil {
+		return fmt.Errorf("moving block %s from tier %s to tier %s: %w", b.id, from.Name, to.Name, err)
+	}
+	d := s.pickDir(to, b.size)
+	oldPath := b.path()
+	newPath := blockindex.BlockPath(d.path, b.id)
+	fail := func(err error) error {
+		s.release(to, d, b.size)
+		if errors.Is(err, fs.ErrNotExist) && !s.alive(b) {
+			return errGone
+		}
+		if errors.Is(err, ErrCorrupt) {
+			// The space is free, so eviction carries on (errGone); an explicit Move reports why.
+			s.quarantine(b, oldPath, err)
+			return fmt.Errorf("moving block %s: %w, removed: %w", b.id, err, errGone)
+		}
+		return fmt.Errorf("moving block %s from tier %s to tier %s: %w", b.id, from.Name, to.Name, err)
+	}
+
+	src, err := openBlock(oldPath)
+	if err != nil {
+		return fail(err)
+	}
+	s.mu.Lock()
+	durable := !b.clean
+	s.mu.Unlock()
+	_, err = writeFile(ctx, d.path, b.id, src, b.size, &b.checksum, durable)
+	_ = src.Close()
+	if err != nil {
+		return fail(err)
+	}
+
+	l := s.stripe(b.id)
+	l.Lock()
+	defer l.Unlock()
+	s.mu.Lock()
+	alive := s.blocks[b.id] == b
+	shadow := *b
+	s.mu.Unlock()
+	if !alive {
+		_ = os.Remove(newPath)
+		s.release(to, d, b.size)
+		return errGone
+	}
+	shadow.tier, shadow.dir = to, d
+	e := shadow.entry()
+	// The index entry is the commit point: a crash before it leaves the new file as an orphan,
+	// a crash after it leaves the old one; either is removed on the next start.
+	if err := s.commit(e, !shadow.clean); err != nil {
+		_ = os.Remove(newPath)
+		return fail(err)
+	}
+	s.mu.Lock()
+	from.used -= b.size
+	fromDir.used -= b.size
+	from.blocks--
+	from.policy.Remove(b.id)
+	b.tier, b.dir = to, d
+	b.tierReads = 0
+	b.queued = false
+	delete(s.queue, b.id)
+	b.dirty = b.accesses != e.Accesses
+	to.blocks++
+	to.policy.Add(b.id)
+	if b.pinned {
+		to.policy.SetPinned(b.id, true)
+	}
+	s.mu.Unlock()
+	if err := os.Remove(oldPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error(err, "removing the old copy of a moved block; the next start removes it", "path", oldPath)
+	}
+	return nil
+}
+
+func (s *Store) alive(b *block) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blocks[b.id] == b
+}
+
+// drop removes b for good, which is only allowed when a copy exists elsewhere: SafeToDrop
+// says so, or Persist made one just now. evictMu must be held and b marked moving.
+func (s *Store) drop(ctx context.Context, b *block) error {
+	s.mu.Lock()
+	info, p, t := b.info(), b.path(), b.tier
+	s.mu.Unlock()
+
+	persisted := false
+	if !s.cfg.SafeToDrop(info) {
+		if s.cfg.Persist == nil {
+			return fmt.Errorf("block %s in tier %s has no copy elsewhere and no persist callback is configured", b.id, t.Name)
+		}
+		f, err := openBlock(p)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && !s.alive(b) {
+				return errGone
+			}
+			return fmt.Errorf("opening block %s to persist it: %w", b.id, err)
+		}
+		err = s.cfg.Persist(ctx, info, newVerifyingReader(b.id, f, b.size, b.checksum))
+		_ = f.Close()
+		if errors.Is(err, ErrCorrupt) {
+			s.quarantine(b, p, err)
+			return fmt.Errorf("persisting block %s: %w, removed: %w", b.id, err, errGone)
+		}
+		if err != nil {
+			return fmt.Errorf("persisting block %s before dropping it from tier %s: %w", b.id, t.Name, err)
+		}
+		persisted = true
+	}
+
+	l := s.stripe(b.id)
+	l.Lock()
+	defer l.Unlock()
+	if !s.alive(b) {
+		return errGone
+	}
+	if err := s.idx.Delete(b.id); err != nil {
+		return fmt.Errorf("dropping block %s from tier %s: %w", b.id, t.Name, err)
+	}
+	s.mu.Lock()
+	s.forgetLocked(b)
+	t.evictions++
+	if persisted {
+		t.persisted++
+	}
+	s.mu.Unlock()
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error(err, "removing a dropped block; the next start removes it", "path", p)
+	}
+	return nil
+}
+
+// Move moves a block to the named tier, making room there as a write would.
+func (s *Store) Move(ctx context.Context, id, tierName string) error {
+	if err := blockindex.ValidateID(id); err != nil {
+		return fmt.Errorf("moving block: %w", err)
+	}
+	to := s.byName[tierName]
+	if to == nil {
+		return fmt.Errorf("moving block %s: no tier named %q", id, tierName)
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.exit()
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+
+	s.mu.Lock()
+	b := s.blocks[id]
+	if b == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("moving block %s: %w", id, ErrNotFound)
+	}
+	from := b.tier
+	if from == to {
+		s.mu.Unlock()
+		return nil
+	}
+	b.moving = true
+	s.mu.Unlock()
+
+	err := s.move(ctx, b, to, room{})
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b.moving = false
+	switch {
+	case errors.Is(err, ErrCorrupt):
+		return err
+	case errors.Is(err, errGone):
+		return fmt.Errorf("moving block %s: %w", id, ErrNotFound)
+	case err != nil:
+		return err
+	case to.index < from.index:
+		to.promotions++
+	default:
+		from.demotions++
+	}
+	return nil
+}
+
+// Promote moves a block one tier up if there is room, or room can be made by demoting blocks
+// read less often than it. It reports whether the block moved; no room is not an error.
+func (s *Store) Promote(ctx context.Context, id string) (bool, error) {
+	if err := blockindex.ValidateID(id); err != nil {
+		return false, fmt.Errorf("promoting block: %w", err)
+	}
+	if err := s.enter(); err != nil {
+		return false, err
+	}
+	defer s.exit()
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+
+	s.mu.Lock()
+	b := s.blocks[id]
+	if b == nil {
+		s.mu.Unlock()
+		return false, fmt.Errorf("promoting block %s: %w", id, ErrNotFound)
+	}
+	b.queued = false
+	delete(s.queue, id)
+	if b.tier.index == 0 {
+		s.mu.Unlock()
+		return false, nil
+	}
+	to := s.tiers[b.tier.index-1]
+	b.moving = true
+	s.mu.Unlock()
+
+	err := s.move(ctx, b, to, room{forPromotion: true, colderThan: b})
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b.moving = false
+	switch {
+	case err == nil:
+		to.promotions++
+		return true, nil
+	case errors.Is(err, ErrTierFull) || errors.Is(err, errGone):
+		return false, nil
+	default:
+		return false, fmt.Errorf("promoting block %s: %w", id, err)
+	}
+}
+
+// PromotePending promotes the blocks queued by reads, and returns how many moved. A block
+// that found no room is queued again by its next read.
+func (s *Store) PromotePending(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.queue))
+	for id := range s.queue {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	slices.Sort(ids)
+	var errs []error
+	n := 0
+	for _, id := range ids {
+		moved, err := s.Promote(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil && (ctx.Err() != nil || errors.Is(err, ErrClosed)):
+			return n, err
+		case err != nil:
+			errs = append(errs, err)
+		case moved:
+			n++
+		}
+	}
+	return n, errors.Join(errs...)
+}

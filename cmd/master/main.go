@@ -1,0 +1,184 @@
+// Command master runs one replica of the Strata master: the Raft-replicated metadata store,
+// its gRPC API, the lost-worker detector and a metrics endpoint.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/cluster"
+	"github.com/strata-cache/strata/master/liveness"
+	"github.com/strata-cache/strata/master/masterpb"
+	"github.com/strata-cache/strata/master/server"
+	"github.com/strata-cache/strata/master/store"
+)
+
+func main() {
+	var opts options
+	opts.bind(flag.CommandLine)
+	flag.Parse()
+
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(zapcore.Level(-opts.verbosity))
+	zl, err := zc.Build()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building logger: %v\n", err)
+		os.Exit(1)
+	}
+	log := zapr.NewLogger(zl).WithName("master")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, opts, log); err != nil {
+		log.Error(err, "master stopped")
+		_ = zl.Sync()
+		os.Exit(1)
+	}
+	_ = zl.Sync()
+}
+
+func run(ctx context.Context, opts options, log logr.Logger) error {
+	topo, err := opts.resolve()
+	if err != nil {
+		return err
+	}
+	log.Info("starting", "id", opts.id, "raftAdvertise", topo.raftAdvertise, "grpcAdvertise", topo.grpcAdvertise,
+		"peers", topo.peers, "mayBootstrap", topo.mayBootstrap)
+
+	st, err := store.Open(store.Config{
+		ID:                opts.id,
+		Dir:               filepath.Clean(opts.dataDir),
+		RaftBind:          opts.raftAddr,
+		RaftAdvertise:     topo.raftAdvertise,
+		APIAddr:           topo.grpcAdvertise,
+		HeartbeatTimeout:  opts.heartbeatTimeout,
+		ElectionTimeout:   opts.electionTimeout,
+		SnapshotInterval:  opts.snapshotInterval,
+		SnapshotThreshold: opts.snapshotThreshold,
+		TrailingLogs:      opts.trailingLogs,
+		Logger:            log.WithName("store"),
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Error(err, "closing the store")
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), store.NewCollector(st))
+	rpcMetrics, err := server.NewMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("registering RPC metrics: %w", err)
+	}
+
+	lis, err := net.Listen("tcp", opts.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("listening for gRPC on %s: %w", opts.grpcAddr, err)
+	}
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(rpcMetrics.UnaryInterceptor()))
+	masterpb.RegisterMasterServer(gs, server.New(st, log.WithName("grpc")))
+
+	var ready atomic.Bool
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	// Ready once the replica is in a cluster. Not "has a leader": after a full restart pod 0
+	// must become ready before an OrderedReady StatefulSet starts the peers it needs for a quorum.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "joining the cluster", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	hs := &http.Server{Addr: opts.metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := gs.Serve(lis); err != nil {
+			return fmt.Errorf("serving gRPC: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving metrics: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		// The gRPC server is up first: peers probe this replica while it decides how to start.
+		peers, err := client.New(append(topo.peers, topo.grpcAdvertise), client.Options{Logger: log.WithName("peers")})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = peers.Close() }()
+		outcome, err := cluster.Start(gctx, st, cluster.ClientPeers{Client: peers}, cluster.Config{
+			Peers: topo.peers, MayBootstrap: topo.mayBootstrap, Logger: log.WithName("cluster"),
+		})
+		if err != nil {
+			return err
+		}
+		ready.Store(true)
+		log.Info("in the cluster", "how", outcome)
+		return liveness.New(st, liveness.Config{Timeout: opts.lostWorkerTimeout, Logger: log.WithName("liveness")}).Run(gctx)
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		shutdown(opts.shutdownTimeout, st, gs, hs, log)
+		return nil
+	})
+	if err := g.Wait(); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// shutdown hands leadership over (so the cluster does not wait out an election timeout), then
+// stops the servers. The store is closed by run.
+func shutdown(timeout time.Duration, st *store.Store, gs *grpc.Server, hs *http.Server, log logr.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := st.TransferLeadership(ctx); err != nil {
+		log.Error(err, "handing leadership over before stopping")
+	}
+	stopped := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		gs.Stop()
+		<-stopped
+	}
+	if err := hs.Shutdown(ctx); err != nil {
+		log.Error(err, "stopping the metrics server")
+	}
+	log.Info("stopped")
+}

@@ -1,0 +1,488 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+const (
+	// DatasetFinalizer keeps a Dataset until its volume is removed and no Lineage still needs it.
+	DatasetFinalizer = "data.strata.dev/dataset"
+	// CSIDriverName is the name of Strata's CSI driver.
+	CSIDriverName = "csi.strata.dev"
+
+	// VolumeAttributeNamespace is the Dataset's namespace in its volume's attributes. The CSI node
+	// plugin checks it against the pod's namespace at publish time, so that a pod never mounts
+	// another namespace's data.
+	VolumeAttributeNamespace = "data.strata.dev/namespace"
+	// VolumeAttributeDataset is the Dataset's name in its volume's attributes.
+	VolumeAttributeDataset = "data.strata.dev/dataset"
+	// VolumeAttributeUID is the Dataset's UID: a volume left from a deleted Dataset of the same
+	// name never serves the new one.
+	VolumeAttributeUID = "data.strata.dev/uid"
+
+	// datasetVolumeCapacity is the nominal size of a Dataset's volume: the CSI driver serves
+	// whatever the Dataset holds, and Kubernetes needs some capacity to bind a claim.
+	datasetVolumeCapacity = "1Ti"
+
+	// dependentsRecheck is how often a deletion that waits for dependents looks again.
+	dependentsRecheck = 30 * time.Second
+)
+
+// Reasons of the Dataset conditions, each a thing the user can act on.
+const (
+	ReasonSecretNotFound       = "SecretNotFound"
+	ReasonSecretIncomplete     = "SecretIncomplete"
+	ReasonClaimNotFound        = "ClaimNotFound"
+	ReasonTierPoolNotFound     = "TierPoolNotFound"
+	ReasonFileSourceNotAllowed = "FileSourceNotAllowed"
+	ReasonCachePolicyNotFound  = "CachePolicyNotFound"
+	ReasonLineageNotFound      = "LineageNotFound"
+	ReasonLineageMismatch      = "NotALineageOutput"
+	ReasonSourceValid          = "SourceValid"
+	ReasonNoCSIDriver          = "CSIDriverNotInstalled"
+	ReasonNoReadyWorkers       = "NoReadyWorkers"
+	ReasonVolumeReady          = "VolumeReady"
+	ReasonDeletionBlocked      = "DeletionBlocked"
+)
+
+// ConditionDeletionBlocked is True while a deleted Dataset waits for its dependents.
+const ConditionDeletionBlocked = "DeletionBlocked"
+
+// DatasetReconciler checks what a Dataset refers to, gives it a PersistentVolume and a claim of
+// its name that pods mount, and reports honestly whether the claim can be served.
+type DatasetReconciler struct {
+	Client   client.Client
+	Recorder record.EventRecorder
+}
+
+// +kubebuilder:rbac:groups=data.strata.dev,resources=datasets,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=data.strata.dev,resources=datasets/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=data.strata.dev,resources=datasets/finalizers,verbs=update
+// +kubebuilder:rbac:groups=data.strata.dev,resources=lineages;cachepolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;list;watch
+
+// Reconcile runs the deletion or the normal path of one Dataset.
+func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	ds := &datav1alpha1.Dataset{}
+	if err := r.Client.Get(ctx, req.NamespacedName, ds); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !ds.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, ds)
+	}
+	if !controllerutil.ContainsFinalizer(ds, DatasetFinalizer) {
+		// Added before anything is created for the Dataset, so nothing can outlive it. The
+		// reconcile goes on: a finalizer bumps no generation, so its update event is filtered.
+		patch := client.MergeFrom(ds.DeepCopy())
+		controllerutil.AddFinalizer(ds, DatasetFinalizer)
+		if err := r.Client.Patch(ctx, ds, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("adding finalizer to Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
+		}
+	}
+
+	before := ds.DeepCopy()
+	problem, err := r.checkReferences(ctx, ds)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var ready *metav1.Condition
+	if problem == nil {
+		if err := r.ensureVolume(ctx, ds); err != nil {
+			return ctrl.Result{}, err
+		}
+		if ready, err = r.servingCondition(ctx, ds); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	setDatasetStatus(ds, problem, ready)
+	if apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
+		return ctrl.Result{}, nil
+	}
+	if err := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
+	}
+	r.recordTransitions(before, ds)
+	return ctrl.Result{}, nil
+}
+
+// problem is what the user must fix before a Dataset can be served.
+type problem struct {
+	reason, message string
+}
+
+// checkReferences checks every object a Dataset names. It returns the first problem found.
+func (r *DatasetReconciler) checkReferences(ctx context.Context, ds *datav1alpha1.Dataset) (*problem, error) {
+	pool := &datav1alpha1.TierPool{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: ds.Spec.TierPoolName}, pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &problem{ReasonTierPoolNotFound, fmt.Sprintf(
+				"TierPool %q does not exist: ask a cluster administrator to create it, or set spec.tierPoolName to one of `kubectl get tierpools`",
+				ds.Spec.TierPoolName)}, nil
+		}
+		return nil, fmt.Errorf("reading TierPool %s: %w", ds.Spec.TierPoolName, err)
+	}
+	if name := ds.Spec.CachePolicyName; name != "" {
+		if found, err := r.exists(ctx, &datav1alpha1.CachePolicy{}, ds.Namespace, name); err != nil || !found {
+			return &problem{ReasonCachePolicyNotFound, fmt.Sprintf(
+				"CachePolicy %q does not exist in namespace %s: create it, or remove spec.cachePolicyName to use the defaults", name, ds.Namespace)}, err
+		}
+	}
+	if ds.Spec.Lineage != nil {
+		return r.checkLineage(ctx, ds)
+	}
+	return r.checkSource(ctx, ds, pool)
+}
+
+func (r *DatasetReconciler) exists(ctx context.Context, obj client.Object, namespace, name string) (bool, error) {
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading %T %s/%s: %w", obj, namespace, name, err)
+	}
+	return true, nil
+}
+
+func (r *DatasetReconciler) checkLineage(ctx context.Context, ds *datav1alpha1.Dataset) (*problem, error) {
+	lineage := &datav1alpha1.Lineage{}
+	if found, err := r.exists(ctx, lineage, ds.Namespace, ds.Spec.Lineage.Name); err != nil || !found {
+		return &problem{ReasonLineageNotFound, fmt.Sprintf(
+			"Lineage %q does not exist in namespace %s: create it with this Dataset in spec.outputs", ds.Spec.Lineage.Name, ds.Namespace)}, err
+	}
+	for _, out := range lineage.Spec.Outputs {
+		if out == ds.Name {
+			return nil, nil
+		}
+	}
+	return &problem{ReasonLineageMismatch, fmt.Sprintf(
+		"Lineage %q does not list %q in spec.outputs: add it there, or point spec.lineage at the Lineage that writes this Dataset",
+		lineage.Name, ds.Name)}, nil
+}
+
+// requiredSecretKeys are the keys a source's Secret must hold, by URI scheme.
+var requiredSecretKeys = map[string][]string{
+	"s3": {"accessKeyID", "secretAccessKey"},
+}
+
+func (r *DatasetReconciler) checkSource(ctx context.Context, ds *datav1alpha1.Dataset, pool *datav1alpha1.TierPool) (*problem, error) {
+	src := ds.Spec.Source
+	scheme, rest, _ := strings.Cut(src.URI, "://")
+	if src.SecretRef != nil {
+		secret := &corev1.Secret{}
+		if found, err := r.exists(ctx, secret, ds.Namespace, src.SecretRef.Name); err != nil || !found {
+			return &problem{ReasonSecretNotFound, fmt.Sprintf(
+				"Secret %q does not exist in namespace %s: create it with the keys %s", src.SecretRef.Name, ds.Namespace,
+				strings.Join(keysOrAny(requiredSecretKeys[scheme]), " and "))}, err
+		}
+		var missing []string
+		for _, key := range requiredSecretKeys[scheme] {
+			if len(secret.Data[key]) == 0 {
+				missing = append(missing, key)
+			}
+		}
+		if len(missing) > 0 {
+			return &problem{ReasonSecretIncomplete, fmt.Sprintf(
+				"Secret %q in namespace %s has no %s: add %s to it", src.SecretRef.Name, ds.Namespace,
+				strings.Join(missing, " or "), strings.Join(missing, " and "))}, nil
+		}
+	}
+	switch scheme {
+	case "pvc":
+		claim, _, _ := strings.Cut(rest, "/")
+		if found, err := r.exists(ctx, &corev1.PersistentVolumeClaim{}, ds.Namespace, claim); err != nil || !found {
+			return &problem{ReasonClaimNotFound, fmt.Sprintf(
+				"PersistentVolumeClaim %q does not exist in namespace %s: a pvc:// source reads a claim of the Dataset's own namespace", claim, ds.Namespace)}, err
+		}
+	case "file":
+		if !underAnyRoot("/"+strings.TrimLeft(rest, "/"), pool.Spec.FileSourceRoots) {
+			return &problem{ReasonFileSourceNotAllowed, fmt.Sprintf(
+				"%s is not under any of TierPool %q's spec.fileSourceRoots %v: ask a cluster administrator to allow it, or copy the data to S3",
+				src.URI, pool.Name, pool.Spec.FileSourceRoots)}, nil
+		}
+	}
+	return nil, nil
+}
+
+func keysOrAny(keys []string) []string {
+	if len(keys) == 0 {
+		return []string{"the credentials its under-store needs"}
+	}
+	return keys
+}
+
+// underAnyRoot says whether the clean absolute path p lies under one of roots.
+func underAnyRoot(p string, roots []string) bool {
+	for _, root := range roots {
+		root = strings.TrimSuffix(root, "/")
+		if p == root || strings.HasPrefix(p, root+"/") {
+			return !strings.Contains(p, "/../") && !strings.HasSuffix(p, "/..")
+		}
+	}
+	return false
+}
+
+// volumeName is cluster-unique and stable for the life of the Dataset.
+func volumeName(ds *datav1alpha1.Dataset) string { return "strata-" + string(ds.UID) }
+
+// ensureVolume creates the Dataset's PersistentVolume and the claim, of the Dataset's name,
+// pre-bound to it. Both exist once and are never updated: their specs are immutable.
+func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.Dataset) error {
+	mode := corev1.ReadOnlyMany
+	if ds.Spec.Lineage != nil {
+		mode = corev1.ReadWriteMany // written by its Lineage's Job, then immutable
+	}
+	capacity := resource.MustParse(datasetVolumeCapacity)
+	empty := ""
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: volumeName(ds), Labels: datasetLabels(ds)},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:    corev1.ResourceList{corev1.ResourceStorage: capacity},
+			AccessModes: []corev1.PersistentVolumeAccessMode{mode},
+			// The data lives in the under-store and the cache; the operator deletes the volume
+			// itself when the Dataset goes.
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              empty,
+			ClaimRef: &corev1.ObjectReference{
+				APIVersion: "v1", Kind: "PersistentVolumeClaim", Namespace: ds.Namespace, Name: ds.Name,
+			},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver:       CSIDriverName,
+				VolumeHandle: ds.Namespace + "/" + ds.Name + "/" + string(ds.UID),
+				ReadOnly:     mode == corev1.ReadOnlyMany,
+				VolumeAttributes: map[string]string{
+					VolumeAttributeNamespace: ds.Namespace,
+					VolumeAttributeDataset:   ds.Name,
+					VolumeAttributeUID:       string(ds.UID),
+				},
+			}},
+		},
+	}
+	if err := r.Client.Create(ctx, pv); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating PersistentVolume %s for Dataset %s/%s: %w", pv.Name, ds.Namespace, ds.Name, err)
+	}
+
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: ds.Name, Namespace: ds.Namespace, Labels: datasetLabels(ds)},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{mode},
+			StorageClassName: &empty,
+			VolumeName:       pv.Name,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: capacity}},
+		},
+	}
+	if err := controllerutil.SetControllerReference(ds, pvc, r.Client.Scheme()); err != nil {
+		return fmt.Errorf("owning claim %s/%s: %w", ds.Namespace, ds.Name, err)
+	}
+	existing := &corev1.PersistentVolumeClaim{}
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(pvc), existing)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := r.Client.Create(ctx, pvc); err != nil {
+			return fmt.Errorf("creating claim %s/%s: %w", ds.Namespace, ds.Name, err)
+		}
+	case err != nil:
+		return fmt.Errorf("reading claim %s/%s: %w", ds.Namespace, ds.Name, err)
+	case !metav1.IsControlledBy(existing, ds):
+		return fmt.Errorf("a PersistentVolumeClaim %s/%s that this Dataset does not own is in the way: rename the Dataset or delete the claim", ds.Namespace, ds.Name)
+	}
+	ds.Status.PersistentVolumeClaimName = pvc.Name
+	return nil
+}
+
+func datasetLabels(ds *datav1alpha1.Dataset) map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/part-of":    "strata",
+		"app.kubernetes.io/managed-by": "strata-operator",
+		"data.strata.dev/dataset":      ds.Name,
+	}
+}
+
+// servingCondition says whether pods can read the Dataset through its claim now, and if not,
+// what is missing in the cluster.
+func (r *DatasetReconciler) servingCondition(ctx context.Context, ds *datav1alpha1.Dataset) (*metav1.Condition, error) {
+	cond := &metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionFalse}
+	if found, err := r.exists(ctx, &storagev1.CSIDriver{}, "", CSIDriverName); err != nil {
+		return nil, err
+	} else if !found {
+		cond.Reason = ReasonNoCSIDriver
+		cond.Message = fmt.Sprintf("claim %s exists, but the CSI driver %s that serves it is not installed: install Strata's CSI driver (its chart)", ds.Name, CSIDriverName)
+		return cond, nil
+	}
+	pool := &datav1alpha1.TierPool{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: ds.Spec.TierPoolName}, pool); err != nil {
+		return nil, fmt.Errorf("reading TierPool %s: %w", ds.Spec.TierPoolName, err)
+	}
+	if pool.Status.ReadyWorkers == 0 {
+		cond.Reason = ReasonNoReadyWorkers
+		cond.Message = fmt.Sprintf("claim %s exists, but TierPool %q has no ready cache worker to serve it: see `kubectl describe tierpool %s`",
+			ds.Name, pool.Name, pool.Name)
+		return cond, nil
+	}
+	cond.Status = metav1.ConditionTrue
+	cond.Reason = ReasonVolumeReady
+	cond.Message = fmt.Sprintf("pods can mount claim %s", ds.Name)
+	return cond, nil
+}
+
+// reconcileDelete keeps the Dataset while a Lineage that reads it has outputs that would be
+// lost with it, then removes its claim and volume and lets it go.
+func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha1.Dataset) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(ds, DatasetFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	if blocker, err := r.uncheckpointedDependent(ctx, ds); err != nil {
+		return ctrl.Result{}, err
+	} else if blocker != "" {
+		before := ds.DeepCopy()
+		setDeletionBlocked(ds, blocker)
+		if !apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
+			if err := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); err != nil {
+				return ctrl.Result{}, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
+			}
+			r.Recorder.Event(ds, corev1.EventTypeWarning, ReasonDeletionBlocked, blocker)
+		}
+		return ctrl.Result{RequeueAfter: dependentsRecheck}, nil
+	}
+
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: ds.Name, Namespace: ds.Namespace}}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err == nil && metav1.IsControlledBy(pvc, ds) {
+		if err := r.Client.Delete(ctx, pvc); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("deleting claim %s/%s: %w", ds.Namespace, ds.Name, err)
+		}
+	} else if client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, fmt.Errorf("reading claim %s/%s: %w", ds.Namespace, ds.Name, err)
+	}
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: volumeName(ds)}}
+	if err := r.Client.Delete(ctx, pv); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, fmt.Errorf("deleting PersistentVolume %s: %w", pv.Name, err)
+	}
+	patch := client.MergeFrom(ds.DeepCopy())
+	controllerutil.RemoveFinalizer(ds, DatasetFinalizer)
+	return ctrl.Result{}, r.Client.Patch(ctx, ds, patch)
+}
+
+// uncheckpointedDependent names a Lineage that reads ds and has an output not yet checkpointed,
+// or returns "" when nothing depends on ds any more.
+func (r *DatasetReconciler) uncheckpointedDependent(ctx context.Context, ds *datav1alpha1.Dataset) (string, error) {
+	lineages := &datav1alpha1.LineageList{}
+	if err := r.Client.List(ctx, lineages, client.InNamespace(ds.Namespace)); err != nil {
+		return "", fmt.Errorf("listing Lineages in %s: %w", ds.Namespace, err)
+	}
+	for _, l := range lineages.Items {
+		if !contains(l.Spec.Inputs, ds.Name) {
+			continue
+		}
+		for _, out := range l.Spec.Outputs {
+			if outputState(&l, out) != datav1alpha1.OutputCheckpointed {
+				return fmt.Sprintf("Lineage %s reads this Dataset and its output %s is not checkpointed yet: deletion waits, "+
+					"since the output could not be recomputed without it (delete Lineage %s to give it up)", l.Name, out, l.Name), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+func outputState(l *datav1alpha1.Lineage, name string) datav1alpha1.OutputState {
+	for _, o := range l.Status.Outputs {
+		if o.Name == name {
+			return o.State
+		}
+	}
+	return datav1alpha1.OutputPending
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// recordTransitions records an Event when the Ready condition changes.
+func (r *DatasetReconciler) recordTransitions(before, after *datav1alpha1.Dataset) {
+	was := findCondition(before.Status.Conditions, datav1alpha1.ConditionReady)
+	now := findCondition(after.Status.Conditions, datav1alpha1.ConditionReady)
+	if now == nil || (was != nil && was.Status == now.Status && was.Reason == now.Reason) {
+		return
+	}
+	eventType := corev1.EventTypeNormal
+	if now.Status != metav1.ConditionTrue {
+		eventType = corev1.EventTypeWarning
+	}
+	r.Recorder.Event(after, eventType, now.Reason, now.Message)
+}
+
+func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == t {
+			return &conds[i]
+		}
+	}
+	return nil
+}
+
+// SetupWithManager runs the reconciler on Dataset changes and on changes of what a Dataset
+// refers to: its Secret, TierPool, Lineage, claim, and the CSI driver.
+func (r *DatasetReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("dataset").
+		For(&datav1alpha1.Dataset{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		Owns(&corev1.PersistentVolumeClaim{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
+		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
+		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
+		Watches(&datav1alpha1.TierPool{}, handler.EnqueueRequestsFromMapFunc(r.allDatasets)).
+		Watches(&storagev1.CSIDriver{}, handler.EnqueueRequestsFromMapFunc(r.allDatasets)).
+		Complete(r)
+}
+
+// datasetsInNamespace maps an object to the Datasets of its namespace: few enough per namespace
+// that rechecking them all is cheaper than indexing which one refers to what.
+func (r *DatasetReconciler) datasetsInNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
+	return r.datasets(ctx, client.InNamespace(obj.GetNamespace()))
+}
+
+func (r *DatasetReconciler) allDatasets(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.datasets(ctx)
+}
+
+func (r *DatasetReconciler) datasets(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
+	list := &datav1alpha1.DatasetList{}
+	if err := r.Client.List(ctx, list, opts...); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing Datasets to map an event")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, ds := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ds.Namespace, Name: ds.Name}})
+	}
+	return reqs
+}

@@ -1,0 +1,205 @@
+package controllers
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+var _ = Describe("The Dataset reconciler", func() {
+	var namespace, poolName string
+
+	BeforeEach(func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "datasets-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+		poolName = "pool-" + ns.Name
+	})
+
+	createPool := func(fileRoots ...string) {
+		pool := &datav1alpha1.TierPool{
+			ObjectMeta: metav1.ObjectMeta{Name: poolName},
+			Spec: datav1alpha1.TierPoolSpec{
+				Tiers: []datav1alpha1.Tier{{
+					Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"},
+					Quota: resource.MustParse("1Gi"),
+				}},
+				FileSourceRoots: fileRoots,
+			},
+		}
+		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pool))).To(Succeed()) })
+	}
+
+	s3Dataset := func(name string) *datav1alpha1.Dataset {
+		return &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source: &datav1alpha1.DatasetSource{
+					URI: "s3://bucket/prefix/", Endpoint: "http://minio.minio.svc:9000",
+					SecretRef: &datav1alpha1.SecretReference{Name: "creds"},
+				},
+				TierPoolName: poolName,
+			},
+		}
+	}
+
+	// readyCondition waits until the Dataset's Ready condition has the reason, and returns it.
+	readyCondition := func(ds *datav1alpha1.Dataset, reason string) metav1.Condition {
+		var cond metav1.Condition
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(reason))
+			cond = *c
+		}).Should(Succeed(), "waiting for Dataset %s to be not Ready for %s", ds.Name, reason)
+		return cond
+	}
+
+	It("says which TierPool is missing and how to fix it", func() {
+		ds := s3Dataset("no-pool")
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		cond := readyCondition(ds, ReasonTierPoolNotFound)
+		Expect(cond.Message).To(ContainSubstring(`TierPool "` + poolName + `" does not exist`))
+		Expect(ds.Status.Phase).To(Equal(datav1alpha1.DatasetPending))
+		Expect(ds.Finalizers).To(ContainElement(DatasetFinalizer))
+	})
+
+	It("reports a missing Secret, then one without the keys, then gives the Dataset its volume and claim", func() {
+		createPool()
+		ds := s3Dataset("photos")
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		cond := readyCondition(ds, ReasonSecretNotFound)
+		Expect(cond.Message).To(ContainSubstring(`Secret "creds" does not exist in namespace ` + namespace))
+		Expect(cond.Message).To(ContainSubstring("accessKeyID and secretAccessKey"))
+
+		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: namespace},
+			Data: map[string][]byte{"accessKeyID": []byte("user")}}
+		Expect(k8sClient.Create(ctx, secret)).To(Succeed())
+		cond = readyCondition(ds, ReasonSecretIncomplete)
+		Expect(cond.Message).To(ContainSubstring("has no secretAccessKey"))
+
+		secret.Data["secretAccessKey"] = []byte("password")
+		Expect(k8sClient.Update(ctx, secret)).To(Succeed())
+		cond = readyCondition(ds, ReasonNoCSIDriver)
+		Expect(cond.Message).To(ContainSubstring("the CSI driver csi.strata.dev that serves it is not installed"))
+		Expect(ds.Status.PersistentVolumeClaimName).To(Equal("photos"))
+
+		pvc := &corev1.PersistentVolumeClaim{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "photos"}, pvc)).To(Succeed())
+		Expect(pvc.Spec.VolumeName).To(Equal("strata-" + string(ds.UID)))
+		Expect(pvc.Spec.AccessModes).To(ConsistOf(corev1.ReadOnlyMany))
+		Expect(metav1.IsControlledBy(pvc, ds)).To(BeTrue())
+
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv)).To(Succeed())
+		Expect(pv.Spec.CSI.Driver).To(Equal(CSIDriverName))
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(VolumeAttributeNamespace, namespace))
+		Expect(pv.Spec.ClaimRef.Namespace).To(Equal(namespace))
+		Expect(pv.Spec.ClaimRef.Name).To(Equal("photos"))
+
+		driver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: CSIDriverName}}
+		Expect(k8sClient.Create(ctx, driver)).To(Succeed())
+		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, driver)).To(Succeed()) })
+		cond = readyCondition(ds, ReasonNoReadyWorkers)
+		Expect(cond.Message).To(ContainSubstring("has no ready cache worker"))
+	})
+
+	It("refuses a file:// source outside the TierPool's fileSourceRoots", func() {
+		createPool("/srv/shared")
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "host-files", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source:       &datav1alpha1.DatasetSource{URI: "file:///etc/kubernetes/pki"},
+				TierPoolName: poolName,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		cond := readyCondition(ds, ReasonFileSourceNotAllowed)
+		Expect(cond.Message).To(ContainSubstring("is not under any of TierPool"))
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "host-files"}, &corev1.PersistentVolumeClaim{})).
+			To(Satisfy(apierrors.IsNotFound), "no claim for a refused source")
+	})
+
+	It("checks that an output's Lineage exists and lists it", func() {
+		createPool()
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "features", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Lineage:      &datav1alpha1.LineageReference{Name: "extract"},
+				TierPoolName: poolName,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		readyCondition(ds, ReasonLineageNotFound)
+
+		lineage := newLineage(namespace, "extract", []string{"raw"}, []string{"other"})
+		Expect(k8sClient.Create(ctx, lineage)).To(Succeed())
+		cond := readyCondition(ds, ReasonLineageMismatch)
+		Expect(cond.Message).To(ContainSubstring(`does not list "features" in spec.outputs`))
+	})
+
+	It("waits to be deleted until a Lineage that reads it has checkpointed its outputs, then removes its claim and volume", func() {
+		createPool()
+		ds := s3Dataset("raw")
+		ds.Spec.Source.SecretRef = nil
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		readyCondition(ds, ReasonNoCSIDriver)
+		pvName := "strata-" + string(ds.UID)
+
+		lineage := newLineage(namespace, "clean", []string{"raw"}, []string{"cleaned"})
+		Expect(k8sClient.Create(ctx, lineage)).To(Succeed())
+
+		Expect(k8sClient.Delete(ctx, ds)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, ConditionDeletionBlocked)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Message).To(ContainSubstring("Lineage clean reads this Dataset and its output cleaned is not checkpointed"))
+		}).Should(Succeed(), "waiting for the deletion to be blocked by Lineage clean")
+
+		lineage.Status.Outputs = []datav1alpha1.LineageOutputStatus{{Name: "cleaned", State: datav1alpha1.OutputCheckpointed}}
+		Expect(k8sClient.Status().Update(ctx, lineage)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Satisfy(apierrors.IsNotFound))
+		}).Should(Succeed(), "waiting for Dataset raw to go once its dependent is checkpointed")
+
+		// The claim and volume are deleted; their protection finalizers keep them until the
+		// kube-controller-manager (absent in envtest) releases them.
+		Eventually(func(g Gomega) {
+			pv := &corev1.PersistentVolume{}
+			err := k8sClient.Get(ctx, client.ObjectKey{Name: pvName}, pv)
+			g.Expect(apierrors.IsNotFound(err) || !pv.DeletionTimestamp.IsZero()).To(BeTrue(), "volume %s still live", pvName)
+			pvc := &corev1.PersistentVolumeClaim{}
+			err = k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "raw"}, pvc)
+			g.Expect(apierrors.IsNotFound(err) || !pvc.DeletionTimestamp.IsZero()).To(BeTrue(), "claim raw still live")
+		}).Should(Succeed())
+	})
+})
+
+func newLineage(namespace, name string, inputs, outputs []string) *datav1alpha1.Lineage {
+	return &datav1alpha1.Lineage{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: datav1alpha1.LineageSpec{
+			Inputs:     inputs,
+			Outputs:    outputs,
+			Dependency: datav1alpha1.DependencyWide,
+			Template: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{
+				Spec: corev1.PodSpec{
+					RestartPolicy: corev1.RestartPolicyNever,
+					Containers:    []corev1.Container{{Name: "step", Image: "example.com/step:1"}},
+				},
+			}}},
+		},
+	}
+}

@@ -1,0 +1,309 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+
+	"github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/fsm"
+	"github.com/strata-cache/strata/master/masterpb"
+	"github.com/strata-cache/strata/master/mastertest"
+	"github.com/strata-cache/strata/master/store"
+)
+
+// Run, for example:
+//
+//	go test ./master/bench -run '^$' -bench . -benchtime 3s
+//	go test ./master/bench -run '^$' -bench 'Failover|MemoryPerFile' -benchtime 3x -files 1000000 -timeout 2h
+var (
+	files   = flag.Int("files", 1000, "files in the namespace before BenchmarkFailover and BenchmarkMemoryPerFile (e.g. 1000000)")
+	clients = flag.Int("clients", 32, "concurrent clients issuing operations (DFS-Perf's threads)")
+)
+
+// productionConfig keeps the store's production defaults (Raft timeouts, memtables) so the
+// figures mean what a deployment would see; only the directories and addresses are the test's.
+func productionConfig(cfg *store.Config) {
+	cfg.HeartbeatTimeout = store.DefaultHeartbeatTimeout
+	cfg.ElectionTimeout = store.DefaultElectionTimeout
+	cfg.LeaderLeaseTimeout = store.DefaultLeaderLeaseTimeout
+	cfg.CommitTimeout = store.DefaultCommitTimeout
+	cfg.ApplyTimeout = store.DefaultApplyTimeout
+	cfg.LogStore = store.LogStoreOptions{}
+}
+
+func newCluster(b *testing.B) (*mastertest.Cluster, *client.Client) {
+	b.Helper()
+	c := mastertest.New(b, 3, mastertest.Options{GRPC: true, Transport: mastertest.TCP, Tune: productionConfig})
+	return c, c.Client()
+}
+
+func background(b *testing.B) context.Context {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Hour)
+	b.Cleanup(cancel)
+	return ctx
+}
+
+// parallel runs n operations spread over the configured number of clients and returns the
+// elapsed time.
+func parallel(b *testing.B, n int, op func(worker, i int) error) time.Duration {
+	b.Helper()
+	var next atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < *clients; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || firstErr.Load() != nil {
+					return
+				}
+				if err := op(w, i); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if err, ok := firstErr.Load().(error); ok {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+func reportRate(b *testing.B, n int, elapsed time.Duration) {
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "ops/s")
+}
+
+func create(ctx context.Context, cl *client.Client, p string) error {
+	_, err := cl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p})
+	if err != nil {
+		return fmt.Errorf("creating %s: %w", p, err)
+	}
+	return nil
+}
+
+// preload creates /<dir>/f<i> for i in [0, n) with all clients.
+func preload(ctx context.Context, b *testing.B, cl *client.Client, dir string, n int) {
+	b.Helper()
+	elapsed := parallel(b, n, func(_, i int) error { return create(ctx, cl, fmt.Sprintf("/%s/f%d", dir, i)) })
+	if n >= 10000 {
+		b.Logf("preloaded %d files in %v (%.0f creates/s)", n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
+	}
+}
+
+func BenchmarkCreate(b *testing.B) {
+	ctx := background(b)
+	_, cl := newCluster(b)
+	b.ResetTimer()
+	elapsed := parallel(b, b.N, func(_, i int) error { return create(ctx, cl, fmt.Sprintf("/create/f%d", i)) })
+	reportRate(b, b.N, elapsed)
+}
+
+func BenchmarkExists(b *testing.B) {
+	ctx := background(b)
+	_, cl := newCluster(b)
+	const n = 1000
+	preload(ctx, b, cl, "exists", n)
+	b.ResetTimer()
+	elapsed := parallel(b, b.N, func(_, i int) error {
+		p := fmt.Sprintf("/exists/f%d", (i*7919)%n)
+		ok, err := cl.Exists(ctx, p)
+		if err != nil || !ok {
+			return fmt.Errorf("exists %s: %v, %w", p, ok, err)
+		}
+		return nil
+	})
+	reportRate(b, b.N, elapsed)
+}
+
+func BenchmarkRename(b *testing.B) {
+	ctx := background(b)
+	_, cl := newCluster(b)
+	// Each client owns one file and moves it back and forth, so no preload depends on b.N.
+	preload(ctx, b, cl, "rename/a", *clients)
+	moves := make([]int, *clients) // moves[w] is touched by client w only
+	b.ResetTimer()
+	elapsed := parallel(b, b.N, func(w, _ int) error {
+		from, to := fmt.Sprintf("/rename/a/f%d", w), fmt.Sprintf("/rename/b/f%d", w)
+		if moves[w]%2 == 1 {
+			from, to = to, from
+		}
+		moves[w]++
+		if _, err := cl.RenameFile(ctx, from, to); err != nil {
+			return fmt.Errorf("renaming %s: %w", from, err)
+		}
+		return nil
+	})
+	reportRate(b, b.N, elapsed)
+}
+
+func BenchmarkDelete(b *testing.B) {
+	ctx := background(b)
+	_, cl := newCluster(b)
+	b.StopTimer()
+	preload(ctx, b, cl, "delete", b.N)
+	b.StartTimer()
+	elapsed := parallel(b, b.N, func(_, i int) error {
+		p := fmt.Sprintf("/delete/f%d", i)
+		if _, err := cl.DeleteFile(ctx, p); err != nil {
+			return fmt.Errorf("deleting %s: %w", p, err)
+		}
+		return nil
+	})
+	reportRate(b, b.N, elapsed)
+}
+
+func BenchmarkList(b *testing.B) {
+	ctx := background(b)
+	_, cl := newCluster(b)
+	// DFS-Perf lists a directory per operation; a directory of 100 files.
+	const n = 100
+	preload(ctx, b, cl, "list", n)
+	b.ResetTimer()
+	elapsed := parallel(b, b.N, func(int, int) error {
+		resp, err := cl.ListFiles(ctx, &masterpb.ListFilesRequest{Dir: "/list"})
+		if err != nil || len(resp.Entries) != n {
+			return fmt.Errorf("listing: %d entries, %w", len(resp.GetEntries()), err)
+		}
+		return nil
+	})
+	reportRate(b, b.N, elapsed)
+}
+
+// BenchmarkFailover kills the leader (its gRPC server and Raft stop at once, as in a crash) of
+// a cluster holding -files files and measures until the client's next write is acknowledged
+// by the new leader. Each iteration restarts the killed replica and waits for it to catch up
+// before the next kill; that part is not measured.
+func BenchmarkFailover(b *testing.B) {
+	ctx := background(b)
+	c, cl := newCluster(b)
+	preload(ctx, b, cl, "ns", *files)
+	var times []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		if err := c.WaitConverged(ctx); err != nil {
+			b.Fatal(err)
+		}
+		leader, err := c.Leader(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Point the client at the leader first, as a busy client would be.
+		if err := create(ctx, cl, fmt.Sprintf("/failover/warm-%d", i)); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		c.Kill(leader)
+		if err := create(ctx, cl, fmt.Sprintf("/failover/after-%d", i)); err != nil {
+			b.Fatal(err)
+		}
+		times = append(times, time.Since(start))
+		b.StopTimer()
+		c.Restart(leader)
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+	var sum time.Duration
+	for _, d := range times {
+		sum += d
+	}
+	b.ReportMetric(float64(sum.Milliseconds())/float64(len(times)), "ms/failover")
+	b.ReportMetric(float64(times[len(times)-1].Milliseconds()), "max-ms")
+	b.ReportMetric(float64(*files), "files")
+}
+
+// BenchmarkMemoryPerFile creates -files files and reports what one file costs a replica: the
+// bytes of its records in the state machine (keys and values), the bytes it adds to a snapshot
+// (what a replica writes to disk and ships to a lagging peer), and the growth of the Go heap
+// (for the three replicas of this process together, divided by three). The op is one create;
+// ns/op is meaningless here.
+func BenchmarkMemoryPerFile(b *testing.B) {
+	ctx := background(b)
+	c, cl := newCluster(b)
+	heapBefore := heapInUse()
+	preload(ctx, b, cl, "mem", *files)
+	if err := c.WaitConverged(ctx); err != nil {
+		b.Fatal(err)
+	}
+	heapAfter := heapInUse()
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var logical int64
+	err = leader.Store.Read(ctx, true, func(m *fsm.FSM) error {
+		return m.DB().View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.DefaultIteratorOptions)
+			defer it.Close()
+			for it.Rewind(); it.Valid(); it.Next() {
+				logical += int64(len(it.Item().Key())) + it.Item().ValueSize()
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := leader.Store.Snapshot(ctx); err != nil {
+		b.Fatal(err)
+	}
+	snapshot := newestSnapshotSize(b, filepath.Join(leader.Dir, "snapshots"))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := create(ctx, cl, fmt.Sprintf("/mem-op/f%d-%d", i, rand.Int())); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// After ResetTimer, which drops reported metrics.
+	n := float64(*files)
+	b.ReportMetric(float64(logical)/n, "state-bytes/file")
+	b.ReportMetric(float64(snapshot)/n, "snapshot-bytes/file")
+	b.ReportMetric(float64(int64(heapAfter)-int64(heapBefore))/3/n, "heap-bytes/file")
+}
+
+// newestSnapshotSize is the size of the newest snapshot raft's file store holds in dir.
+func newestSnapshotSize(b *testing.B, dir string) int64 {
+	b.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var newest string
+	for _, e := range entries {
+		// Snapshot directories are named term-index-timestamp, so the greatest name is newest.
+		if e.IsDir() && e.Name() > newest && !strings.HasSuffix(e.Name(), ".tmp") {
+			newest = e.Name()
+		}
+	}
+	fi, err := os.Stat(filepath.Join(dir, newest, "state.bin"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return fi.Size()
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}

@@ -1,0 +1,356 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// Options configure a Client. Zero fields take defaults.
+type Options struct {
+	// DialOptions are added to every connection; the default uses no transport security.
+	DialOptions []grpc.DialOption
+	// AttemptTimeout bounds one attempt, so that a replica that died mid-call costs at most this
+	// much before the client moves on (default 2s).
+	AttemptTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the pause between retries that are not redirects
+	// (defaults 10ms and 100ms: short, so a client notices a new leader soon after the
+	// election, which takes a few hundred milliseconds).
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
+	Logger     logr.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.AttemptTimeout == 0 {
+		o.AttemptTimeout = 2 * time.Second
+	}
+	if o.MinBackoff == 0 {
+		o.MinBackoff = 10 * time.Millisecond
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = 100 * time.Millisecond
+	}
+	if o.DialOptions == nil {
+		o.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+}
+
+// ErrClosed is returned by calls on a closed client.
+var ErrClosed = errors.New("master client is closed")
+
+// Client is safe for concurrent use.
+type Client struct {
+	opts  Options
+	seeds []string
+
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	leader string
+	next   int
+	closed bool
+}
+
+// New returns a client for the replicas at addrs (host:port). It connects lazily.
+func New(addrs []string, opts Options) (*Client, error) {
+	if len(addrs) == 0 {
+		return nil, errors.New("master client needs at least one address")
+	}
+	opts.setDefaults()
+	return &Client{opts: opts, seeds: append([]string(nil), addrs...), conns: map[string]*grpc.ClientConn{}}, nil
+}
+
+// Close closes every connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	var errs []error
+	for addr, cc := range c.conns {
+		if err := cc.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing connection to %s: %w", addr, err))
+		}
+	}
+	c.conns = map[string]*grpc.ClientConn{}
+	return errors.Join(errs...)
+}
+
+// LeaderAddr is the address of the replica that last served a request, usually the leader.
+func (c *Client) LeaderAddr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+func (c *Client) stub(addr string) (masterpb.MasterClient, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	cc, ok := c.conns[addr]
+	if !ok {
+		opts := append([]grpc.DialOption{
+			// Reconnect fast: a restarted replica comes back within seconds, and grpc's default
+			// backoff (up to two minutes) would keep the client away from it.
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+				MinConnectTimeout: time.Second,
+			}),
+		}, c.opts.DialOptions...)
+		var err error
+		if cc, err = grpc.NewClient(addr, opts...); err != nil {
+			return nil, fmt.Errorf("connecting to master %s: %w", addr, err)
+		}
+		c.conns[addr] = cc
+	}
+	return masterpb.NewMasterClient(cc), nil
+}
+
+// target is where the next call starts: the last leader, else the seeds in turn.
+func (c *Client) target() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leader != "" {
+		return c.leader
+	}
+	return c.seeds[c.next%len(c.seeds)]
+}
+
+// rotate forgets a replica that failed and moves to the next seed.
+func (c *Client) rotate(failed string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.leader == failed {
+		c.leader = ""
+	}
+	c.next++
+	addr := c.seeds[c.next%len(c.seeds)]
+	if addr == failed && len(c.seeds) > 1 {
+		c.next++
+		addr = c.seeds[c.next%len(c.seeds)]
+	}
+	return addr
+}
+
+func (c *Client) setLeader(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.leader = addr
+}
+
+// maxRedirects bounds redirects followed without a pause, in case replicas disagree on the
+// leader during an election.
+const maxRedirects = 3
+
+// call runs fn against the leader until it succeeds, fails with an error retrying cannot fix,
+// or ctx ends. ambiguous reports whether an earlier attempt may have been applied.
+func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
+	fn func(masterpb.MasterClient, context.Context, Req, ...grpc.CallOption) (Resp, error),
+) (resp Resp, ambiguous bool, err error) {
+	addr := c.target()
+	pause := c.opts.MinBackoff
+	redirects := 0
+	for {
+		stub, err := c.stub(addr)
+		if err != nil {
+			return resp, ambiguous, err
+		}
+		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
+		resp, err = fn(stub, actx, req)
+		cancel()
+		if err == nil {
+			c.setLeader(addr)
+			return resp, ambiguous, nil
+		}
+		if ctx.Err() != nil {
+			return resp, ambiguous, fmt.Errorf("%s: %w (last error from %s: %w)", method, ctx.Err(), addr, err)
+		}
+		reason, leaderAddr, _ := masterpb.RedirectInfo(err)
+		code := status.Code(err)
+		switch {
+		case reason == masterpb.ReasonNotLeader && leaderAddr != "" && redirects < maxRedirects:
+			redirects++
+			c.setLeader(leaderAddr)
+			addr = leaderAddr
+			continue
+		case reason == masterpb.ReasonNotLeader && leaderAddr != "":
+			// Replicas keep pointing at each other (an election is settling): pause first.
+			addr = leaderAddr
+		case reason == masterpb.ReasonNotLeader, reason == masterpb.ReasonNoLeader:
+			// Nothing was proposed. This replica may be cut off from the others; try the next.
+			addr = c.rotate(addr)
+		case code == codes.Unavailable, code == codes.DeadlineExceeded:
+			// The replica died, stepped down mid-commit (LEADERSHIP_LOST) or did not answer in
+			// time: the write may have been applied.
+			ambiguous = true
+			addr = c.rotate(addr)
+		default:
+			return resp, ambiguous, err
+		}
+		c.opts.Logger.V(1).Info("retrying master call", "method", method, "addr", addr, "error", err.Error())
+		redirects = 0
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return resp, ambiguous, fmt.Errorf("%s: %w (last error: %w)", method, ctx.Err(), err)
+		case <-t.C:
+		}
+		pause = min(2*pause, c.opts.MaxBackoff)
+	}
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms.
+	return hex.EncodeToString(b[:])
+}
+
+// CreateFile creates a file. A request without a client token gets one, so that retries are
+// idempotent.
+func (c *Client) CreateFile(ctx context.Context, req *masterpb.CreateFileRequest) (*masterpb.File, error) {
+	if req.ClientToken == "" {
+		req.ClientToken = newToken()
+	}
+	f, _, err := call(ctx, c, "CreateFile", req, masterpb.MasterClient.CreateFile)
+	return f, err
+}
+
+// GetFile returns a file.
+func (c *Client) GetFile(ctx context.Context, req *masterpb.GetFileRequest) (*masterpb.File, error) {
+	f, _, err := call(ctx, c, "GetFile", req, masterpb.MasterClient.GetFile)
+	return f, err
+}
+
+// Exists reports whether a file exists.
+func (c *Client) Exists(ctx context.Context, path string) (bool, error) {
+	resp, _, err := call(ctx, c, "Exists", &masterpb.ExistsRequest{Path: path}, masterpb.MasterClient.Exists)
+	if err != nil {
+		return false, err
+	}
+	return resp.Exists, nil
+}
+
+// RenameFile renames a file.
+func (c *Client) RenameFile(ctx context.Context, from, to string) (*masterpb.File, error) {
+	f, _, err := call(ctx, c, "RenameFile", &masterpb.RenameFileRequest{From: from, To: to}, masterpb.MasterClient.RenameFile)
+	return f, err
+}
+
+// DeleteFile deletes a file. NOT_FOUND after an attempt that may have been applied counts as
+// success: the file is gone either way.
+func (c *Client) DeleteFile(ctx context.Context, path string) (*masterpb.DeleteFileResponse, error) {
+	resp, ambiguous, err := call(ctx, c, "DeleteFile", &masterpb.DeleteFileRequest{Path: path}, masterpb.MasterClient.DeleteFile)
+	if ambiguous && status.Code(err) == codes.NotFound {
+		return &masterpb.DeleteFileResponse{}, nil
+	}
+	return resp, err
+}
+
+// ListFiles lists one page of a directory.
+func (c *Client) ListFiles(ctx context.Context, req *masterpb.ListFilesRequest) (*masterpb.ListFilesResponse, error) {
+	resp, _, err := call(ctx, c, "ListFiles", req, masterpb.MasterClient.ListFiles)
+	return resp, err
+}
+
+// CheckpointFile records a file's checkpoint state.
+func (c *Client) CheckpointFile(ctx context.Context, req *masterpb.CheckpointFileRequest) (*masterpb.File, error) {
+	f, _, err := call(ctx, c, "CheckpointFile", req, masterpb.MasterClient.CheckpointFile)
+	return f, err
+}
+
+// RecordAccess adds reads to a file's statistics.
+func (c *Client) RecordAccess(ctx context.Context, req *masterpb.RecordAccessRequest) (*masterpb.File, error) {
+	f, _, err := call(ctx, c, "RecordAccess", req, masterpb.MasterClient.RecordAccess)
+	return f, err
+}
+
+// RegisterDataset registers a dataset (idempotent).
+func (c *Client) RegisterDataset(ctx context.Context, req *masterpb.RegisterDatasetRequest) (*masterpb.Dataset, error) {
+	ds, _, err := call(ctx, c, "RegisterDataset", req, masterpb.MasterClient.RegisterDataset)
+	return ds, err
+}
+
+// GetDataset returns a dataset.
+func (c *Client) GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest) (*masterpb.Dataset, error) {
+	ds, _, err := call(ctx, c, "GetDataset", req, masterpb.MasterClient.GetDataset)
+	return ds, err
+}
+
+// DeleteDataset deletes a dataset and its files.
+func (c *Client) DeleteDataset(ctx context.Context, name string) (*masterpb.DeleteDatasetResponse, error) {
+	resp, _, err := call(ctx, c, "DeleteDataset", &masterpb.DeleteDatasetRequest{Name: name}, masterpb.MasterClient.DeleteDataset)
+	return resp, err
+}
+
+// CommitBlock records a block and a copy of it (idempotent for the same copy).
+func (c *Client) CommitBlock(ctx context.Context, req *masterpb.CommitBlockRequest) (*masterpb.Block, error) {
+	b, _, err := call(ctx, c, "CommitBlock", req, masterpb.MasterClient.CommitBlock)
+	return b, err
+}
+
+// GetBlockLocations returns blocks and their copies.
+func (c *Client) GetBlockLocations(ctx context.Context, req *masterpb.GetBlockLocationsRequest) (*masterpb.GetBlockLocationsResponse, error) {
+	resp, _, err := call(ctx, c, "GetBlockLocations", req, masterpb.MasterClient.GetBlockLocations)
+	return resp, err
+}
+
+// RegisterWorker registers a worker.
+func (c *Client) RegisterWorker(ctx context.Context, req *masterpb.RegisterWorkerRequest) (*masterpb.Worker, error) {
+	w, _, err := call(ctx, c, "RegisterWorker", req, masterpb.MasterClient.RegisterWorker)
+	return w, err
+}
+
+// Heartbeat reports that a worker is alive.
+func (c *Client) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest) (*masterpb.HeartbeatResponse, error) {
+	resp, _, err := call(ctx, c, "Heartbeat", req, masterpb.MasterClient.Heartbeat)
+	return resp, err
+}
+
+// MarkWorkerLost declares a worker lost.
+func (c *Client) MarkWorkerLost(ctx context.Context, worker, reason string) (*masterpb.MarkWorkerLostResponse, error) {
+	resp, _, err := call(ctx, c, "MarkWorkerLost", &masterpb.MarkWorkerLostRequest{Worker: worker, Reason: reason}, masterpb.MasterClient.MarkWorkerLost)
+	return resp, err
+}
+
+// ListWorkers lists the workers.
+func (c *Client) ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error) {
+	resp, _, err := call(ctx, c, "ListWorkers", req, masterpb.MasterClient.ListWorkers)
+	return resp, err
+}
+
+// Join asks the cluster's leader to add a replica.
+func (c *Client) Join(ctx context.Context, req *masterpb.JoinRequest) error {
+	_, _, err := call(ctx, c, "Join", req, masterpb.MasterClient.Join)
+	return err
+}
+
+// Leader asks one replica, the one at addr, what it knows of the leader. It does not retry:
+// bootstrap logic probes each replica in turn.
+func (c *Client) Leader(ctx context.Context, addr string) (*masterpb.LeaderResponse, error) {
+	stub, err := c.stub(addr)
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
+	defer cancel()
+	resp, err := stub.Leader(actx, &masterpb.LeaderRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("asking %s for the leader: %w", addr, err)
+	}
+	return resp, nil
+}

@@ -1,0 +1,118 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// Local is the replica being started.
+type Local interface {
+	HasState() bool
+	Bootstrap(ctx context.Context) error
+	ID() string
+	RaftAddr() string
+	APIAddr() string
+}
+
+// Peers reaches the other replicas.
+type Peers interface {
+	// Probe asks the replica at addr what it knows of the leader.
+	Probe(ctx context.Context, addr string) (*masterpb.LeaderResponse, error)
+	// Join asks the cluster's leader, wherever it is, to add a replica.
+	Join(ctx context.Context, req *masterpb.JoinRequest) error
+}
+
+// Config says how to start.
+type Config struct {
+	// Peers are the gRPC addresses of the other replicas.
+	Peers []string
+	// MayBootstrap lets this replica create a new cluster when no peer belongs to one. Exactly
+	// one replica of a cluster may have it: ordinal 0 of the StatefulSet.
+	MayBootstrap bool
+	// RetryInterval is the pause between rounds of probes (default 1s).
+	RetryInterval time.Duration
+	Logger        logr.Logger
+}
+
+// Outcomes of Start.
+const (
+	Resumed      = "resumed"
+	Joined       = "joined"
+	Bootstrapped = "bootstrapped"
+)
+
+// Start brings the local replica into a cluster and reports how:
+//
+//   - With Raft state on disk it resumes: Raft knows its peers.
+//   - Otherwise it probes the peers. When one knows a leader, it asks to join: this is how new
+//     replicas arrive, and how a replica whose volume was replaced comes back.
+//   - When none knows a leader and none has state, the replica allowed to bootstrap does so:
+//     the first start of a new cluster, when the others do not exist yet.
+//   - Otherwise (a cluster exists but is electing, or peers are unreachable and this replica may
+//     not bootstrap) it waits and probes again, until ctx ends.
+//
+// Joining is idempotent on the leader, so a replica that crashes half-way simply starts again.
+func Start(ctx context.Context, local Local, peers Peers, cfg Config) (string, error) {
+	if cfg.RetryInterval == 0 {
+		cfg.RetryInterval = time.Second
+	}
+	log := cfg.Logger
+	if local.HasState() {
+		log.Info("resuming with existing raft state")
+		return Resumed, nil
+	}
+	for round := 1; ; round++ {
+		leaderKnown, clusterExists, reachable := false, false, 0
+		for _, addr := range cfg.Peers {
+			resp, err := peers.Probe(ctx, addr)
+			if err != nil {
+				log.V(1).Info("peer did not answer", "peer", addr, "error", err.Error())
+				continue
+			}
+			reachable++
+			leaderKnown = leaderKnown || resp.LeaderApiAddr != ""
+			clusterExists = clusterExists || resp.HasState || resp.LeaderId != ""
+		}
+		switch {
+		case leaderKnown:
+			err := peers.Join(ctx, &masterpb.JoinRequest{RaftId: local.ID(), RaftAddr: local.RaftAddr(), ApiAddr: local.APIAddr()})
+			if err == nil {
+				log.Info("joined the cluster", "round", round)
+				return Joined, nil
+			}
+			log.Info("joining failed; retrying", "error", err.Error())
+		case !clusterExists && cfg.MayBootstrap:
+			if err := local.Bootstrap(ctx); err != nil {
+				return "", fmt.Errorf("bootstrapping: %w", err)
+			}
+			log.Info("bootstrapped a new cluster", "peersReachable", reachable)
+			return Bootstrapped, nil
+		default:
+			log.Info("waiting for a leader to join", "round", round, "peersReachable", reachable, "clusterExists", clusterExists)
+		}
+		t := time.NewTimer(cfg.RetryInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", fmt.Errorf("joining the cluster: %w", context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// ErrNoPeers is returned by Validate when a replica that may not bootstrap has nobody to join.
+var ErrNoPeers = errors.New("a replica that may not bootstrap needs peers to join")
+
+// Validate checks a configuration before Start.
+func (c Config) Validate() error {
+	if !c.MayBootstrap && len(c.Peers) == 0 {
+		return ErrNoPeers
+	}
+	return nil
+}

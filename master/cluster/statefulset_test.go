@@ -1,0 +1,114 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/cluster"
+	"github.com/strata-cache/strata/master/fsm"
+	"github.com/strata-cache/strata/master/masterpb"
+	"github.com/strata-cache/strata/master/mastertest"
+)
+
+// startAll runs cluster.Start for every replica concurrently, as the pods of a StatefulSet
+// with Parallel pod management would; replica 0 may bootstrap.
+func startAll(ctx context.Context, t *testing.T, c *mastertest.Cluster, nodes []*mastertest.Node) map[string]string {
+	t.Helper()
+	outcomes := map[string]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func(n *mastertest.Node) {
+			defer wg.Done()
+			outcome, err := startOne(ctx, c, n)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				t.Errorf("%s: %v", n.ID, err)
+			}
+			outcomes[n.ID] = outcome
+		}(n)
+	}
+	wg.Wait()
+	return outcomes
+}
+
+func startOne(ctx context.Context, c *mastertest.Cluster, n *mastertest.Node) (string, error) {
+	var peers []string
+	for _, other := range c.Nodes {
+		if other != n {
+			peers = append(peers, other.APIAddr)
+		}
+	}
+	cl, err := client.New(peers, client.Options{AttemptTimeout: 500 * time.Millisecond})
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = cl.Close() }()
+	return cluster.Start(ctx, n.Store, cluster.ClientPeers{Client: cl}, cluster.Config{
+		Peers: peers, MayBootstrap: n == c.Nodes[0], RetryInterval: 20 * time.Millisecond,
+	})
+}
+
+func TestStatefulSetBootstrapAndRejoinWithEmptyDisk(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := mastertest.New(t, 3, mastertest.Options{GRPC: true, NoBootstrap: true})
+
+	outcomes := startAll(ctx, t, c, c.Nodes)
+	want := map[string]string{"master-0": cluster.Bootstrapped, "master-1": cluster.Joined, "master-2": cluster.Joined}
+	if fmt.Sprint(outcomes) != fmt.Sprint(want) {
+		t.Fatalf("outcomes %v, want %v", outcomes, want)
+	}
+	cl := c.Client()
+	for i := 0; i < 10; i++ {
+		if _, err := cl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: fmt.Sprintf("/sts/f%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Pod 0 is rescheduled onto an empty volume: it must join the running cluster, not
+	// bootstrap a second one.
+	zero := c.Nodes[0]
+	c.Wipe(zero)
+	c.Restart(zero)
+	if got, err := startOne(ctx, c, zero); err != nil || got != cluster.Joined {
+		t.Fatalf("restarted pod 0: %q, %v; want %q", got, err, cluster.Joined)
+	}
+	// A restart with its disk intact resumes.
+	c.Kill(c.Nodes[1])
+	c.Restart(c.Nodes[1])
+	if got, err := startOne(ctx, c, c.Nodes[1]); err != nil || got != cluster.Resumed {
+		t.Fatalf("restarted pod 1: %q, %v; want %q", got, err, cluster.Resumed)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers, err := leader.Store.Servers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(servers) != 3 {
+		t.Errorf("configuration %v, want the 3 replicas", servers)
+	}
+	for _, n := range c.Nodes {
+		err := n.Store.Read(ctx, true, func(m *fsm.FSM) error {
+			if ok, err := m.Exists("/sts/f9"); err != nil || !ok {
+				return fmt.Errorf("/sts/f9 exists=%v, %w", ok, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Errorf("%s: %v", n.ID, err)
+		}
+	}
+}

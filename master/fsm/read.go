@@ -1,0 +1,252 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/dgraph-io/badger/v4"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// Queries. They read the local state, which is only as fresh as this replica: callers that need
+// linearizable reads first make sure this replica is the leader and caught up (store.VerifyRead).
+
+// DefaultListLimit and MaxListLimit bound one page of ListFiles.
+const (
+	DefaultListLimit = 1000
+	MaxListLimit     = 10000
+)
+
+// GetFile returns the file at p.
+func (f *FSM) GetFile(p string) (*masterpb.File, error) {
+	if err := validPath(p); err != nil {
+		return nil, err
+	}
+	var file *masterpb.File
+	err := f.db.View(func(txn *badger.Txn) error {
+		var err error
+		file, err = getFile(txn, p)
+		return err
+	})
+	return file, err
+}
+
+// Exists reports whether a file exists at p.
+func (f *FSM) Exists(p string) (bool, error) {
+	if err := validPath(p); err != nil {
+		return false, err
+	}
+	var ok bool
+	err := f.db.View(func(txn *badger.Txn) error {
+		var err error
+		ok, err = exists(txn, fileKey(p))
+		return err
+	})
+	return ok, err
+}
+
+// ListFiles lists dir: its direct children (files and subdirectories) or, when recursive, every
+// file below it, in path order, starting after startAfter, at most limit entries. next is the
+// startAfter of the following page, empty at the end.
+func (f *FSM) ListFiles(dir string, recursive bool, startAfter string, limit int) (entries []*masterpb.ListEntry, next string, err error) {
+	if err := validDir(dir); err != nil {
+		return nil, "", err
+	}
+	switch {
+	case limit <= 0:
+		limit = DefaultListLimit
+	case limit > MaxListLimit:
+		limit = MaxListLimit
+	}
+	prefix := dirPrefix(dir)
+	dirPath := string(prefix[len(prefixFile):])
+	err = f.db.View(func(txn *badger.Txn) error {
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = prefix
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		seek := prefix
+		if startAfter != "" {
+			// Keys sort by path bytes, so "/d/a.txt" < "/d/a/x" < "/d/a0". After a file, resume
+			// just past its key; after a directory entry, past everything in it ('0' follows '/').
+			seek = append(fileKey(startAfter), 0)
+			if !recursive {
+				isFile, err := exists(txn, fileKey(startAfter))
+				if err != nil {
+					return err
+				}
+				if !isFile {
+					seek = append(fileKey(startAfter), '/'+1)
+				}
+			}
+			if bytes.Compare(seek, prefix) < 0 {
+				seek = prefix
+			}
+		}
+		it.Seek(seek)
+		for it.ValidForPrefix(prefix) {
+			if len(entries) == limit {
+				next = entries[len(entries)-1].Path
+				return nil
+			}
+			key := it.Item().Key()
+			rest := string(key[len(prefix):])
+			if i := strings.IndexByte(rest, '/'); !recursive && i >= 0 {
+				sub := dirPath + rest[:i]
+				entries = append(entries, &masterpb.ListEntry{Path: sub, Dir: true})
+				it.Seek(append(fileKey(sub), '/'+1))
+				continue
+			}
+			file := &masterpb.File{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, file) }); err != nil {
+				return fmt.Errorf("decoding %q: %w", key, err)
+			}
+			entries = append(entries, &masterpb.ListEntry{Path: file.Path, File: file})
+			it.Next()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("listing %s: %w", dir, err)
+	}
+	return entries, next, nil
+}
+
+// GetDataset returns the dataset called name.
+func (f *FSM) GetDataset(name string) (*masterpb.Dataset, error) {
+	if err := validID("dataset name", name); err != nil {
+		return nil, err
+	}
+	ds := &masterpb.Dataset{}
+	err := f.db.View(func(txn *badger.Txn) error {
+		found, err := getProto(txn, datasetKey(name), ds)
+		if err == nil && !found {
+			err = notFound("dataset %s", name)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ds, nil
+}
+
+// BlockLocations returns the blocks of the file at p, or the blocks with the given ids when p is
+// empty, each with its path filled in. Unknown block ids are reported as ErrNotFound.
+func (f *FSM) BlockLocations(p string, ids []uint64) ([]*masterpb.Block, error) {
+	var blocks []*masterpb.Block
+	err := f.db.View(func(txn *badger.Txn) error {
+		if p != "" {
+			if err := validPath(p); err != nil {
+				return err
+			}
+			file, err := getFile(txn, p)
+			if err != nil {
+				return err
+			}
+			ids = file.BlockIds
+		}
+		paths := map[uint64]string{}
+		for _, id := range ids {
+			b, err := getBlock(txn, id)
+			if err != nil {
+				return err
+			}
+			if _, ok := paths[b.FileId]; !ok {
+				file, err := getFileByID(txn, b.FileId)
+				switch {
+				case err == nil:
+					paths[b.FileId] = file.Path
+				case errors.Is(err, ErrNotFound):
+					paths[b.FileId] = ""
+				default:
+					return err
+				}
+			}
+			b.Path = paths[b.FileId]
+			blocks = append(blocks, b)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return blocks, nil
+}
+
+// GetWorker returns the worker called id.
+func (f *FSM) GetWorker(id string) (*masterpb.Worker, error) {
+	var w *masterpb.Worker
+	err := f.db.View(func(txn *badger.Txn) error {
+		var found bool
+		var err error
+		w, found, err = getWorker(txn, id)
+		if err == nil && !found {
+			err = notFound("worker %s", id)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Workers returns every worker, alive or lost, by id.
+func (f *FSM) Workers() ([]*masterpb.Worker, error) {
+	var out []*masterpb.Worker
+	err := scan(f.db, prefixWorker, func() proto.Message { return &masterpb.Worker{} }, func(m proto.Message) {
+		out = append(out, m.(*masterpb.Worker))
+	})
+	return out, err
+}
+
+// Peers returns the gRPC addresses of the Raft servers, by Raft id.
+func (f *FSM) Peers() ([]*masterpb.Peer, error) {
+	var out []*masterpb.Peer
+	err := scan(f.db, prefixPeer, func() proto.Message { return &masterpb.Peer{} }, func(m proto.Message) {
+		out = append(out, m.(*masterpb.Peer))
+	})
+	return out, err
+}
+
+// Peer returns the peer record of a Raft server.
+func (f *FSM) Peer(raftID string) (*masterpb.Peer, error) {
+	p := &masterpb.Peer{}
+	err := f.db.View(func(txn *badger.Txn) error {
+		found, err := getProto(txn, peerKey(raftID), p)
+		if err == nil && !found {
+			err = notFound("peer %s", raftID)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func scan(db *badger.DB, prefix string, alloc func() proto.Message, emit func(proto.Message)) error {
+	err := db.View(func(txn *badger.Txn) error {
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = []byte(prefix)
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			m := alloc()
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, m) }); err != nil {
+				return fmt.Errorf("decoding %q: %w", it.Item().Key(), err)
+			}
+			emit(m)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("scanning %s: %w", prefix, err)
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package store
+
+import (
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports the replica's Raft state to Prometheus. The values are read at scrape time,
+// so nothing is updated on the write path.
+type Collector struct {
+	s *Store
+
+	state         *prometheus.Desc
+	term          *prometheus.Desc
+	appliedIndex  *prometheus.Desc
+	commitIndex   *prometheus.Desc
+	lastLogIndex  *prometheus.Desc
+	leaderChanges *prometheus.Desc
+	restores      *prometheus.Desc
+}
+
+// NewCollector returns a collector for s; register it with a prometheus.Registerer.
+func NewCollector(s *Store) *Collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("strata_master_"+name, help, labels, prometheus.Labels{"raft_id": s.cfg.ID})
+	}
+	return &Collector{
+		s:             s,
+		state:         d("raft_state", "1 for the Raft state this replica is in, 0 for the others.", "state"),
+		term:          d("raft_term", "Current Raft term."),
+		appliedIndex:  d("raft_applied_index", "Index of the last log entry the state machine applied."),
+		commitIndex:   d("raft_commit_index", "Index of the last log entry known to be committed."),
+		lastLogIndex:  d("raft_last_log_index", "Index of the last entry in the Raft log."),
+		leaderChanges: d("raft_leader_changes_total", "Leader changes this replica observed."),
+		restores:      d("fsm_snapshot_restores_total", "Snapshots the state machine restored since the process started."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.restores} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	r := c.s.raft
+	current := r.State()
+	for _, st := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
+		v := 0.0
+		if st == current {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, v, st.String())
+	}
+	ch <- prometheus.MustNewConstMetric(c.term, prometheus.GaugeValue, float64(r.CurrentTerm()))
+	ch <- prometheus.MustNewConstMetric(c.appliedIndex, prometheus.GaugeValue, float64(c.s.fsm.AppliedIndex()))
+	ch <- prometheus.MustNewConstMetric(c.commitIndex, prometheus.GaugeValue, float64(r.CommitIndex()))
+	ch <- prometheus.MustNewConstMetric(c.lastLogIndex, prometheus.GaugeValue, float64(r.LastIndex()))
+	ch <- prometheus.MustNewConstMetric(c.leaderChanges, prometheus.CounterValue, float64(c.s.leaderChanges.Load()))
+	ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(c.s.fsm.Restores()))
+}
