@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,7 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/controllers"
+	masterclient "github.com/strata-cache/strata/master/client"
 )
 
 const (
@@ -49,6 +51,7 @@ type options struct {
 	// namespace, so that uninstalling the operator removes it too.
 	ownerDeployment string
 	master          masterOptions
+	nodeLossGrace   time.Duration
 }
 
 // masterOptions describe the master StatefulSet; the chart's master.* values set them.
@@ -87,6 +90,8 @@ func main() {
 		"Size of each master replica's PersistentVolumeClaim, such as 10Gi; empty means an emptyDir.")
 	flag.StringVar(&opts.master.storageClass, "master-storage-class", "",
 		"StorageClass of the master's claims; empty means the cluster's default class.")
+	flag.DurationVar(&opts.nodeLossGrace, "node-loss-grace", controllers.DefaultNodeLossGrace,
+		"How long a Node must be NotReady before the master declares its workers lost.")
 	opts.zap.BindFlags(flag.CommandLine)
 	flag.Parse()
 
@@ -162,6 +167,16 @@ func run(opts options) error {
 		}
 		if err := (&controllers.MasterReconciler{Client: mgr.GetClient(), Spec: *masterSpec}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the master controller: %w", err)
+		}
+		masters, err := masterclient.New(masterSpec.Addresses(), masterclient.Options{Logger: ctrl.Log.WithName("master-client")})
+		if err != nil {
+			return fmt.Errorf("creating the master client: %w", err)
+		}
+		defer func() { _ = masters.Close() }()
+		if err := (&controllers.NodeLossReconciler{
+			Client: mgr.GetClient(), Workers: masters, Grace: opts.nodeLossGrace,
+		}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the node-loss controller: %w", err)
 		}
 	}
 

@@ -10,46 +10,26 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/internal/daemon"
 )
 
 func main() {
 	var opts options
 	opts.bind(flag.CommandLine)
 	flag.Parse()
-
-	zc := zap.NewProductionConfig()
-	zc.Level = zap.NewAtomicLevelAt(zapcore.Level(-opts.verbosity))
-	zl, err := zc.Build()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building logger: %v\n", err)
-		os.Exit(1)
-	}
-	log := zapr.NewLogger(zl).WithName("worker")
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, opts, log); err != nil {
-		log.Error(err, "worker stopped")
-		_ = zl.Sync()
-		os.Exit(1)
-	}
-	_ = zl.Sync()
+	daemon.Main("worker", opts.verbosity, func(ctx context.Context, log logr.Logger) error {
+		return run(ctx, opts, log)
+	})
 }
 
 func run(ctx context.Context, opts options, log logr.Logger) error {
