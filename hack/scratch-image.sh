@@ -11,7 +11,9 @@ entrypoint=${2:?usage: scratch-image.sh TAG ENTRYPOINT SRC:DEST...}
 shift 2
 [ $# -gt 0 ] || { echo "scratch-image.sh: name at least one SRC:DEST" >&2; exit 2; }
 
-inputs=$( { echo "$tag $entrypoint"; for spec in "$@"; do echo "$spec"; sha256sum "${spec%%:*}" | cut -d' ' -f1; done; } | sha256sum | cut -c1-16)
+# The hash covers where each file goes and what it holds, not where it was built, so that a
+# fresh clone with the same binaries reuses the image.
+inputs=$( { echo "$tag $entrypoint"; for spec in "$@"; do echo "${spec#*:}"; sha256sum "${spec%%:*}" | cut -d' ' -f1; done; } | sha256sum | cut -c1-16)
 if [ "$(docker image inspect --format '{{index .Config.Labels "dev.strata.inputs"}}' "$tag" 2>/dev/null)" = "$inputs" ]; then
   exit 0
 fi
