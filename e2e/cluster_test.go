@@ -3,12 +3,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -17,9 +13,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/strata-cache/strata/internal/samples"
 )
 
 const (
@@ -77,7 +73,9 @@ var _ = Describe("The e2e cluster", Ordered, Label("smoke"), func() {
 	})
 
 	It("accepts every sample of config/samples", func(ctx SpecContext) {
-		for _, obj := range readSamples() {
+		objs, err := samples.Load(filepath.Join("..", "config", "samples"))
+		Expect(err).NotTo(HaveOccurred())
+		for _, obj := range objs {
 			if obj.GetKind() == "TierPool" {
 				obj.SetName(namespace + "-" + obj.GetName())
 			} else {
@@ -119,31 +117,6 @@ func nodeReady(node *corev1.Node) bool {
 		}
 	}
 	return false
-}
-
-// readSamples decodes every object of config/samples.
-func readSamples() []*unstructured.Unstructured {
-	files, err := filepath.Glob(filepath.Join("..", "config", "samples", "data_*.yaml"))
-	Expect(err).NotTo(HaveOccurred())
-	Expect(files).NotTo(BeEmpty())
-	var objs []*unstructured.Unstructured
-	for _, file := range files {
-		data, err := os.ReadFile(file)
-		Expect(err).NotTo(HaveOccurred())
-		decoder := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			obj := &unstructured.Unstructured{}
-			if err := decoder.Decode(&obj.Object); errors.Is(err, io.EOF) {
-				break
-			} else {
-				Expect(err).NotTo(HaveOccurred(), "decoding %s", file)
-			}
-			if len(obj.Object) > 0 {
-				objs = append(objs, obj)
-			}
-		}
-	}
-	return objs
 }
 
 // runningPodNode returns the node of the one running, ready pod that matches selector.

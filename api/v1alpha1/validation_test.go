@@ -1,10 +1,7 @@
 package v1alpha1_test
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -17,40 +14,23 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/samples"
 )
 
 var samplesDir = filepath.Join("..", "..", "config", "samples")
 
 // loadSamples reads every object of config/samples, keyed by "Kind/name".
 func loadSamples() map[string]*unstructured.Unstructured {
-	files, err := filepath.Glob(filepath.Join(samplesDir, "data_*.yaml"))
+	objs, err := samples.Load(samplesDir)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(files).NotTo(BeEmpty(), "no samples in %s", samplesDir)
-
-	samples := map[string]*unstructured.Unstructured{}
-	for _, file := range files {
-		f, err := os.Open(file)
-		Expect(err).NotTo(HaveOccurred())
-		decoder := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-		for {
-			obj := &unstructured.Unstructured{}
-			err := decoder.Decode(&obj.Object)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			Expect(err).NotTo(HaveOccurred(), "decoding %s", file)
-			if len(obj.Object) == 0 {
-				continue
-			}
-			samples[obj.GetKind()+"/"+obj.GetName()] = obj
-		}
-		Expect(f.Close()).To(Succeed())
+	byKey := map[string]*unstructured.Unstructured{}
+	for _, obj := range objs {
+		byKey[obj.GetKind()+"/"+obj.GetName()] = obj
 	}
-	return samples
+	return byKey
 }
 
 // sample returns a fresh copy of a sample, so that a test may change it.
