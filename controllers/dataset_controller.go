@@ -105,7 +105,7 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	before := ds.DeepCopy()
-	problem, err := r.checkReferences(ctx, ds)
+	pool, problem, err := r.checkReferences(ctx, ds)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -114,7 +114,7 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if err := r.ensureVolume(ctx, ds); err != nil {
 			return ctrl.Result{}, err
 		}
-		if ready, err = r.servingCondition(ctx, ds); err != nil {
+		if ready, err = r.servingCondition(ctx, ds, pool); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -134,27 +134,32 @@ type problem struct {
 	reason, message string
 }
 
-// checkReferences checks every object a Dataset names. It returns the first problem found.
-func (r *DatasetReconciler) checkReferences(ctx context.Context, ds *datav1alpha1.Dataset) (*problem, error) {
+// checkReferences checks every object a Dataset names. It returns the Dataset's TierPool and
+// the first problem found.
+func (r *DatasetReconciler) checkReferences(ctx context.Context, ds *datav1alpha1.Dataset) (*datav1alpha1.TierPool, *problem, error) {
 	pool := &datav1alpha1.TierPool{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: ds.Spec.TierPoolName}, pool); err != nil {
 		if apierrors.IsNotFound(err) {
-			return &problem{ReasonTierPoolNotFound, fmt.Sprintf(
+			return nil, &problem{ReasonTierPoolNotFound, fmt.Sprintf(
 				"TierPool %q does not exist: ask a cluster administrator to create it, or set spec.tierPoolName to one of `kubectl get tierpools`",
 				ds.Spec.TierPoolName)}, nil
 		}
-		return nil, fmt.Errorf("reading TierPool %s: %w", ds.Spec.TierPoolName, err)
+		return nil, nil, fmt.Errorf("reading TierPool %s: %w", ds.Spec.TierPoolName, err)
 	}
 	if name := ds.Spec.CachePolicyName; name != "" {
 		if found, err := r.exists(ctx, &datav1alpha1.CachePolicy{}, ds.Namespace, name); err != nil || !found {
-			return &problem{ReasonCachePolicyNotFound, fmt.Sprintf(
+			return pool, &problem{ReasonCachePolicyNotFound, fmt.Sprintf(
 				"CachePolicy %q does not exist in namespace %s: create it, or remove spec.cachePolicyName to use the defaults", name, ds.Namespace)}, err
 		}
 	}
+	var p *problem
+	var err error
 	if ds.Spec.Lineage != nil {
-		return r.checkLineage(ctx, ds)
+		p, err = r.checkLineage(ctx, ds)
+	} else {
+		p, err = r.checkSource(ctx, ds, pool)
 	}
-	return r.checkSource(ctx, ds, pool)
+	return pool, p, err
 }
 
 func (r *DatasetReconciler) exists(ctx context.Context, obj client.Object, namespace, name string) (bool, error) {
@@ -324,7 +329,7 @@ func datasetLabels(ds *datav1alpha1.Dataset) map[string]string {
 
 // servingCondition says whether pods can read the Dataset through its claim now, and if not,
 // what is missing in the cluster.
-func (r *DatasetReconciler) servingCondition(ctx context.Context, ds *datav1alpha1.Dataset) (*metav1.Condition, error) {
+func (r *DatasetReconciler) servingCondition(ctx context.Context, ds *datav1alpha1.Dataset, pool *datav1alpha1.TierPool) (*metav1.Condition, error) {
 	cond := &metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionFalse}
 	if found, err := r.exists(ctx, &storagev1.CSIDriver{}, "", CSIDriverName); err != nil {
 		return nil, err
@@ -332,10 +337,6 @@ func (r *DatasetReconciler) servingCondition(ctx context.Context, ds *datav1alph
 		cond.Reason = ReasonNoCSIDriver
 		cond.Message = fmt.Sprintf("claim %s exists, but the CSI driver %s that serves it is not installed: install Strata's CSI driver (its chart)", ds.Name, CSIDriverName)
 		return cond, nil
-	}
-	pool := &datav1alpha1.TierPool{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: ds.Spec.TierPoolName}, pool); err != nil {
-		return nil, fmt.Errorf("reading TierPool %s: %w", ds.Spec.TierPoolName, err)
 	}
 	if pool.Status.ReadyWorkers == 0 {
 		cond.Reason = ReasonNoReadyWorkers
