@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PROTOC_GEN_GO_VERSION="${PROTOC_GEN_GO_VERSION:-v1.36.7}"
 PROTOC_GEN_GO_GRPC_VERSION="${PROTOC_GEN_GO_GRPC_VERSION:-v1.5.1}"
 LOCALBIN="${LOCALBIN:-$PWD/bin}"
-PROTO_FILES=(master/masterpb/master.proto)
+PROTO_FILES=(master/masterpb/master.proto cacheworker/workerpb/worker.proto)
 
 mkdir -p "$LOCALBIN"
 

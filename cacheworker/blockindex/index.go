@@ -42,6 +42,9 @@ type Entry struct {
 	LastAccess time.Time `json:"lastAccess"`
 	// Created is when the block was written.
 	Created time.Time `json:"created"`
+	// Origin is what the writer said the block is part of; the index keeps it and does not
+	// read it (the worker uses it to report its blocks to the master after a restart).
+	Origin []byte `json:"origin,omitempty"`
 }
 
 // Path is the block's file.

@@ -59,7 +59,7 @@ func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opt
 	}
 	now := s.cfg.Now()
 	b := &block{id: id, tier: top, dir: d, size: size, checksum: sum, created: now, lastAccess: now,
-		clean: opts.Clean, pinned: opts.Pinned}
+		clean: opts.Clean, pinned: opts.Pinned, origin: slices.Clone(opts.Origin)}
 
 	l := s.stripe(id)
 	l.Lock()

@@ -29,6 +29,8 @@ type BlockInfo struct {
 	Accesses   uint64
 	LastAccess time.Time
 	Created    time.Time
+	// Origin is PutOptions.Origin, as stored.
+	Origin []byte
 }
 
 // PutOptions qualify a new block.
@@ -38,6 +40,10 @@ type PutOptions struct {
 	Clean bool
 	// Pinned blocks are never evicted.
 	Pinned bool
+	// Origin is kept with the block in the index and returned in BlockInfo, never read by the
+	// store: what the block is part of, in the caller's terms, so that a restarted worker can
+	// tell others what it still has.
+	Origin []byte
 }
 
 // TierStats is the state of one tier.
@@ -111,6 +117,7 @@ type block struct {
 	size     int64
 	checksum uint32
 	created  time.Time
+	origin   []byte
 
 	clean, pinned bool
 	accesses      uint64
@@ -125,12 +132,12 @@ func (b *block) path() string { return blockindex.BlockPath(b.dir.path, b.id) }
 
 func (b *block) info() BlockInfo {
 	return BlockInfo{ID: b.id, Tier: b.tier.Name, Dir: b.dir.path, Size: b.size, Checksum: b.checksum, Clean: b.clean,
-		Pinned: b.pinned, Accesses: b.accesses, LastAccess: b.lastAccess, Created: b.created}
+		Pinned: b.pinned, Accesses: b.accesses, LastAccess: b.lastAccess, Created: b.created, Origin: b.origin}
 }
 
 func (b *block) entry() blockindex.Entry {
 	return blockindex.Entry{ID: b.id, Tier: b.tier.Name, Dir: b.dir.path, Size: b.size, Checksum: b.checksum, Clean: b.clean,
-		Pinned: b.pinned, Accesses: b.accesses, LastAccess: b.lastAccess, Created: b.created}
+		Pinned: b.pinned, Accesses: b.accesses, LastAccess: b.lastAccess, Created: b.created, Origin: b.origin}
 }
 
 // Open opens the store: it creates missing tier directories, opens the index, reconciles it
@@ -209,7 +216,7 @@ func (s *Store) load(rep blockindex.Report) {
 		if d == nil {
 			continue // Reconcile only keeps blocks in configured directories.
 		}
-		b := &block{id: e.ID, tier: t, dir: d, size: e.Size, checksum: e.Checksum, created: e.Created,
+		b := &block{id: e.ID, tier: t, dir: d, size: e.Size, checksum: e.Checksum, created: e.Created, origin: e.Origin,
 			clean: e.Clean, pinned: e.Pinned, accesses: e.Accesses, lastAccess: e.LastAccess}
 		s.blocks[e.ID] = b
 		t.used += e.Size

@@ -497,7 +497,7 @@ func TestRestartKeepsWhatSurvivedOnNonVolatileTiers(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, []tierSpec{memTier, nvmeTier}, nil)
 	for _, id := range []string{"m0", "n0", "n1", "n2"} {
-		s.put(id, PutOptions{Clean: id == "n0"})
+		s.put(id, PutOptions{Clean: id == "n0", Origin: []byte("origin of " + id)})
 	}
 	for _, id := range []string{"n0", "n1", "n2"} {
 		g.Expect(s.Move(ctx, id, "nvme")).To(Succeed())
@@ -524,6 +524,7 @@ func TestRestartKeepsWhatSurvivedOnNonVolatileTiers(t *testing.T) {
 	info, err = s.Info("n1")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(info.Pinned).To(BeTrue())
+	g.Expect(info.Origin).To(Equal([]byte("origin of n1")), "a block's origin survives a move and a restart, so the worker can report it again")
 
 	rep := s.Recovery()
 	g.Expect(rep.Count(blockindex.ProblemMissing)).To(Equal(1))

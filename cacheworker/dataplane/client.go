@@ -1,0 +1,164 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+)
+
+// ErrNotFound is returned when a peer does not hold the block asked for.
+var ErrNotFound = errors.New("block not on that worker")
+
+// ErrClosed is returned once the client is closed.
+var ErrClosed = errors.New("data-plane client closed")
+
+// Peers is a client of other workers' data planes, keeping one connection per address.
+type Peers struct {
+	dialOpts []grpc.DialOption
+
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	closed bool
+}
+
+// NewPeers returns a client. With no options it dials without transport security, as the
+// master client does; the data plane runs inside the cluster's pod network.
+func NewPeers(opts ...grpc.DialOption) *Peers {
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	return &Peers{dialOpts: opts, conns: map[string]*grpc.ClientConn{}}
+}
+
+// Close closes every connection.
+func (p *Peers) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	var errs []error
+	for addr, c := range p.conns {
+		if err := c.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing the connection to %s: %w", addr, err))
+		}
+	}
+	clear(p.conns)
+	return errors.Join(errs...)
+}
+
+func (p *Peers) stub(addr string) (workerpb.WorkerClient, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	c, ok := p.conns[addr]
+	if !ok {
+		var err error
+		if c, err = grpc.NewClient(addr, p.dialOpts...); err != nil {
+			return nil, fmt.Errorf("connecting to worker %s: %w", addr, err)
+		}
+		p.conns[addr] = c
+	}
+	return workerpb.NewWorkerClient(c), nil
+}
+
+// ReadBlock reads a whole block from the worker at addr and checks it against its CRC-32C. It
+// fails with ErrNotFound when that worker does not hold the block.
+func (p *Peers) ReadBlock(ctx context.Context, addr, id string) ([]byte, *workerpb.BlockHeader, error) {
+	stub, err := p.stub(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the stream if we stop reading early
+	stream, err := stub.ReadBlock(ctx, &workerpb.ReadBlockRequest{BlockId: id})
+	if err != nil {
+		return nil, nil, clientError("reading block", id, addr, err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, nil, clientError("reading block", id, addr, err)
+	}
+	h := first.GetHeader()
+	if h == nil || h.GetSize() < 0 || h.GetSize() > MaxBlockSize {
+		return nil, nil, fmt.Errorf("reading block %s from %s: the stream does not start with a valid header", id, addr)
+	}
+	data := make([]byte, 0, h.GetSize())
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, clientError("reading block", id, addr, err)
+		}
+		if int64(len(data)+len(msg.GetData())) > h.GetSize() {
+			return nil, nil, fmt.Errorf("reading block %s from %s: more than the %d bytes of its header", id, addr, h.GetSize())
+		}
+		data = append(data, msg.GetData()...)
+	}
+	if int64(len(data)) != h.GetSize() {
+		return nil, nil, fmt.Errorf("reading block %s from %s: %d of %d bytes", id, addr, len(data), h.GetSize())
+	}
+	if sum := crc32.Checksum(data, castagnoli); sum != h.GetCrc32C() {
+		return nil, nil, fmt.Errorf("reading block %s from %s: crc32c %08x, expected %08x", id, addr, sum, h.GetCrc32C())
+	}
+	return data, h, nil
+}
+
+// WriteBlock sends a whole block to the worker at addr. The header's size and CRC-32C are
+// filled in from data.
+func (p *Peers) WriteBlock(ctx context.Context, addr string, h *workerpb.WriteBlockHeader, data []byte) (*workerpb.BlockHeader, error) {
+	stub, err := p.stub(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := stub.WriteBlock(ctx)
+	if err != nil {
+		return nil, clientError("writing block", h.GetBlockId(), addr, err)
+	}
+	hdr := &workerpb.WriteBlockHeader{
+		BlockId: h.GetBlockId(), Size: int64(len(data)), Crc32C: crc32.Checksum(data, castagnoli),
+		Clean: h.GetClean(), Pinned: h.GetPinned(), Origin: h.GetOrigin(),
+	}
+	send := func(m *workerpb.WriteBlockRequest) error {
+		// io.EOF means the server has answered already; CloseAndRecv gets the answer.
+		if err := stream.Send(m); err != nil && !errors.Is(err, io.EOF) {
+			return clientError("writing block", h.GetBlockId(), addr, err)
+		}
+		return nil
+	}
+	if err := send(&workerpb.WriteBlockRequest{Part: &workerpb.WriteBlockRequest_Header{Header: hdr}}); err != nil {
+		return nil, err
+	}
+	for off := 0; off < len(data); off += ChunkSize {
+		chunk := data[off:min(off+ChunkSize, len(data))]
+		if err := send(&workerpb.WriteBlockRequest{Part: &workerpb.WriteBlockRequest_Data{Data: chunk}}); err != nil {
+			return nil, err
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, clientError("writing block", h.GetBlockId(), addr, err)
+	}
+	return resp.GetBlock(), nil
+}
+
+func clientError(what, id, addr string, err error) error {
+	if status.Code(err) == codes.NotFound {
+		return fmt.Errorf("%s %s from %s: %w", what, id, addr, ErrNotFound)
+	}
+	return fmt.Errorf("%s %s on %s: %w", what, id, addr, err)
+}
