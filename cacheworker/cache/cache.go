@@ -8,14 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"strconv"
 	"sync"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
 
 // ErrOutOfRange is returned for a block index at or past the end of its file.
@@ -34,6 +37,11 @@ type BlockStore interface {
 // Source is the under-store, as the cache uses it.
 type Source = understore.RangeReader
 
+// PeerReader reads a whole block from another worker that holds it.
+type PeerReader interface {
+	ReadBlock(ctx context.Context, id string) ([]byte, error)
+}
+
 // Config configures a Cache.
 type Config struct {
 	// Store is the node's tier store.
@@ -48,6 +56,15 @@ type Config struct {
 	// Fetch tunes the parallel ranged reads of a missing block; the zero value means the
 	// understore defaults.
 	Fetch understore.ParallelOptions
+	// Peers, when set, is asked for a missing block before the under-store: another worker of
+	// the cluster may hold it, and a copy over the pod network is cheaper than the under-store.
+	// Any failure falls back to the under-store.
+	Peers PeerReader
+	// Dataset and Root name the source's files in the master's namespace: file f is Root + "/" + f
+	// in the master's dataset Dataset. With Root set, every stored block carries that origin and
+	// is passed to Stored, which reports it to the master.
+	Dataset, Root string
+	Stored        func(ctx context.Context, info tierstore.BlockInfo)
 	// Metrics receives the cache's counts; nil keeps them unregistered.
 	Metrics *Metrics
 	// Log receives what the cache cannot do but works around.
@@ -147,6 +164,21 @@ func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte
 	if data, _, err := c.cfg.Store.Get(ctx, id); err == nil {
 		return data, nil, nil
 	}
+	if c.cfg.Peers != nil {
+		data, err := c.cfg.Peers.ReadBlock(ctx, id)
+		switch {
+		case err == nil && int64(len(data)) <= c.cfg.BlockSize && len(data) > 0:
+			c.m.peerFetches.Inc()
+			c.m.peerBytes.Add(float64(len(data)))
+			return data, c.storer(id, file, index, data), nil
+		case err == nil:
+			c.log.Error(nil, "a peer sent a block of the wrong size; reading the under-store", "file", file, "block", index, "bytes", len(data))
+		case ctx.Err() != nil:
+			return nil, nil, err
+		default:
+			c.log.V(1).Info("no peer served the block; reading the under-store", "file", file, "block", index, "reason", err.Error())
+		}
+	}
 	buf := make([]byte, c.cfg.BlockSize)
 	n, err := understore.ParallelReadAt(ctx, c.cfg.Source, file, buf, index*c.cfg.BlockSize, c.cfg.Fetch)
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -159,13 +191,33 @@ func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte
 	data := buf[:n]
 	c.m.fetches.Inc()
 	c.m.fetchedBytes.Add(float64(n))
-	store := func(ctx context.Context) {
+	return data, c.storer(id, file, index, data), nil
+}
+
+// storer returns the function that stores a fetched block in the top tier and reports it.
+func (c *Cache) storer(id, file string, index int64, data []byte) func(context.Context) {
+	return func(ctx context.Context) {
 		// Clean: the under-store has it, so the last tier may drop it without persisting it.
-		_, err := c.cfg.Store.Put(ctx, id, bytes.NewReader(data), int64(n), tierstore.PutOptions{Clean: true})
-		if err != nil && !errors.Is(err, tierstore.ErrExists) {
-			c.m.storeFailures.Inc()
-			c.log.Info("served a block without caching it", "file", file, "block", index, "reason", err.Error())
+		opts := tierstore.PutOptions{Clean: true}
+		if c.cfg.Root != "" {
+			origin, err := proto.Marshal(&workerpb.BlockOrigin{
+				Path: path.Join(c.cfg.Root, file), Dataset: c.cfg.Dataset, Index: index, Offset: index * c.cfg.BlockSize,
+			})
+			if err != nil {
+				c.log.Error(err, "encoding a block's origin", "file", file, "block", index)
+			}
+			opts.Origin = origin
+		}
+		info, err := c.cfg.Store.Put(ctx, id, bytes.NewReader(data), int64(len(data)), opts)
+		if err != nil {
+			if !errors.Is(err, tierstore.ErrExists) {
+				c.m.storeFailures.Inc()
+				c.log.Info("served a block without caching it", "file", file, "block", index, "reason", err.Error())
+			}
+			return
+		}
+		if c.cfg.Stored != nil && len(info.Origin) > 0 {
+			c.cfg.Stored(ctx, info)
 		}
 	}
-	return data, store, nil
 }

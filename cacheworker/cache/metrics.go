@@ -27,6 +27,8 @@ type Metrics struct {
 	fetchedBytes  prometheus.Counter
 	fetchErrors   prometheus.Counter
 	storeFailures prometheus.Counter
+	peerFetches   prometheus.Counter
+	peerBytes     prometheus.Counter
 }
 
 // NewMetrics registers the cache's metrics, and those of the tiers of stats, on reg.
@@ -44,11 +46,15 @@ func NewMetrics(reg prometheus.Registerer, stats StatsSource) (*Metrics, error) 
 			Help: "Block fetches from under-stores that failed."}),
 		storeFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "cache_store_failures_total",
 			Help: "Fetched blocks that were served but could not be cached, such as when every tier is full of pinned blocks."}),
+		peerFetches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "peer_fetches_total",
+			Help: "Missing blocks read from another worker instead of the under-store."}),
+		peerBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "peer_fetched_bytes_total",
+			Help: "Bytes read from other workers."}),
 	}
 	for _, t := range stats.Stats() {
 		m.hits.WithLabelValues(t.Name) // so that a tier with no hits yet shows 0 rather than nothing
 	}
-	for _, c := range []prometheus.Collector{m.hits, m.misses, m.fetches, m.fetchedBytes, m.fetchErrors, m.storeFailures, newTierCollector(stats)} {
+	for _, c := range []prometheus.Collector{m.hits, m.misses, m.fetches, m.fetchedBytes, m.fetchErrors, m.storeFailures, m.peerFetches, m.peerBytes, newTierCollector(stats)} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering cache metrics: %w", err)
 		}

@@ -1,6 +1,8 @@
 // Command worker runs a Strata cache worker on one node: its tiered block store (recovered from
-// the block index at start), background promotion, and the metrics and health endpoints. The
-// data plane, FUSE and registration with the master are added by later components.
+// the block index at start, memory tiers on tmpfs), the gRPC data plane that serves its blocks
+// to peers and clients, short-circuit reads (open block files handed to local clients over a
+// Unix socket), its registration and heartbeats with the master, and the metrics and
+// health endpoints.
 package main
 
 import (
@@ -17,10 +19,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/locations"
+	"github.com/strata-cache/strata/cacheworker/membership"
+	"github.com/strata-cache/strata/cacheworker/shortcircuit"
+	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/daemon"
+	masterclient "github.com/strata-cache/strata/master/client"
 )
 
 func main() {
@@ -36,6 +46,15 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	cfg, err := opts.resolve()
 	if err != nil {
 		return err
+	}
+	id, err := opts.resolveIdentity()
+	if err != nil {
+		return err
+	}
+	if opts.mountMemory {
+		if err := tiermount.EnsureMemoryTiers(cfg.Tiers, log.WithName("tiermount")); err != nil {
+			return err
+		}
 	}
 	cfg.Log = log.WithName("tierstore")
 	store, err := tierstore.Open(ctx, cfg)
@@ -53,20 +72,84 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	if _, err := cache.NewMetrics(reg, store); err != nil {
 		return err
 	}
+	dpMetrics, err := dataplane.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return store.Run(gctx) })
+
+	// Without a master the worker serves its blocks but reports nothing: enough for a single
+	// node, and for tests.
+	var stored dataplane.StoredFunc
+	ready := func() bool { return true }
+	if len(id.masters) > 0 {
+		masters, err := masterclient.New(id.masters, masterclient.Options{Logger: log.WithName("master-client")})
+		if err != nil {
+			return fmt.Errorf("creating the master client: %w", err)
+		}
+		defer func() { _ = masters.Close() }()
+		peers := dataplane.NewPeers()
+		defer func() { _ = peers.Close() }()
+		dir := locations.NewDirectory(masters, peers, id.id, log.WithName("locations"))
+		member, err := membership.New(membership.Config{
+			ID: id.id, Address: id.advertise, Node: id.node, Interval: opts.heartbeat,
+			Report: dir.ReportAll, Log: log.WithName("membership"),
+		}, masters, store, reg)
+		if err != nil {
+			return err
+		}
+		stored = dir.Enqueue
+		// Ready once the master knows the worker: until then no peer can find its blocks.
+		ready = member.Registered
+		g.Go(func() error { return member.Run(gctx) })
+		g.Go(func() error { return dir.Run(gctx) })
+	}
+
+	dataLis, err := net.Listen("tcp", opts.dataAddr)
+	if err != nil {
+		return fmt.Errorf("listening on %s for the data plane: %w", opts.dataAddr, err)
+	}
+	grpcSrv := grpc.NewServer()
+	workerpb.RegisterWorkerServer(grpcSrv, dataplane.NewServer(store, stored, dpMetrics, log.WithName("dataplane")))
+	g.Go(func() error {
+		if err := grpcSrv.Serve(dataLis); err != nil {
+			return fmt.Errorf("serving the data plane: %w", err)
+		}
+		return nil
+	})
+
+	if opts.shortCircuit != "" {
+		scMetrics, err := shortcircuit.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
+		scLis, err := shortcircuit.Listen(opts.shortCircuit)
+		if err != nil {
+			return fmt.Errorf("listening on %s for short-circuit reads: %w", opts.shortCircuit, err)
+		}
+		sc := shortcircuit.NewServer(store, log.WithName("shortcircuit"), shortcircuit.WithMetrics(scMetrics))
+		g.Go(func() error { return sc.Serve(gctx, scLis) })
+	}
+
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
-	mux.HandleFunc("/healthz", ok)
-	// Ready as soon as the store is open: recovery has run, so what it serves is verified.
-	mux.HandleFunc("/readyz", ok)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	// The store is open, so recovery has run and what it serves is verified; with a master,
+	// the worker is ready once registered.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "not registered with the master yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	lis, err := net.Listen("tcp", opts.metricsAddr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", opts.metricsAddr, err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return store.Run(gctx) })
 	g.Go(func() error {
 		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving metrics: %w", err)
@@ -77,8 +160,22 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), opts.shutdownTimeout)
 		defer cancel()
+		stopGRPC(sctx, grpcSrv)
 		return srv.Shutdown(sctx)
 	})
-	log.Info("worker running", "tiers", store.Tiers(), "metrics", lis.Addr().String())
+	log.Info("worker running", "tiers", store.Tiers(), "data", dataLis.Addr().String(), "metrics", lis.Addr().String(),
+		"worker", id.id, "masters", id.masters)
 	return g.Wait()
+}
+
+// stopGRPC lets streams under way finish until ctx ends, then cuts them.
+func stopGRPC(ctx context.Context, s *grpc.Server) {
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.Stop()
+		<-done
+	}
 }

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -15,6 +19,17 @@ import (
 
 // options are the command-line flags, turned into the store's configuration once by resolve.
 type options struct {
+	// Identity and peers: what the master knows this worker by and where others reach it.
+	workerID      string
+	nodeName      string
+	pool          string
+	masterAddrs   string
+	dataAddr      string
+	advertiseAddr string
+	shortCircuit  string
+	heartbeat     time.Duration
+	mountMemory   bool
+
 	tiersFile          string
 	indexDir           string
 	eviction           string
@@ -26,6 +41,20 @@ type options struct {
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
+	fs.StringVar(&o.workerID, "worker-id", "",
+		"Unique id of this worker at the master, such as <pool>/<node>; defaults to <pool>/<node-name>.")
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Kubernetes Node this worker runs on; defaults to $NODE_NAME.")
+	fs.StringVar(&o.pool, "pool", "", "Name of the TierPool this worker serves; its blocks live in a folder of that name under each tier path.")
+	fs.StringVar(&o.masterAddrs, "master", "",
+		"Comma-separated gRPC addresses of the master replicas; empty runs the worker without a master (no registration, no peer reads).")
+	fs.StringVar(&o.dataAddr, "data-addr", ":7100", "Address the gRPC data plane listens on.")
+	fs.StringVar(&o.advertiseAddr, "advertise-addr", "",
+		"host:port that peers and clients dial to reach the data plane; defaults to $POD_IP and the port of --data-addr.")
+	fs.StringVar(&o.shortCircuit, "short-circuit-socket", "",
+		"Unix socket that hands local clients open block files (zero-copy reads on the same node); empty disables it.")
+	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 3*time.Second, "How often the worker reports its tiers to the master.")
+	fs.BoolVar(&o.mountMemory, "mount-memory-tiers", true,
+		"Mount a tmpfs of the quota's size on each MEM tier directory that is not already on tmpfs (needs CAP_SYS_ADMIN).")
 	fs.StringVar(&o.tiersFile, "tiers", "/etc/strata/tiers.yaml",
 		"YAML or JSON file with the TierPool's spec.tiers: a list of {name, medium, paths, quota, watermarks}.")
 	fs.StringVar(&o.indexDir, "index-dir", "/var/lib/strata-worker/index",
@@ -37,6 +66,51 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "Address of /metrics, /healthz and /readyz.")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "Time allowed for a graceful stop.")
 	fs.IntVar(&o.verbosity, "v", 0, "Log verbosity (0 info, 1 debug, 2 trace).")
+}
+
+// identity is who the worker is at the master and where it is reached; zero when it runs
+// without a master.
+type identity struct {
+	id, node, advertise string
+	masters             []string
+}
+
+// resolveIdentity checks the flags that connect the worker to the master, once, at start-up.
+func (o *options) resolveIdentity() (identity, error) {
+	if o.masterAddrs == "" {
+		return identity{}, nil
+	}
+	var masters []string
+	for _, a := range strings.Split(o.masterAddrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			masters = append(masters, a)
+		}
+	}
+	id := identity{id: o.workerID, node: o.nodeName, advertise: o.advertiseAddr, masters: masters}
+	if id.node == "" {
+		return identity{}, errors.New("--node-name (or $NODE_NAME) is required with --master: the operator declares a node's workers lost by it")
+	}
+	if id.id == "" {
+		if o.pool == "" {
+			return identity{}, errors.New("--worker-id or --pool is required with --master: the master needs a unique id per worker")
+		}
+		id.id = o.pool + "/" + id.node
+	}
+	if id.advertise == "" {
+		_, port, err := net.SplitHostPort(o.dataAddr)
+		if err != nil {
+			return identity{}, fmt.Errorf("--data-addr=%q: %w", o.dataAddr, err)
+		}
+		ip := os.Getenv("POD_IP")
+		if ip == "" {
+			return identity{}, errors.New("--advertise-addr (or $POD_IP) is required with --master: peers must know where to reach this worker")
+		}
+		id.advertise = net.JoinHostPort(ip, port)
+	}
+	if _, _, err := net.SplitHostPort(id.advertise); err != nil {
+		return identity{}, fmt.Errorf("--advertise-addr=%q must be host:port: %w", id.advertise, err)
+	}
+	return id, nil
 }
 
 // resolve reads the tiers file and returns the store's configuration; tierstore.Open
@@ -60,8 +134,19 @@ func (o *options) resolve() (tierstore.Config, error) {
 	if err := ev.Validate(); err != nil {
 		return tierstore.Config{}, err
 	}
+	storeTiers := tierstore.TiersFromAPI(tiers)
+	if o.pool != "" {
+		// Each pool keeps its blocks in a folder of its own under every tier path: two pools
+		// that select the same node with the same path would otherwise each delete the other's
+		// blocks as files missing from its index.
+		for i := range storeTiers {
+			for j, d := range storeTiers[i].Dirs {
+				storeTiers[i].Dirs[j] = filepath.Join(d, o.pool)
+			}
+		}
+	}
 	return tierstore.Config{
-		Tiers:              tierstore.TiersFromAPI(tiers),
+		Tiers:              storeTiers,
 		IndexDir:           o.indexDir,
 		Eviction:           ev,
 		PromotionThreshold: o.promotionThreshold,

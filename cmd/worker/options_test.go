@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,8 +15,13 @@ import (
 	. "github.com/onsi/gomega"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/eviction"
+	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/master/masterpb"
+	"github.com/strata-cache/strata/master/mastertest"
 )
 
 func TestResolve(t *testing.T) {
@@ -57,6 +63,17 @@ func TestResolve(t *testing.T) {
 				IndexDir: "/idx", Eviction: eviction.Config{Kind: eviction.LRFU, Lambda: 0.25}, PromotionThreshold: 3,
 			},
 		},
+		"a pool keeps its blocks in a folder of its own under each tier path": {
+			tiers:  twoTiers,
+			change: func(o *options) { o.pool = "fast" },
+			want: tierstore.Config{
+				Tiers: []tierstore.Tier{
+					{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{"/mnt/strata/mem/fast"}, Quota: 4 << 30},
+					{Name: "nvme", Medium: datav1alpha1.MediumNVMe, Dirs: []string{"/mnt/nvme0/fast", "/mnt/nvme1/fast"}, Quota: 100 << 30, High: 0.95, Low: 0.8},
+				},
+				IndexDir: "/idx", Eviction: eviction.Config{Kind: eviction.LRU}, PromotionThreshold: 3,
+			},
+		},
 		"an unknown eviction policy is refused": {tiers: twoTiers, change: func(o *options) { o.eviction = "FIFO" }, wantErr: `unknown eviction policy "FIFO"`},
 		"an empty tiers file is refused":        {tiers: "[]", wantErr: "lists no tiers"},
 		"an unknown field is refused":           {tiers: "- name: mem\n  size: 4Gi\n", wantErr: `unknown field "size"`},
@@ -82,32 +99,125 @@ func TestResolve(t *testing.T) {
 	}
 }
 
-func TestRunServesMetricsAndStopsCleanly(t *testing.T) {
+func TestResolveIdentity(t *testing.T) {
+	cases := map[string]struct {
+		opts    options
+		podIP   string
+		want    identity
+		wantErr string
+	}{
+		"without a master the worker has no identity to resolve": {opts: options{}},
+		"the id defaults to pool/node and the address to the pod's IP and the data port": {
+			opts:  options{masterAddrs: "m-0:7001, m-1:7001", pool: "fast", nodeName: "node-a", dataAddr: ":7100"},
+			podIP: "10.244.1.7",
+			want:  identity{id: "fast/node-a", node: "node-a", advertise: "10.244.1.7:7100", masters: []string{"m-0:7001", "m-1:7001"}},
+		},
+		"explicit flags win": {
+			opts: options{masterAddrs: "m:1", workerID: "w", nodeName: "n", advertiseAddr: "h:9", dataAddr: ":7100"},
+			want: identity{id: "w", node: "n", advertise: "h:9", masters: []string{"m:1"}},
+		},
+		"a node name is required":     {opts: options{masterAddrs: "m:1", pool: "p"}, wantErr: "--node-name"},
+		"an id or a pool is required": {opts: options{masterAddrs: "m:1", nodeName: "n"}, wantErr: "--worker-id or --pool"},
+		"an address to advertise is required": {
+			opts: options{masterAddrs: "m:1", pool: "p", nodeName: "n", dataAddr: ":7100"}, wantErr: "--advertise-addr (or $POD_IP)",
+		},
+		"an advertised address needs a port": {
+			opts: options{masterAddrs: "m:1", pool: "p", nodeName: "n", advertiseAddr: "host"}, wantErr: "must be host:port",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			t.Setenv("POD_IP", tc.podIP)
+			got, err := tc.opts.resolveIdentity()
+			if tc.wantErr != "" {
+				g.Expect(err).To(MatchError(ContainSubstring(tc.wantErr)))
+				return
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(got).To(Equal(tc.want))
+		})
+	}
+}
+
+// freeAddr returns a loopback address nobody listens on.
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}
+
+func get(url string) (int, string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// TestRunRegistersAndServesBlocks runs the whole worker against a real Raft master: it is ready
+// only once registered, serves a block written through its data plane, exports metrics, and
+// stops cleanly.
+func TestRunRegistersAndServesBlocks(t *testing.T) {
 	g := NewWithT(t)
+	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true})
 	dir := t.TempDir()
 	tiers := "- name: mem\n  medium: MEM\n  paths: [" + filepath.Join(dir, "mem") + "]\n  quota: 64Mi\n"
 	o := options{indexDir: filepath.Join(dir, "index"), eviction: "LRU", promotionThreshold: 3, shutdownTimeout: 5 * time.Second,
-		tiersFile: filepath.Join(dir, "tiers.yaml")}
+		tiersFile: filepath.Join(dir, "tiers.yaml"), metricsAddr: freeAddr(t), dataAddr: freeAddr(t),
+		masterAddrs: strings.Join(masters.APIAddrs(), ","), pool: "default", nodeName: "node-a", heartbeat: 100 * time.Millisecond}
+	o.advertiseAddr = o.dataAddr
+	o.shortCircuit = filepath.Join(dir, "run", "worker.sock")
 	g.Expect(os.WriteFile(o.tiersFile, []byte(tiers), 0o600)).To(Succeed())
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	g.Expect(err).NotTo(HaveOccurred())
-	o.metricsAddr = l.Addr().String()
-	g.Expect(l.Close()).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, o, logr.Discard()) }()
 
-	g.Eventually(func() (string, error) {
-		resp, err := http.Get("http://" + o.metricsAddr + "/metrics")
-		if err != nil {
-			return "", err
-		}
-		defer func() { _ = resp.Body.Close() }()
-		b, err := io.ReadAll(resp.Body)
-		return string(b), err
-	}).WithTimeout(10*time.Second).Should(ContainSubstring(`strata_worker_tier_quota_bytes{medium="MEM",tier="mem"} 6.7108864e+07`),
-		"the worker serves its tiers' metrics")
+	g.Eventually(func() (int, error) {
+		code, _, err := get("http://" + o.metricsAddr + "/readyz")
+		return code, err
+	}).WithTimeout(10*time.Second).Should(Equal(http.StatusOK), "the worker is ready once registered")
+	workers, err := masters.Client().ListWorkers(ctx, &masterpb.ListWorkersRequest{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(workers.GetWorkers()).To(ConsistOf(And(
+		HaveField("Id", "default/node-a"), HaveField("Address", o.dataAddr), HaveField("Node", "node-a"),
+		HaveField("State", masterpb.WorkerState_WORKER_STATE_ALIVE),
+		HaveField("Tiers", ConsistOf(HaveField("CapacityBytes", int64(64<<20))))),
+	), "the master knows the worker, its address and its tiers")
+
+	peers := dataplane.NewPeers()
+	defer func() { _ = peers.Close() }()
+	data := []byte("a block written through the data plane")
+	_, err = peers.WriteBlock(ctx, o.dataAddr, &workerpb.WriteBlockHeader{BlockId: "b0"}, data)
+	g.Expect(err).NotTo(HaveOccurred())
+	got, _, err := peers.ReadBlock(ctx, o.dataAddr, "b0")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(data))
+
+	// The same block, opened by a client on the node through the short-circuit socket.
+	sc, err := shortcircuit.Dial(ctx, o.shortCircuit)
+	g.Expect(err).NotTo(HaveOccurred())
+	f, info, err := sc.Open(ctx, "b0")
+	g.Expect(err).NotTo(HaveOccurred())
+	local, err := io.ReadAll(f)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(local).To(Equal(data))
+	g.Expect(info.Size).To(Equal(int64(len(data))))
+	g.Expect(f.Close()).To(Succeed())
+	g.Expect(sc.Close()).To(Succeed())
+
+	_, metrics, err := get("http://" + o.metricsAddr + "/metrics")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(metrics).To(ContainSubstring(`strata_worker_tier_quota_bytes{medium="MEM",tier="mem"} 6.7108864e+07`))
+	g.Expect(metrics).To(ContainSubstring(`strata_worker_dataplane_requests_total{code="OK",method="WriteBlock"} 1`))
+	g.Expect(metrics).To(ContainSubstring(`strata_worker_registrations_total 1`))
 	cancel()
 	g.Expect(<-done).To(Succeed())
 }

@@ -1,0 +1,248 @@
+// Package locations is the worker's view of where blocks are: it tells the master which blocks
+// this worker holds (so that other workers can read them from here instead of the under-store)
+// and asks it which workers hold a block this one is missing.
+package locations
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// ErrNoPeer is returned when no other live worker holds a block.
+var ErrNoPeer = errors.New("no other worker holds the block")
+
+// Master is the part of the master client this package uses.
+type Master interface {
+	CreateFile(ctx context.Context, req *masterpb.CreateFileRequest) (*masterpb.File, error)
+	CommitBlock(ctx context.Context, req *masterpb.CommitBlockRequest) (*masterpb.Block, error)
+	GetBlockLocations(ctx context.Context, req *masterpb.GetBlockLocationsRequest) (*masterpb.GetBlockLocationsResponse, error)
+	ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error)
+}
+
+// BlockReader reads a whole block from another worker's data plane.
+type BlockReader interface {
+	ReadBlock(ctx context.Context, addr, id string) ([]byte, *workerpb.BlockHeader, error)
+}
+
+// reportTimeout bounds one background report, so that a master that does not answer delays the
+// reports behind it by at most this much.
+const reportTimeout = 10 * time.Second
+
+// queueLength is how many blocks may wait to be reported. A block that does not fit is reported
+// at the worker's next registration; until then peers read it from the under-store.
+const queueLength = 4096
+
+// workersTTL is how long the map of worker ids to addresses is reused. A worker that moved
+// costs one failed peer read until then, after which the under-store serves the block.
+const workersTTL = 5 * time.Second
+
+// Directory reports this worker's blocks to the master and finds other workers' blocks.
+type Directory struct {
+	master Master
+	peers  BlockReader
+	self   string
+	log    logr.Logger
+	now    func() time.Time
+
+	queue chan tierstore.BlockInfo
+
+	// files remembers the files created at the master, so that each costs one CreateFile.
+	files sync.Map
+
+	mu        sync.Mutex
+	addrs     map[string]string // worker id → data-plane address
+	addrsTime time.Time
+}
+
+// NewDirectory returns the directory of the worker whose master id is self.
+func NewDirectory(master Master, peers BlockReader, self string, log logr.Logger) *Directory {
+	return &Directory{master: master, peers: peers, self: self, log: log, now: time.Now,
+		queue: make(chan tierstore.BlockInfo, queueLength)}
+}
+
+// Enqueue reports a block in the background (see Run): the read path that stored it never
+// waits for the master.
+func (d *Directory) Enqueue(_ context.Context, info tierstore.BlockInfo) {
+	select {
+	case d.queue <- info:
+	default:
+		d.log.Info("too many blocks waiting to be reported; this one is reported at the next registration", "block", info.ID)
+	}
+}
+
+// Run reports the enqueued blocks until ctx ends.
+func (d *Directory) Run(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case info := <-d.queue:
+			rctx, cancel := context.WithTimeout(ctx, reportTimeout)
+			if err := d.Report(rctx, info); err != nil && ctx.Err() == nil {
+				d.log.Error(err, "reporting a block to the master; peers read it from the under-store until the next registration")
+			}
+			cancel()
+		}
+	}
+}
+
+// MasterBlockID is the master's id of a worker's block: the master numbers blocks, the worker
+// names them by a hash of their source, file and index, so the number is derived from the name
+// and every worker holding a copy reports the same one. Zero is reserved by the master.
+func MasterBlockID(id string) uint64 {
+	sum := sha256.Sum256([]byte(id))
+	if n := binary.BigEndian.Uint64(sum[:8]); n != 0 {
+		return n
+	}
+	return 1
+}
+
+// Report tells the master that this worker holds a block. Blocks without an origin (written by
+// a client that did not say what they are part of) are local only and not reported.
+func (d *Directory) Report(ctx context.Context, info tierstore.BlockInfo) error {
+	if len(info.Origin) == 0 {
+		return nil
+	}
+	var origin workerpb.BlockOrigin
+	if err := proto.Unmarshal(info.Origin, &origin); err != nil {
+		return fmt.Errorf("reporting block %s: its origin does not decode: %w", info.ID, err)
+	}
+	if err := d.ensureFile(ctx, &origin); err != nil {
+		return fmt.Errorf("reporting block %s: %w", info.ID, err)
+	}
+	_, err := d.master.CommitBlock(ctx, &masterpb.CommitBlockRequest{
+		BlockId:  MasterBlockID(info.ID),
+		Path:     origin.GetPath(),
+		Offset:   origin.GetOffset(),
+		Size:     info.Size,
+		Checksum: strconv.FormatUint(uint64(info.Checksum), 16),
+		Worker:   d.self,
+		Tier:     info.Tier,
+	})
+	if err != nil {
+		return fmt.Errorf("reporting block %s of %s to the master: %w", info.ID, origin.GetPath(), err)
+	}
+	return nil
+}
+
+// ReportAll reports every block in blocks, as after (re-)registering; it goes on past failures
+// and returns them all.
+func (d *Directory) ReportAll(ctx context.Context, blocks []tierstore.BlockInfo) (int, error) {
+	var errs []error
+	reported := 0
+	for _, b := range blocks {
+		if len(b.Origin) == 0 {
+			continue
+		}
+		if err := d.Report(ctx, b); err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		reported++
+	}
+	return reported, errors.Join(errs...)
+}
+
+func (d *Directory) ensureFile(ctx context.Context, origin *workerpb.BlockOrigin) error {
+	p := origin.GetPath()
+	if _, ok := d.files.Load(p); ok {
+		return nil
+	}
+	_, err := d.master.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p, Dataset: origin.GetDataset()})
+	if err != nil && status.Code(err) != codes.AlreadyExists {
+		return fmt.Errorf("creating %s at the master: %w", p, err)
+	}
+	d.files.Store(p, struct{}{})
+	return nil
+}
+
+// ReadBlock reads block id from another live worker that holds it, trying each in turn, and
+// fails with ErrNoPeer when none has it (the caller then reads the under-store).
+func (d *Directory) ReadBlock(ctx context.Context, id string) ([]byte, error) {
+	resp, err := d.master.GetBlockLocations(ctx, &masterpb.GetBlockLocationsRequest{
+		BlockIds: []uint64{MasterBlockID(id)}, StaleOk: true,
+	})
+	if status.Code(err) == codes.NotFound {
+		return nil, ErrNoPeer
+	}
+	if err != nil {
+		return nil, fmt.Errorf("looking up the copies of block %s: %w", id, err)
+	}
+	var holders []string
+	for _, b := range resp.GetBlocks() {
+		for _, l := range b.GetLocations() {
+			if !l.GetLost() && l.GetWorker() != d.self {
+				holders = append(holders, l.GetWorker())
+			}
+		}
+	}
+	if len(holders) == 0 {
+		return nil, ErrNoPeer
+	}
+	addrs, err := d.addresses(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, w := range holders {
+		addr, ok := addrs[w]
+		if !ok {
+			continue
+		}
+		data, _, err := d.peers.ReadBlock(ctx, addr, id)
+		if err == nil {
+			return data, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		// A copy that is gone or unreachable is not fatal: another holder or the under-store
+		// still serves the reader.
+		d.log.V(1).Info("peer read failed", "block", id, "worker", w, "addr", addr, "error", err.Error())
+		if !errors.Is(err, dataplane.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return nil, errors.Join(append([]error{ErrNoPeer}, errs...)...)
+}
+
+// addresses maps the ids of live workers to their data-plane addresses, refreshed every
+// workersTTL (a stale read of the master is fine: a wrong address costs one failed attempt).
+func (d *Directory) addresses(ctx context.Context) (map[string]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.addrs != nil && d.now().Sub(d.addrsTime) < workersTTL {
+		return d.addrs, nil
+	}
+	resp, err := d.master.ListWorkers(ctx, &masterpb.ListWorkersRequest{StaleOk: true})
+	if err != nil {
+		return nil, fmt.Errorf("listing workers: %w", err)
+	}
+	addrs := map[string]string{}
+	for _, w := range resp.GetWorkers() {
+		if w.GetState() == masterpb.WorkerState_WORKER_STATE_ALIVE && w.GetAddress() != "" {
+			addrs[w.GetId()] = w.GetAddress()
+		}
+	}
+	d.addrs, d.addrsTime = addrs, d.now()
+	return addrs, nil
+}

@@ -1,0 +1,48 @@
+package tiermount
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+)
+
+func TestEnsureMemoryTiers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting tmpfs needs root; the CI and the worker's pod run as root")
+	}
+	g := NewWithT(t)
+	base := t.TempDir()
+	mem := filepath.Join(base, "mem")
+	disk := filepath.Join(base, "nvme")
+	g.Expect(os.MkdirAll(disk, 0o750)).To(Succeed())
+	tiers := []tierstore.Tier{
+		{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{mem}, Quota: 8 << 20},
+		{Name: "nvme", Medium: datav1alpha1.MediumNVMe, Dirs: []string{disk}, Quota: 1 << 30},
+	}
+	onDisk, err := InMemory(base)
+	g.Expect(err).NotTo(HaveOccurred())
+	if onDisk {
+		t.Skip("the test's temporary directory is itself on tmpfs, so there is nothing to mount")
+	}
+
+	g.Expect(EnsureMemoryTiers(tiers, logr.Discard())).To(Succeed())
+	t.Cleanup(func() { _ = unix.Unmount(mem, unix.MNT_DETACH) })
+	g.Expect(InMemory(mem)).To(BeTrue(), "the MEM tier's directory is on tmpfs")
+	g.Expect(InMemory(disk)).To(BeFalse(), "other tiers are left on their disks")
+	var st unix.Statfs_t
+	g.Expect(unix.Statfs(mem, &st)).To(Succeed())
+	g.Expect(int64(st.Blocks)*st.Bsize).To(Equal(int64(8<<20)), "the tmpfs is the size of the quota")
+
+	// A block written there survives a second call, as after a worker restart: no new mount
+	// hides it.
+	g.Expect(os.WriteFile(filepath.Join(mem, "block"), []byte("kept"), 0o600)).To(Succeed())
+	g.Expect(EnsureMemoryTiers(tiers, logr.Discard())).To(Succeed())
+	g.Expect(os.ReadFile(filepath.Join(mem, "block"))).To(Equal([]byte("kept")))
+}
