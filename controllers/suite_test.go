@@ -70,6 +70,12 @@ var _ = BeforeSuite(func() {
 	Expect((&TierPoolReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor("strata-operator"),
+		Workers:  testWorkerSpec,
+	}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&WorkerReconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorderFor("strata-operator"),
+		Spec:     testWorkerSpec,
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&DatasetReconciler{
 		Client:   mgr.GetClient(),

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,13 +27,17 @@ const (
 	EventReasonNodesChanged = "NodesChanged"
 )
 
-// TierPoolReconciler computes the status of each TierPool from the cluster's Nodes: how many
-// nodes the pool selects and the capacity of each tier over them.
+// TierPoolReconciler computes the status of each TierPool from the cluster's Nodes and the
+// pool's worker DaemonSet: how many nodes the pool selects, how many run a ready worker, and the
+// capacity of each tier over them. The WorkerReconciler deploys the DaemonSet.
 type TierPoolReconciler struct {
-	// Client reads TierPools and Nodes (from the manager's cache) and patches TierPool status.
+	// Client reads TierPools, Nodes and DaemonSets (from the manager's cache) and patches
+	// TierPool status.
 	Client client.Client
 	// Recorder records Events on TierPools.
 	Recorder record.EventRecorder
+	// Workers says where the pools' DaemonSets are, or that the operator deploys none.
+	Workers WorkerSpec
 }
 
 // The recorder of controller-runtime v0.20 writes core/v1 Events (group ""), not events.k8s.io
@@ -42,14 +48,16 @@ type TierPoolReconciler struct {
 // +kubebuilder:rbac:groups=data.strata.dev,resources=tierpools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=daemonsets,verbs=get;list;watch
 
-// Reconcile brings the status of one TierPool up to date with the Nodes it selects.
+// Reconcile brings the status of one TierPool up to date with the Nodes it selects and the
+// workers that run on them.
 func (r *TierPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 
 	pool := &datav1alpha1.TierPool{}
 	if err := r.Client.Get(ctx, req.NamespacedName, pool); err != nil {
-		// Gone: a TierPool owns nothing yet, so there is nothing to clean up.
+		// Gone: the garbage collector removes its workers' objects.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !pool.DeletionTimestamp.IsZero() {
@@ -61,8 +69,13 @@ func (r *TierPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		return ctrl.Result{}, err
 	}
 
+	workers, err := r.observeWorkers(ctx, pool)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
 	before := pool.DeepCopy()
-	setTierPoolStatus(pool, sel)
+	setTierPoolStatus(pool, sel, workers)
 	if apiequality.Semantic.DeepEqual(before.Status, pool.Status) {
 		log.V(1).Info("TierPool status is up to date", "nodes", pool.Status.Nodes)
 		return ctrl.Result{}, nil
@@ -122,17 +135,41 @@ func (r *TierPoolReconciler) selectNodes(ctx context.Context, pool *datav1alpha1
 	return sel, nil
 }
 
-// SetupWithManager registers the reconciler: it runs on changes to a TierPool's spec and on
-// Nodes coming, going or changing labels or taints.
+// observeWorkers reads the pool's worker DaemonSet, when the operator deploys one.
+func (r *TierPoolReconciler) observeWorkers(ctx context.Context, pool *datav1alpha1.TierPool) (workerObservation, error) {
+	obs := workerObservation{deployed: r.Workers.Deployed(), namespace: r.Workers.Namespace}
+	// A pool whose name cannot label pods has no DaemonSet either.
+	if !obs.deployed || workerNameProblem(pool.Name) != "" {
+		return obs, nil
+	}
+	ds := &appsv1.DaemonSet{}
+	key := client.ObjectKey{Namespace: r.Workers.Namespace, Name: WorkerName(pool.Name)}
+	if err := r.Client.Get(ctx, key, ds); err != nil {
+		if apierrors.IsNotFound(err) {
+			return obs, nil
+		}
+		return obs, fmt.Errorf("reading the worker DaemonSet %s of TierPool %s: %w", key, pool.Name, err)
+	}
+	obs.found = true
+	obs.desired = ds.Status.DesiredNumberScheduled
+	obs.ready = ds.Status.NumberReady
+	return obs, nil
+}
+
+// SetupWithManager registers the reconciler: it runs on changes to a TierPool's spec, on Nodes
+// coming, going or changing labels or taints, and on the pool's workers becoming ready or not.
 func (r *TierPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("tierpool").
 		// Status writes (our own) bump no generation and need no reconcile.
 		For(&datav1alpha1.TierPool{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Node{},
 			handler.EnqueueRequestsFromMapFunc(r.tierPoolsForNode),
-			builder.WithPredicates(nodeSchedulingChanged())).
-		Complete(r)
+			builder.WithPredicates(nodeSchedulingChanged()))
+	if r.Workers.Deployed() {
+		b = b.Owns(&appsv1.DaemonSet{}, builder.WithPredicates(workerReadinessChanged()))
+	}
+	return b.Complete(r)
 }
 
 // tierPoolsForNode maps a Node event to every TierPool: whether the node matched a pool's
@@ -149,6 +186,22 @@ func (r *TierPoolReconciler) tierPoolsForNode(ctx context.Context, _ client.Obje
 		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: p.Name}})
 	}
 	return reqs
+}
+
+// workerReadinessChanged lets through DaemonSet creations and deletions, and the status updates
+// that change what the pool's status shows: how many workers are wanted and how many are ready.
+func workerReadinessChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			oldDS, okOld := e.ObjectOld.(*appsv1.DaemonSet)
+			newDS, okNew := e.ObjectNew.(*appsv1.DaemonSet)
+			if !okOld || !okNew {
+				return true
+			}
+			return oldDS.Status.NumberReady != newDS.Status.NumberReady ||
+				oldDS.Status.DesiredNumberScheduled != newDS.Status.DesiredNumberScheduled
+		},
+	}
 }
 
 // nodeSchedulingChanged lets through Node creations and deletions, and the updates that can

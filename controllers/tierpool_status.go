@@ -18,9 +18,27 @@ const (
 	// ReasonNoNodesSelected means that no node matches the pool's selector, or that every one
 	// that does has a taint the pool does not tolerate.
 	ReasonNoNodesSelected = "NoNodesSelected"
-	// ReasonWorkersNotDeployed means that the pool selects nodes but no worker runs on them yet.
+	// ReasonWorkersNotDeployed means that the operator deploys no worker for the pool: it was
+	// started without --worker-image, or the pool's name cannot label the workers' pods.
 	ReasonWorkersNotDeployed = "WorkersNotDeployed"
+	// ReasonWorkersNotReady means that fewer workers are ready than the pool has nodes, or than
+	// its DaemonSet wants.
+	ReasonWorkersNotReady = "WorkersNotReady"
+	// ReasonWorkersReady means that every node of the pool runs a ready worker.
+	ReasonWorkersReady = "WorkersReady"
 )
+
+// workerObservation is what the status needs to know about a pool's worker DaemonSet.
+type workerObservation struct {
+	// deployed is false when the operator deploys no worker (it has no --worker-image).
+	deployed bool
+	// namespace of the DaemonSet, for the kubectl command in the message.
+	namespace string
+	// found is false until the worker reconciler has created the DaemonSet.
+	found bool
+	// desired and ready are the DaemonSet's status.desiredNumberScheduled and status.numberReady.
+	desired, ready int32
+}
 
 // daemonSetTolerations are the tolerations the DaemonSet controller adds to every daemon pod
 // (see "Taints and tolerations" in the DaemonSet documentation). The workers of a pool run as a
@@ -62,13 +80,12 @@ func tolerates(tolerations []corev1.Toleration, taint *corev1.Taint) bool {
 	return false
 }
 
-// setTierPoolStatus writes into pool.Status what sel says about the cluster. It is the only
-// place that sets the pool's conditions.
-func setTierPoolStatus(pool *datav1alpha1.TierPool, sel nodeSelection) {
+// setTierPoolStatus writes into pool.Status what sel says about the cluster and workers about
+// the pool's DaemonSet. It is the only place that sets the pool's conditions.
+func setTierPoolStatus(pool *datav1alpha1.TierPool, sel nodeSelection, workers workerObservation) {
 	nodes := int32(len(sel.schedulable))
 	pool.Status.Nodes = nodes
-	// The worker DaemonSet (its own issue) fills this in from its ready pods; none exist yet.
-	pool.Status.ReadyWorkers = 0
+	pool.Status.ReadyWorkers = workers.ready
 	pool.Status.ObservedGeneration = pool.Generation
 
 	tiers := make([]datav1alpha1.TierStatus, 0, len(pool.Spec.Tiers))
@@ -92,15 +109,40 @@ func setTierPoolStatus(pool *datav1alpha1.TierPool, sel nodeSelection) {
 		ready.Reason = ReasonNoNodesSelected
 		ready.Message = noNodesMessage(pool.Spec.NodeSelector, sel)
 	} else {
-		ready.Reason = ReasonWorkersNotDeployed
-		ready.Message = fmt.Sprintf("%d node(s) selected, but no cache worker runs on them yet: "+
-			"this version of the operator does not deploy the worker DaemonSet", nodes)
+		ready.Status, ready.Reason, ready.Message = workersReadiness(pool.Name, nodes, workers)
 		if excluded := sel.matching - len(sel.schedulable); excluded > 0 {
 			ready.Message += fmt.Sprintf("; %d more node(s) match spec.nodeSelector but have a taint "+
 				"the pool does not tolerate, such as %s", excluded, sel.untolerated.ToString())
 		}
 	}
 	meta.SetStatusCondition(&pool.Status.Conditions, ready)
+}
+
+// workersReadiness says whether the workers of a pool that selects nodes serve all of them, and
+// if not, what to look at.
+func workersReadiness(pool string, nodes int32, workers workerObservation) (metav1.ConditionStatus, string, string) {
+	if !workers.deployed {
+		return metav1.ConditionFalse, ReasonWorkersNotDeployed,
+			fmt.Sprintf("%d node(s) selected, but no cache worker runs on them: the operator was started without "+
+				"--worker-image, so it deploys none (set the chart's worker.enabled and worker.image values)", nodes)
+	}
+	if problem := workerNameProblem(pool); problem != "" {
+		return metav1.ConditionFalse, ReasonWorkersNotDeployed,
+			fmt.Sprintf("%d node(s) selected, but no cache worker runs on them: %s", nodes, problem)
+	}
+	if !workers.found {
+		return metav1.ConditionFalse, ReasonWorkersNotReady,
+			fmt.Sprintf("%d node(s) selected; the worker DaemonSet %s/%s does not exist yet: the operator creates it, "+
+				"and the Events of this TierPool say why when it cannot", nodes, workers.namespace, WorkerName(pool))
+	}
+	// The larger of the two: a DaemonSet that has not yet counted a new node is not ready on it.
+	want := max(workers.desired, nodes)
+	if workers.ready < want {
+		return metav1.ConditionFalse, ReasonWorkersNotReady,
+			fmt.Sprintf("%d of %d worker(s) ready: see `kubectl -n %s get pods -l %s`",
+				workers.ready, want, workers.namespace, workerPodsSelector(pool))
+	}
+	return metav1.ConditionTrue, ReasonWorkersReady, fmt.Sprintf("%d of %d worker(s) ready", workers.ready, want)
 }
 
 // noNodesMessage says why a pool selects no node and what to change.

@@ -51,7 +51,15 @@ type options struct {
 	// namespace, so that uninstalling the operator removes it too.
 	ownerDeployment string
 	master          masterOptions
+	worker          workerOptions
 	nodeLossGrace   time.Duration
+}
+
+// workerOptions describe the workers' DaemonSets, one per TierPool; the chart's worker.* values
+// set them.
+type workerOptions struct {
+	image      string
+	pullPolicy string
 }
 
 // masterOptions describe the master StatefulSet; the chart's master.* values set them.
@@ -90,6 +98,10 @@ func main() {
 		"Size of each master replica's PersistentVolumeClaim, such as 10Gi; empty means an emptyDir.")
 	flag.StringVar(&opts.master.storageClass, "master-storage-class", "",
 		"StorageClass of the master's claims; empty means the cluster's default class.")
+	flag.StringVar(&opts.worker.image, "worker-image", "",
+		"Image of the cache worker; empty means the operator deploys no worker.")
+	flag.StringVar(&opts.worker.pullPolicy, "worker-image-pull-policy", string(corev1.PullIfNotPresent),
+		"Pull policy of the worker image: Always, IfNotPresent or Never.")
 	flag.DurationVar(&opts.nodeLossGrace, "node-loss-grace", controllers.DefaultNodeLossGrace,
 		"How long a Node must be NotReady before the master declares its workers lost.")
 	opts.zap.BindFlags(flag.CommandLine)
@@ -121,14 +133,20 @@ func run(opts options) error {
 	if err != nil {
 		return err
 	}
+	workerSpec, err := opts.workerSpec(masterSpec)
+	if err != nil {
+		return err
+	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
-		// The operator owns StatefulSets and Services in its own namespace only: watch no other,
-		// so that it needs no cluster-wide permission on them.
+		// The operator owns StatefulSets, Services, DaemonSets and ConfigMaps in its own
+		// namespace only: watch no other, so that it needs no cluster-wide permission on them.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&appsv1.StatefulSet{}: {Namespaces: map[string]cache.Config{opts.namespace: {}}},
 			&corev1.Service{}:     {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			&appsv1.DaemonSet{}:   {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			&corev1.ConfigMap{}:   {Namespaces: map[string]cache.Config{opts.namespace: {}}},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: opts.metricsAddr},
 		HealthProbeBindAddress:  opts.probeAddr,
@@ -146,8 +164,22 @@ func run(opts options) error {
 	if err := (&controllers.TierPoolReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor(eventSource),
+		Workers:  workerSpec,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TierPool controller: %w", err)
+	}
+
+	if workerSpec.Deployed() {
+		if err := (&controllers.WorkerReconciler{
+			Client:   mgr.GetClient(),
+			Recorder: mgr.GetEventRecorderFor(eventSource),
+			Spec:     workerSpec,
+		}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the worker controller: %w", err)
+		}
+	} else {
+		ctrl.Log.WithName("setup").Info("no --worker-image: the operator deploys no cache worker, " +
+			"and every TierPool reports Ready=False/" + controllers.ReasonWorkersNotDeployed)
 	}
 
 	if err := (&controllers.DatasetReconciler{
@@ -206,11 +238,9 @@ func (o options) masterSpec() (*controllers.MasterSpec, error) {
 	if o.master.replicas < 1 || o.master.replicas%2 == 0 {
 		return nil, fmt.Errorf("--master-replicas=%d: use an odd number, such as 3 or 5, so that a majority exists", o.master.replicas)
 	}
-	policy := corev1.PullPolicy(o.master.pullPolicy)
-	switch policy {
-	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
-	default:
-		return nil, fmt.Errorf("--master-image-pull-policy=%q: use Always, IfNotPresent or Never", o.master.pullPolicy)
+	policy, err := pullPolicy("--master-image-pull-policy", o.master.pullPolicy)
+	if err != nil {
+		return nil, err
 	}
 	spec := &controllers.MasterSpec{
 		Namespace:        o.namespace,
@@ -231,6 +261,40 @@ func (o options) masterSpec() (*controllers.MasterSpec, error) {
 		spec.StorageSize = size
 	}
 	return spec, nil
+}
+
+// workerSpec validates the worker flags once, at start-up. Without --worker-image the spec
+// deploys nothing, but still says so to the TierPool status. The workers register with the
+// master when the operator runs one.
+func (o options) workerSpec(master *controllers.MasterSpec) (controllers.WorkerSpec, error) {
+	spec := controllers.WorkerSpec{Namespace: o.namespace}
+	if o.worker.image == "" {
+		return spec, nil
+	}
+	if o.namespace == "" {
+		return spec, errors.New("--namespace (or $POD_NAMESPACE) is required to deploy the workers")
+	}
+	policy, err := pullPolicy("--worker-image-pull-policy", o.worker.pullPolicy)
+	if err != nil {
+		return spec, err
+	}
+	spec.Image = o.worker.image
+	spec.ImagePullPolicy = policy
+	if master != nil {
+		spec.MasterAddresses = master.Addresses()
+	}
+	return spec, nil
+}
+
+// pullPolicy checks the value of an image pull policy flag.
+func pullPolicy(flagName, value string) (corev1.PullPolicy, error) {
+	policy := corev1.PullPolicy(value)
+	switch policy {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+		return policy, nil
+	default:
+		return "", fmt.Errorf("%s=%q: use Always, IfNotPresent or Never", flagName, value)
+	}
 }
 
 // ownerReference points at the operator's Deployment, read once at start-up.

@@ -72,3 +72,13 @@ app.kubernetes.io/component: operator
 {{- define "strata.master.image" -}}
 {{- printf "%s:%s" .Values.master.image.repository (default .Chart.AppVersion .Values.master.image.tag) }}
 {{- end }}
+
+{{/* The workers' image. */}}
+{{- define "strata.worker.image" -}}
+{{- printf "%s:%s" .Values.worker.image.repository (default .Chart.AppVersion .Values.worker.image.tag) }}
+{{- end }}
+
+{{/* The workers' ServiceAccount; the operator names it in every worker DaemonSet. */}}
+{{- define "strata.worker.serviceAccountName" -}}
+strata-worker
+{{- end }}

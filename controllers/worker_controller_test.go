@@ -1,0 +1,391 @@
+package controllers
+
+import (
+	"fmt"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+// testWorkerSpec is what the suite's operator deploys as the workers of every pool.
+var testWorkerSpec = WorkerSpec{
+	Namespace:       testMasterSpec.Namespace,
+	Image:           "strata-cache/worker:test",
+	ImagePullPolicy: corev1.PullIfNotPresent,
+	MasterAddresses: testMasterSpec.Addresses(),
+}
+
+var _ = Describe("The worker reconciler", func() {
+	var (
+		pool     *datav1alpha1.TierPool
+		selector map[string]string
+		key      client.ObjectKey
+	)
+
+	BeforeEach(func() {
+		selector = map[string]string{testLabel: fmt.Sprintf("workers-%d", specID.Add(1))}
+		pool = createWorkerPool(selector)
+		key = client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(pool.Name)}
+	})
+
+	getDaemonSet := func(g Gomega) *appsv1.DaemonSet {
+		ds := &appsv1.DaemonSet{}
+		g.Expect(k8sClient.Get(ctx, key, ds)).To(Succeed())
+		return ds
+	}
+	getConfigMap := func(g Gomega) *corev1.ConfigMap {
+		cm := &corev1.ConfigMap{}
+		g.Expect(k8sClient.Get(ctx, key, cm)).To(Succeed())
+		return cm
+	}
+
+	It("writes the pool's tiers into a ConfigMap the worker can read", func() {
+		Eventually(func(g Gomega) {
+			cm := getConfigMap(g)
+			g.Expect(metav1.IsControlledBy(cm, pool)).To(BeTrue(), "the TierPool controls the ConfigMap")
+			g.Expect(cm.Labels).To(HaveKeyWithValue("app.kubernetes.io/instance", pool.Name))
+			var tiers []datav1alpha1.Tier
+			// What cmd/worker does with the file.
+			g.Expect(yaml.UnmarshalStrict([]byte(cm.Data[WorkerTiersKey]), &tiers)).To(Succeed())
+			g.Expect(tiers).To(HaveLen(2))
+			g.Expect(tiers[0].Name).To(Equal("mem"))
+			g.Expect(tiers[0].Medium).To(Equal(datav1alpha1.MediumMemory))
+			g.Expect(tiers[0].Quota.String()).To(Equal("2Gi"))
+			g.Expect(tiers[1].Paths).To(Equal([]string{"/mnt/strata/nvme0", "/mnt/strata/nvme1"}))
+			g.Expect(tiers[1].Watermarks).To(Equal(datav1alpha1.Watermarks{High: 0.95, Low: 0.8}))
+		}).Should(Succeed(), "awaiting ConfigMap %s with the pool's two tiers", key)
+	})
+
+	It("runs the workers as a DaemonSet on the pool's nodes, owned by the pool", func() {
+		Eventually(func(g Gomega) {
+			ds := getDaemonSet(g)
+			g.Expect(metav1.IsControlledBy(ds, pool)).To(BeTrue(), "the TierPool controls the DaemonSet")
+			g.Expect(ds.Labels).To(Equal(map[string]string{
+				"app.kubernetes.io/name":       "strata-worker",
+				"app.kubernetes.io/instance":   pool.Name,
+				"app.kubernetes.io/component":  "worker",
+				"app.kubernetes.io/part-of":    "strata",
+				"app.kubernetes.io/managed-by": "strata-operator",
+			}))
+			g.Expect(ds.Spec.Selector.MatchLabels).To(Equal(map[string]string{
+				"app.kubernetes.io/name": "strata-worker", "app.kubernetes.io/instance": pool.Name,
+			}))
+			g.Expect(ds.Spec.UpdateStrategy.Type).To(Equal(appsv1.RollingUpdateDaemonSetStrategyType))
+			g.Expect(ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.IntValue()).To(Equal(1))
+
+			pod := ds.Spec.Template.Spec
+			g.Expect(pod.NodeSelector).To(Equal(selector))
+			g.Expect(pod.Tolerations).To(Equal(pool.Spec.Tolerations))
+			g.Expect(pod.ServiceAccountName).To(Equal(WorkerServiceAccountName))
+			g.Expect(pod.AutomountServiceAccountToken).To(HaveValue(BeFalse()))
+			g.Expect(pod.TerminationGracePeriodSeconds).To(HaveValue(BeEquivalentTo(30)))
+			g.Expect(pod.PriorityClassName).To(BeEmpty(), "system-node-critical is refused outside kube-system")
+
+			g.Expect(pod.Containers).To(HaveLen(1))
+			worker := pod.Containers[0]
+			g.Expect(worker.Name).To(Equal("worker"))
+			g.Expect(worker.Image).To(Equal(testWorkerSpec.Image))
+			g.Expect(worker.ImagePullPolicy).To(Equal(corev1.PullIfNotPresent))
+			g.Expect(worker.SecurityContext.Privileged).To(HaveValue(BeTrue()))
+			g.Expect(worker.Ports).To(ConsistOf(
+				And(HaveField("Name", "data"), HaveField("ContainerPort", BeEquivalentTo(7100))),
+				And(HaveField("Name", "metrics"), HaveField("ContainerPort", BeEquivalentTo(8080))),
+			))
+			g.Expect(worker.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
+			g.Expect(worker.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
+			g.Expect(worker.StartupProbe.HTTPGet.Path).To(Equal("/healthz"))
+			g.Expect(worker.StartupProbe.FailureThreshold*worker.StartupProbe.PeriodSeconds).To(BeNumerically(">=", 30*60),
+				"a worker verifying a big tier at start gets half an hour")
+		}).Should(Succeed(), "awaiting DaemonSet %s", key)
+	})
+
+	It("passes the worker its flags and the environment they refer to", func() {
+		Eventually(func(g Gomega) {
+			worker := getDaemonSet(g).Spec.Template.Spec.Containers[0]
+			g.Expect(worker.Args).To(Equal([]string{
+				"--pool=" + pool.Name,
+				"--worker-id=" + pool.Name + "/$(NODE_NAME)",
+				"--node-name=$(NODE_NAME)",
+				"--master=" + strings.Join(testMasterSpec.Addresses(), ","),
+				"--tiers=/etc/strata/tiers.yaml",
+				"--index-dir=/var/lib/strata-worker/index",
+				"--data-addr=:7100",
+				"--advertise-addr=$(POD_IP):7100",
+				"--metrics-addr=:8080",
+				"--short-circuit-socket=/run/strata/" + pool.Name + "/worker.sock",
+			}))
+			g.Expect(worker.Env).To(ConsistOf(
+				fieldEnvMatcher("NODE_NAME", "spec.nodeName"),
+				fieldEnvMatcher("POD_IP", "status.podIP"),
+				fieldEnvMatcher("POD_NAMESPACE", "metadata.namespace"),
+			))
+		}).Should(Succeed(), "awaiting the worker container of DaemonSet %s", key)
+	})
+
+	It("gives the worker the pool's resources, with the MEM tier's quota added to the memory limit", func() {
+		Eventually(func(g Gomega) {
+			resources := getDaemonSet(g).Spec.Template.Spec.Containers[0].Resources
+			g.Expect(resources.Requests.Cpu().String()).To(Equal("200m"))
+			g.Expect(resources.Requests.Memory().String()).To(Equal("256Mi"))
+			g.Expect(resources.Limits.Memory().String()).To(Equal("3Gi"), "1Gi of spec.workerResources + 2Gi of tmpfs")
+		}).Should(Succeed(), "awaiting the resources of DaemonSet %s", key)
+	})
+
+	It("mounts every tier path from the host at the same path, MEM paths with Bidirectional propagation", func() {
+		Eventually(func(g Gomega) {
+			pod := getDaemonSet(g).Spec.Template.Spec
+			volumeOfHostPath := map[string]string{}
+			for _, v := range pod.Volumes {
+				g.Expect(validation.IsDNS1123Label(v.Name)).To(BeEmpty(), "volume names are DNS labels")
+				if v.HostPath != nil {
+					g.Expect(v.HostPath.Type).To(HaveValue(Equal(corev1.HostPathDirectoryOrCreate)), "volume %s", v.Name)
+					volumeOfHostPath[v.HostPath.Path] = v.Name
+				}
+			}
+			g.Expect(volumeOfHostPath).To(HaveLen(5), "three tier paths, the index and the socket directory")
+			mountAt := map[string]corev1.VolumeMount{}
+			for _, m := range pod.Containers[0].VolumeMounts {
+				mountAt[m.MountPath] = m
+			}
+			for _, path := range []string{"/mnt/strata/mem", "/mnt/strata/nvme0", "/mnt/strata/nvme1"} {
+				g.Expect(mountAt).To(HaveKeyWithValue(path, HaveField("Name", volumeOfHostPath[path])),
+					"host path %s is mounted at the same path", path)
+			}
+			g.Expect(mountAt["/mnt/strata/mem"].MountPropagation).To(HaveValue(Equal(corev1.MountPropagationBidirectional)),
+				"the worker's tmpfs must live on the host")
+			g.Expect(mountAt["/mnt/strata/nvme0"].MountPropagation).To(BeNil())
+			g.Expect(mountAt["/mnt/strata/nvme1"].MountPropagation).To(BeNil())
+
+			index := "/var/lib/strata-worker/" + pool.Name + "/index"
+			g.Expect(mountAt).To(HaveKeyWithValue("/var/lib/strata-worker/index", HaveField("Name", volumeOfHostPath[index])),
+				"the block index survives the pod on the host")
+			socket := "/run/strata/" + pool.Name
+			g.Expect(mountAt).To(HaveKeyWithValue(socket, HaveField("Name", volumeOfHostPath[socket])))
+			g.Expect(mountAt).To(HaveKeyWithValue("/etc/strata", And(HaveField("Name", "tiers"), HaveField("ReadOnly", BeTrue()))))
+			g.Expect(pod.Volumes).To(ContainElement(And(
+				HaveField("Name", "tiers"),
+				HaveField("VolumeSource.ConfigMap.LocalObjectReference.Name", WorkerName(pool.Name)),
+			)))
+		}).Should(Succeed(), "awaiting the volumes of DaemonSet %s", key)
+	})
+
+	It("records on the pool that it created the worker objects", func() {
+		Eventually(func(g Gomega) []string {
+			return poolEventMessages(g, pool, EventReasonCreated)
+		}).Should(ContainElements(
+			fmt.Sprintf("created ConfigMap %s", key),
+			fmt.Sprintf("created DaemonSet %s", key),
+		), "awaiting Created Events on TierPool %s", pool.Name)
+	})
+
+	It("updates the ConfigMap and rolls the pods when the pool's tiers change", func() {
+		var hash string
+		Eventually(func(g Gomega) {
+			hash = getDaemonSet(g).Spec.Template.Annotations[TiersHashAnnotation]
+			g.Expect(hash).NotTo(BeEmpty())
+		}).Should(Succeed(), "awaiting DaemonSet %s with a tiers hash", key)
+
+		patchPool(pool, func(p *datav1alpha1.TierPool) {
+			p.Spec.Tiers = append(p.Spec.Tiers, datav1alpha1.Tier{
+				Name: "hdd", Medium: datav1alpha1.MediumHDD, Paths: []string{"/mnt/strata/hdd"},
+				Quota: resource.MustParse("100Gi"),
+			})
+		})
+		Eventually(func(g Gomega) {
+			g.Expect(getConfigMap(g).Data[WorkerTiersKey]).To(ContainSubstring("/mnt/strata/hdd"))
+			ds := getDaemonSet(g)
+			g.Expect(ds.Spec.Template.Annotations).To(HaveKeyWithValue(TiersHashAnnotation, Not(Equal(hash))))
+			g.Expect(ds.Spec.Template.Spec.Containers[0].VolumeMounts).To(ContainElement(HaveField("MountPath", "/mnt/strata/hdd")))
+		}).Should(Succeed(), "awaiting the new tier in ConfigMap and DaemonSet %s, and a new tiers hash", key)
+		Eventually(func(g Gomega) []string {
+			return poolEventMessages(g, pool, EventReasonUpdated)
+		}).Should(ContainElement(fmt.Sprintf("updated DaemonSet %s to match the TierPool", key)),
+			"awaiting an Updated Event on TierPool %s", pool.Name)
+	})
+
+	It("recreates the DaemonSet and the ConfigMap when someone deletes them", func() {
+		var dsUID, cmUID string
+		Eventually(func(g Gomega) {
+			dsUID = string(getDaemonSet(g).UID)
+			cmUID = string(getConfigMap(g).UID)
+		}).Should(Succeed(), "awaiting the worker objects %s", key)
+
+		Expect(k8sClient.Delete(ctx, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}})).To(Succeed())
+		Expect(k8sClient.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}})).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(string(getDaemonSet(g).UID)).NotTo(Equal(dsUID))
+			g.Expect(string(getConfigMap(g).UID)).NotTo(Equal(cmUID))
+		}).Should(Succeed(), "awaiting a new DaemonSet and a new ConfigMap %s", key)
+	})
+
+	It("puts back what someone changed by hand, but keeps the restart time of `kubectl rollout restart`", func() {
+		const restartedAt = "kubectl.kubernetes.io/restartedAt"
+		Eventually(func(g Gomega) {
+			ds := getDaemonSet(g)
+			worker := &ds.Spec.Template.Spec.Containers[0]
+			worker.Image = "someone/else:latest"
+			worker.Args = []string{"--pool=another"}
+			ds.Spec.Template.Spec.NodeSelector = nil
+			ds.Spec.Template.Annotations[restartedAt] = "2026-01-01T00:00:00Z"
+			g.Expect(k8sClient.Update(ctx, ds)).To(Succeed())
+		}).Should(Succeed(), "editing DaemonSet %s by hand", key)
+
+		Eventually(func(g Gomega) {
+			ds := getDaemonSet(g)
+			worker := ds.Spec.Template.Spec.Containers[0]
+			g.Expect(worker.Image).To(Equal(testWorkerSpec.Image))
+			g.Expect(worker.Args).To(ContainElement("--pool=" + pool.Name))
+			g.Expect(ds.Spec.Template.Spec.NodeSelector).To(Equal(selector))
+			g.Expect(ds.Spec.Template.Annotations).To(HaveKeyWithValue(restartedAt, "2026-01-01T00:00:00Z"))
+		}).Should(Succeed(), "awaiting the operator to restore DaemonSet %s", key)
+	})
+
+	It("writes nothing to a DaemonSet that already matches the pool", func() {
+		var stored *appsv1.DaemonSet
+		Eventually(func(g Gomega) { stored = getDaemonSet(g) }).Should(Succeed(), "awaiting DaemonSet %s", key)
+		current := &datav1alpha1.TierPool{}
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pool), current)).To(Succeed())
+		tiers, err := tiersFile(current)
+		Expect(err).NotTo(HaveOccurred())
+
+		mutated := stored.DeepCopy()
+		mutateDaemonSet(mutated, testWorkerSpec.daemonSet(current, tiers))
+		// Every field the API server defaults is in the desired DaemonSet, or each reconcile
+		// would send an update.
+		Expect(toYAML(mutated)).To(Equal(toYAML(stored)))
+	})
+
+	It("shows how many workers are ready in the pool's status, and what to look at when some are not", func() {
+		createNode(selector)
+		createNode(selector)
+		setWorkerStatus := func(desired, ready int32) {
+			GinkgoHelper()
+			Eventually(func(g Gomega) {
+				ds := getDaemonSet(g)
+				// envtest runs no DaemonSet controller: the test writes what it would.
+				ds.Status.DesiredNumberScheduled = desired
+				ds.Status.CurrentNumberScheduled = desired
+				ds.Status.UpdatedNumberScheduled = desired
+				ds.Status.NumberReady = ready
+				ds.Status.NumberAvailable = ready
+				ds.Status.NumberUnavailable = desired - ready
+				g.Expect(k8sClient.Status().Update(ctx, ds)).To(Succeed())
+			}).Should(Succeed(), "writing the status of DaemonSet %s: %d of %d ready", key, ready, desired)
+		}
+
+		setWorkerStatus(2, 1)
+		Eventually(func(g Gomega) {
+			p := getPool(g, pool.Name)
+			g.Expect(p.Status.Nodes).To(BeEquivalentTo(2))
+			g.Expect(p.Status.ReadyWorkers).To(BeEquivalentTo(1))
+			ready := readyCondition(g, p)
+			g.Expect(ready.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(ready.Reason).To(Equal(ReasonWorkersNotReady))
+			g.Expect(ready.Message).To(Equal(fmt.Sprintf(
+				"1 of 2 worker(s) ready: see `kubectl -n strata-system get pods -l "+
+					"app.kubernetes.io/name=strata-worker,app.kubernetes.io/instance=%s`", pool.Name)))
+		}).Should(Succeed(), "awaiting readyWorkers = 1 and Ready=False/WorkersNotReady saying 1 of 2")
+
+		setWorkerStatus(2, 2)
+		Eventually(func(g Gomega) {
+			p := getPool(g, pool.Name)
+			g.Expect(p.Status.ReadyWorkers).To(BeEquivalentTo(2))
+			ready := readyCondition(g, p)
+			g.Expect(ready.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(ready.Reason).To(Equal(ReasonWorkersReady))
+			g.Expect(ready.Message).To(Equal("2 of 2 worker(s) ready"))
+		}).Should(Succeed(), "awaiting readyWorkers = 2 and Ready=True/WorkersReady")
+	})
+})
+
+var _ = Describe("The volumes of a pool's tier paths", func() {
+	It("names a volume after its tier, or after the tier's position when the name does not fit a DNS label", func() {
+		Expect(tierVolumeName(0, "mem", 0)).To(Equal("tier-mem-0"))
+		long := strings.Repeat("n", 60)
+		Expect(tierVolumeName(3, long, 15)).To(Equal("tier3-15"))
+	})
+
+	It("mounts a path two tiers share once, with Bidirectional propagation when one of them is MEM", func() {
+		volumes, mounts := tierVolumes([]datav1alpha1.Tier{
+			{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/a"}},
+			{Name: "ssd", Medium: datav1alpha1.MediumSSD, Paths: []string{"/mnt/b", "/mnt/a"}},
+		})
+		Expect(volumes).To(HaveLen(2))
+		Expect(mounts).To(ConsistOf(
+			And(HaveField("MountPath", "/mnt/a"), HaveField("Name", "tier-mem-0"),
+				HaveField("MountPropagation", HaveValue(Equal(corev1.MountPropagationBidirectional)))),
+			And(HaveField("MountPath", "/mnt/b"), HaveField("Name", "tier-ssd-0"), HaveField("MountPropagation", BeNil())),
+		))
+	})
+})
+
+// createWorkerPool creates a TierPool with a MEM and an NVMe tier, a toleration and worker
+// resources, and deletes it when the spec ends.
+func createWorkerPool(selector map[string]string) *datav1alpha1.TierPool {
+	GinkgoHelper()
+	pool := &datav1alpha1.TierPool{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "strata-test-"},
+		Spec: datav1alpha1.TierPoolSpec{
+			NodeSelector: selector,
+			Tolerations: []corev1.Toleration{{
+				Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "cache", Effect: corev1.TaintEffectNoSchedule,
+			}},
+			Tiers: []datav1alpha1.Tier{
+				memTier("2Gi"),
+				{
+					Name: "nvme", Medium: datav1alpha1.MediumNVMe, Paths: []string{"/mnt/strata/nvme0", "/mnt/strata/nvme1"},
+					Quota: resource.MustParse("20Gi"), Watermarks: datav1alpha1.Watermarks{High: 0.95, Low: 0.8},
+				},
+			},
+			BlockSize: resource.MustParse("64Mi"),
+			WorkerResources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{
+					corev1.ResourceCPU:    resource.MustParse("200m"),
+					corev1.ResourceMemory: resource.MustParse("256Mi"),
+				},
+				Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+			},
+		},
+	}
+	Expect(k8sClient.Create(ctx, pool)).To(Succeed())
+	DeferCleanup(func() {
+		Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pool))).To(Succeed())
+	})
+	return pool
+}
+
+// poolEventMessages lists the messages of the Events with the given reason on a pool; those of
+// a cluster-scoped object go to the namespace "default".
+func poolEventMessages(g Gomega, pool *datav1alpha1.TierPool, reason string) []string {
+	events := &corev1.EventList{}
+	g.Expect(k8sClient.List(ctx, events, client.InNamespace(metav1.NamespaceDefault),
+		client.MatchingFields{"involvedObject.name": pool.Name})).To(Succeed())
+	var messages []string
+	for _, e := range events.Items {
+		if e.Reason == reason && e.InvolvedObject.UID == pool.UID {
+			messages = append(messages, e.Message)
+		}
+	}
+	return messages
+}
+
+func fieldEnvMatcher(name, fieldPath string) OmegaMatcher {
+	return And(HaveField("Name", name), HaveField("ValueFrom.FieldRef.FieldPath", fieldPath))
+}
+
+func toYAML(obj any) string {
+	GinkgoHelper()
+	raw, err := yaml.Marshal(obj)
+	Expect(err).NotTo(HaveOccurred())
+	return string(raw)
+}
