@@ -77,7 +77,7 @@ proto: ## Regenerate the master's gRPC API and Raft commands from master/masterp
 
 .PHONY: verify-gen
 verify-gen: manifests generate chart-crds proto ## Fail if generated files differ from what is committed.
-	@git diff --exit-code -- config/crd api charts/strata/crds master/masterpb || \
+	@git diff --exit-code -- config/crd api charts/strata/crds master/masterpb cacheworker/workerpb || \
 		{ echo "generated files are stale: run 'make manifests generate chart-crds proto' and commit" >&2; exit 1; }
 
 .PHONY: fmt
@@ -163,7 +163,7 @@ podnet-image: docker-up ## The pod-network daemon of the e2e clusters.
 ##@ Images and deployment
 
 # The project's images, FROM scratch with static binaries.
-IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION) $(IMAGE_PREFIX)/master:$(VERSION)
+IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION) $(IMAGE_PREFIX)/master:$(VERSION) $(IMAGE_PREFIX)/worker:$(VERSION)
 # The images of the e2e test infrastructure.
 E2E_IMAGES := $(IMAGE_PREFIX)/testkit:e2e $(IMAGE_PREFIX)/minio:e2e
 KUBE_CONTEXT ?= kind-$(KIND_CLUSTER)
@@ -175,6 +175,8 @@ images: docker-up ## Build the project's images, tagged $(VERSION).
 	hack/scratch-image.sh $(IMAGE_PREFIX)/operator:$(VERSION) /operator $(LOCALBIN)/images/operator:/operator
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/master ./cmd/master
 	hack/scratch-image.sh $(IMAGE_PREFIX)/master:$(VERSION) /master $(LOCALBIN)/images/master:/master
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/worker ./cmd/worker
+	hack/scratch-image.sh $(IMAGE_PREFIX)/worker:$(VERSION) /worker $(LOCALBIN)/images/worker:/worker
 
 .PHONY: e2e-images
 e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and the testkit client.

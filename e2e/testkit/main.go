@@ -5,6 +5,8 @@
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
 //	testkit sum /data/imagenet
 //	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
+//	testkit worker put --master m-0:7001 --worker default/node-a --block b1 --size 8388608 --seed 7 --dataset e2e
+//	testkit worker get --master m-0:7001 --worker default/node-a --block b1
 //
 // Credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Each command prints one JSON
 // line per object or file, {"bucket":…,"key":…,"bytes":…,"sha256":…}, that the test compares;
@@ -51,7 +53,8 @@ func main() {
 }
 
 const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N]" +
-	" | testkit sum DIR | testkit master soak --addrs ADDRS --dataset NAME [--duration D]"
+	" | testkit sum DIR | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
+	" | testkit worker put|get --master ADDRS --worker ID --block ID [--size BYTES --seed N --dataset NAME]"
 
 func run(args []string) error {
 	if len(args) == 2 && args[0] == "sum" {
@@ -59,6 +62,9 @@ func run(args []string) error {
 	}
 	if len(args) >= 2 && args[0] == "master" && args[1] == "soak" {
 		return masterSoak(args[2:], json.NewEncoder(os.Stdout))
+	}
+	if len(args) >= 2 && args[0] == "worker" && (args[1] == "put" || args[1] == "get") {
+		return workerBlock(args[1], args[2:], json.NewEncoder(os.Stdout))
 	}
 	if len(args) < 2 || args[0] != "s3" || (args[1] != "put" && args[1] != "get") {
 		return errors.New(usage)
