@@ -496,6 +496,283 @@ func (x *WriteBlockResponse) GetBlock() *BlockHeader {
 	return nil
 }
 
+// DatasetSource is where a Dataset's data comes from, as its spec.source says, with the
+// credentials of its Secret.
+type DatasetSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// uri is s3://bucket/prefix, file:///path, or http(s)://host/path.
+	Uri string `protobuf:"bytes,1,opt,name=uri,proto3" json:"uri,omitempty"`
+	// endpoint of an S3-compatible server, such as http://minio.minio:9000; empty means AWS S3.
+	Endpoint string `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Region   string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// credentials are the Secret's keys: accessKeyID and secretAccessKey (and sessionToken) for
+	// s3://, username and password or token for https://.
+	Credentials   map[string]string `protobuf:"bytes,4,rep,name=credentials,proto3" json:"credentials,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatasetSource) Reset() {
+	*x = DatasetSource{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatasetSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatasetSource) ProtoMessage() {}
+
+func (x *DatasetSource) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatasetSource.ProtoReflect.Descriptor instead.
+func (*DatasetSource) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DatasetSource) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+func (x *DatasetSource) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *DatasetSource) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *DatasetSource) GetCredentials() map[string]string {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+type MountDatasetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace, name and uid identify the Dataset; uid names its blocks and its mount point, so a
+	// new Dataset of the same name never sees the old one's data.
+	Namespace     string         `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name          string         `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Uid           string         `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Source        *DatasetSource `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	ReadOnly      bool           `protobuf:"varint,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MountDatasetRequest) Reset() {
+	*x = MountDatasetRequest{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MountDatasetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MountDatasetRequest) ProtoMessage() {}
+
+func (x *MountDatasetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MountDatasetRequest.ProtoReflect.Descriptor instead.
+func (*MountDatasetRequest) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *MountDatasetRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *MountDatasetRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MountDatasetRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *MountDatasetRequest) GetSource() *DatasetSource {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *MountDatasetRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+type MountDatasetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the mount point, in the node's mount namespace.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MountDatasetResponse) Reset() {
+	*x = MountDatasetResponse{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MountDatasetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MountDatasetResponse) ProtoMessage() {}
+
+func (x *MountDatasetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MountDatasetResponse.ProtoReflect.Descriptor instead.
+func (*MountDatasetResponse) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MountDatasetResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type UnmountDatasetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnmountDatasetRequest) Reset() {
+	*x = UnmountDatasetRequest{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnmountDatasetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnmountDatasetRequest) ProtoMessage() {}
+
+func (x *UnmountDatasetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnmountDatasetRequest.ProtoReflect.Descriptor instead.
+func (*UnmountDatasetRequest) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UnmountDatasetRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+type UnmountDatasetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnmountDatasetResponse) Reset() {
+	*x = UnmountDatasetResponse{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnmountDatasetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnmountDatasetResponse) ProtoMessage() {}
+
+func (x *UnmountDatasetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnmountDatasetResponse.ProtoReflect.Descriptor instead.
+func (*UnmountDatasetResponse) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{11}
+}
+
 var File_cacheworker_workerpb_worker_proto protoreflect.FileDescriptor
 
 const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
@@ -530,11 +807,33 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
 	"\x04part\"I\n" +
 	"\x12WriteBlockResponse\x123\n" +
-	"\x05block\x18\x01 \x01(\v2\x1d.strata.worker.v1.BlockHeaderR\x05block2\xbb\x01\n" +
+	"\x05block\x18\x01 \x01(\v2\x1d.strata.worker.v1.BlockHeaderR\x05block\"\xe9\x01\n" +
+	"\rDatasetSource\x12\x10\n" +
+	"\x03uri\x18\x01 \x01(\tR\x03uri\x12\x1a\n" +
+	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12R\n" +
+	"\vcredentials\x18\x04 \x03(\v20.strata.worker.v1.DatasetSource.CredentialsEntryR\vcredentials\x1a>\n" +
+	"\x10CredentialsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaf\x01\n" +
+	"\x13MountDatasetRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\tR\x03uid\x127\n" +
+	"\x06source\x18\x04 \x01(\v2\x1f.strata.worker.v1.DatasetSourceR\x06source\x12\x1b\n" +
+	"\tread_only\x18\x05 \x01(\bR\breadOnly\"*\n" +
+	"\x14MountDatasetResponse\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\")\n" +
+	"\x15UnmountDatasetRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\"\x18\n" +
+	"\x16UnmountDatasetResponse2\xbb\x01\n" +
 	"\x06Worker\x12V\n" +
 	"\tReadBlock\x12\".strata.worker.v1.ReadBlockRequest\x1a#.strata.worker.v1.ReadBlockResponse0\x01\x12Y\n" +
 	"\n" +
-	"WriteBlock\x12#.strata.worker.v1.WriteBlockRequest\x1a$.strata.worker.v1.WriteBlockResponse(\x01B5Z3github.com/strata-cache/strata/cacheworker/workerpbb\x06proto3"
+	"WriteBlock\x12#.strata.worker.v1.WriteBlockRequest\x1a$.strata.worker.v1.WriteBlockResponse(\x012\xcd\x01\n" +
+	"\aMounter\x12]\n" +
+	"\fMountDataset\x12%.strata.worker.v1.MountDatasetRequest\x1a&.strata.worker.v1.MountDatasetResponse\x12c\n" +
+	"\x0eUnmountDataset\x12'.strata.worker.v1.UnmountDatasetRequest\x1a(.strata.worker.v1.UnmountDatasetResponseB5Z3github.com/strata-cache/strata/cacheworker/workerpbb\x06proto3"
 
 var (
 	file_cacheworker_workerpb_worker_proto_rawDescOnce sync.Once
@@ -548,30 +847,42 @@ func file_cacheworker_workerpb_worker_proto_rawDescGZIP() []byte {
 	return file_cacheworker_workerpb_worker_proto_rawDescData
 }
 
-var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_cacheworker_workerpb_worker_proto_goTypes = []any{
-	(*BlockOrigin)(nil),        // 0: strata.worker.v1.BlockOrigin
-	(*BlockHeader)(nil),        // 1: strata.worker.v1.BlockHeader
-	(*ReadBlockRequest)(nil),   // 2: strata.worker.v1.ReadBlockRequest
-	(*ReadBlockResponse)(nil),  // 3: strata.worker.v1.ReadBlockResponse
-	(*WriteBlockHeader)(nil),   // 4: strata.worker.v1.WriteBlockHeader
-	(*WriteBlockRequest)(nil),  // 5: strata.worker.v1.WriteBlockRequest
-	(*WriteBlockResponse)(nil), // 6: strata.worker.v1.WriteBlockResponse
+	(*BlockOrigin)(nil),            // 0: strata.worker.v1.BlockOrigin
+	(*BlockHeader)(nil),            // 1: strata.worker.v1.BlockHeader
+	(*ReadBlockRequest)(nil),       // 2: strata.worker.v1.ReadBlockRequest
+	(*ReadBlockResponse)(nil),      // 3: strata.worker.v1.ReadBlockResponse
+	(*WriteBlockHeader)(nil),       // 4: strata.worker.v1.WriteBlockHeader
+	(*WriteBlockRequest)(nil),      // 5: strata.worker.v1.WriteBlockRequest
+	(*WriteBlockResponse)(nil),     // 6: strata.worker.v1.WriteBlockResponse
+	(*DatasetSource)(nil),          // 7: strata.worker.v1.DatasetSource
+	(*MountDatasetRequest)(nil),    // 8: strata.worker.v1.MountDatasetRequest
+	(*MountDatasetResponse)(nil),   // 9: strata.worker.v1.MountDatasetResponse
+	(*UnmountDatasetRequest)(nil),  // 10: strata.worker.v1.UnmountDatasetRequest
+	(*UnmountDatasetResponse)(nil), // 11: strata.worker.v1.UnmountDatasetResponse
+	nil,                            // 12: strata.worker.v1.DatasetSource.CredentialsEntry
 }
 var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
-	1, // 0: strata.worker.v1.ReadBlockResponse.header:type_name -> strata.worker.v1.BlockHeader
-	0, // 1: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
-	4, // 2: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
-	1, // 3: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
-	2, // 4: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
-	5, // 5: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
-	3, // 6: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
-	6, // 7: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	1,  // 0: strata.worker.v1.ReadBlockResponse.header:type_name -> strata.worker.v1.BlockHeader
+	0,  // 1: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
+	4,  // 2: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
+	1,  // 3: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
+	12, // 4: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
+	7,  // 5: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
+	2,  // 6: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
+	5,  // 7: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
+	8,  // 8: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
+	10, // 9: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
+	3,  // 10: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
+	6,  // 11: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
+	9,  // 12: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
+	11, // 13: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_cacheworker_workerpb_worker_proto_init() }
@@ -589,9 +900,9 @@ func file_cacheworker_workerpb_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cacheworker_workerpb_worker_proto_rawDesc), len(file_cacheworker_workerpb_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   13,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_cacheworker_workerpb_worker_proto_goTypes,
 		DependencyIndexes: file_cacheworker_workerpb_worker_proto_depIdxs,

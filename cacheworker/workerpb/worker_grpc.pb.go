@@ -175,3 +175,159 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "cacheworker/workerpb/worker.proto",
 }
+
+const (
+	Mounter_MountDataset_FullMethodName   = "/strata.worker.v1.Mounter/MountDataset"
+	Mounter_UnmountDataset_FullMethodName = "/strata.worker.v1.Mounter/UnmountDataset"
+)
+
+// MounterClient is the client API for Mounter service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Mounter serves Datasets as FUSE file systems on the worker's node, so that the CSI node
+// plugin only bind-mounts them into pods and can restart without touching a pod's mount. It
+// listens on a Unix socket in a host folder that only Strata's own pods mount.
+type MounterClient interface {
+	// MountDataset mounts a Dataset (once per node, however many pods use it) and returns where.
+	// Mounting a Dataset that is mounted already returns the same path. Changing a mounted
+	// Dataset's source or read-only flag is FAILED_PRECONDITION: unmount it first.
+	MountDataset(ctx context.Context, in *MountDatasetRequest, opts ...grpc.CallOption) (*MountDatasetResponse, error)
+	// UnmountDataset unmounts a Dataset; unmounting one that is not mounted succeeds.
+	UnmountDataset(ctx context.Context, in *UnmountDatasetRequest, opts ...grpc.CallOption) (*UnmountDatasetResponse, error)
+}
+
+type mounterClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewMounterClient(cc grpc.ClientConnInterface) MounterClient {
+	return &mounterClient{cc}
+}
+
+func (c *mounterClient) MountDataset(ctx context.Context, in *MountDatasetRequest, opts ...grpc.CallOption) (*MountDatasetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MountDatasetResponse)
+	err := c.cc.Invoke(ctx, Mounter_MountDataset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *mounterClient) UnmountDataset(ctx context.Context, in *UnmountDatasetRequest, opts ...grpc.CallOption) (*UnmountDatasetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnmountDatasetResponse)
+	err := c.cc.Invoke(ctx, Mounter_UnmountDataset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// MounterServer is the server API for Mounter service.
+// All implementations must embed UnimplementedMounterServer
+// for forward compatibility.
+//
+// Mounter serves Datasets as FUSE file systems on the worker's node, so that the CSI node
+// plugin only bind-mounts them into pods and can restart without touching a pod's mount. It
+// listens on a Unix socket in a host folder that only Strata's own pods mount.
+type MounterServer interface {
+	// MountDataset mounts a Dataset (once per node, however many pods use it) and returns where.
+	// Mounting a Dataset that is mounted already returns the same path. Changing a mounted
+	// Dataset's source or read-only flag is FAILED_PRECONDITION: unmount it first.
+	MountDataset(context.Context, *MountDatasetRequest) (*MountDatasetResponse, error)
+	// UnmountDataset unmounts a Dataset; unmounting one that is not mounted succeeds.
+	UnmountDataset(context.Context, *UnmountDatasetRequest) (*UnmountDatasetResponse, error)
+	mustEmbedUnimplementedMounterServer()
+}
+
+// UnimplementedMounterServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedMounterServer struct{}
+
+func (UnimplementedMounterServer) MountDataset(context.Context, *MountDatasetRequest) (*MountDatasetResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MountDataset not implemented")
+}
+func (UnimplementedMounterServer) UnmountDataset(context.Context, *UnmountDatasetRequest) (*UnmountDatasetResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UnmountDataset not implemented")
+}
+func (UnimplementedMounterServer) mustEmbedUnimplementedMounterServer() {}
+func (UnimplementedMounterServer) testEmbeddedByValue()                 {}
+
+// UnsafeMounterServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to MounterServer will
+// result in compilation errors.
+type UnsafeMounterServer interface {
+	mustEmbedUnimplementedMounterServer()
+}
+
+func RegisterMounterServer(s grpc.ServiceRegistrar, srv MounterServer) {
+	// If the following call pancis, it indicates UnimplementedMounterServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Mounter_ServiceDesc, srv)
+}
+
+func _Mounter_MountDataset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MountDatasetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MounterServer).MountDataset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Mounter_MountDataset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MounterServer).MountDataset(ctx, req.(*MountDatasetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Mounter_UnmountDataset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnmountDatasetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MounterServer).UnmountDataset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Mounter_UnmountDataset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MounterServer).UnmountDataset(ctx, req.(*UnmountDatasetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Mounter_ServiceDesc is the grpc.ServiceDesc for Mounter service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Mounter_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "strata.worker.v1.Mounter",
+	HandlerType: (*MounterServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "MountDataset",
+			Handler:    _Mounter_MountDataset_Handler,
+		},
+		{
+			MethodName: "UnmountDataset",
+			Handler:    _Mounter_UnmountDataset_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "cacheworker/workerpb/worker.proto",
+}
