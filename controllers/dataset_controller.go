@@ -31,16 +31,6 @@ const (
 	// CSIDriverName is the name of Strata's CSI driver.
 	CSIDriverName = "csi.strata.dev"
 
-	// VolumeAttributeNamespace is the Dataset's namespace in its volume's attributes. The CSI node
-	// plugin checks it against the pod's namespace at publish time, so that a pod never mounts
-	// another namespace's data.
-	VolumeAttributeNamespace = "data.strata.dev/namespace"
-	// VolumeAttributeDataset is the Dataset's name in its volume's attributes.
-	VolumeAttributeDataset = "data.strata.dev/dataset"
-	// VolumeAttributeUID is the Dataset's UID: a volume left from a deleted Dataset of the same
-	// name never serves the new one.
-	VolumeAttributeUID = "data.strata.dev/uid"
-
 	// datasetVolumeCapacity is the nominal size of a Dataset's volume: the CSI driver serves
 	// whatever the Dataset holds, and Kubernetes needs some capacity to bind a claim.
 	datasetVolumeCapacity = "1Ti"
@@ -254,6 +244,26 @@ func underAnyRoot(p string, roots []string) bool {
 // volumeName is cluster-unique and stable for the life of the Dataset.
 func volumeName(ds *datav1alpha1.Dataset) string { return "strata-" + string(ds.UID) }
 
+// volumeAttributes are what the CSI node plugin needs to serve the Dataset on a pod's node.
+func volumeAttributes(ds *datav1alpha1.Dataset) map[string]string {
+	attrs := map[string]string{
+		datav1alpha1.VolumeAttributeNamespace: ds.Namespace,
+		datav1alpha1.VolumeAttributeDataset:   ds.Name,
+		datav1alpha1.VolumeAttributeUID:       string(ds.UID),
+		datav1alpha1.VolumeAttributePool:      ds.Spec.TierPoolName,
+	}
+	if src := ds.Spec.Source; src != nil {
+		attrs[datav1alpha1.VolumeAttributeSourceURI] = src.URI
+		if src.Endpoint != "" {
+			attrs[datav1alpha1.VolumeAttributeSourceEndpoint] = src.Endpoint
+		}
+		if src.Region != "" {
+			attrs[datav1alpha1.VolumeAttributeSourceRegion] = src.Region
+		}
+	}
+	return attrs
+}
+
 // ensureVolume creates the Dataset's PersistentVolume and the claim, of the Dataset's name,
 // pre-bound to it. Both exist once and are never updated: their specs are immutable.
 func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.Dataset) error {
@@ -279,13 +289,14 @@ func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.D
 				Driver:       CSIDriverName,
 				VolumeHandle: ds.Namespace + "/" + ds.Name + "/" + string(ds.UID),
 				ReadOnly:     mode == corev1.ReadOnlyMany,
-				VolumeAttributes: map[string]string{
-					VolumeAttributeNamespace: ds.Namespace,
-					VolumeAttributeDataset:   ds.Name,
-					VolumeAttributeUID:       string(ds.UID),
-				},
+				VolumeAttributes: volumeAttributes(ds),
 			}},
 		},
+	}
+	if src := ds.Spec.Source; src != nil && src.SecretRef != nil {
+		// The kubelet reads this Secret, of the Dataset's own namespace, and hands it to the
+		// node plugin at publish time.
+		pv.Spec.CSI.NodePublishSecretRef = &corev1.SecretReference{Name: src.SecretRef.Name, Namespace: ds.Namespace}
 	}
 	if err := r.Client.Create(ctx, pv); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating PersistentVolume %s for Dataset %s/%s: %w", pv.Name, ds.Namespace, ds.Name, err)

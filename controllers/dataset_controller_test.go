@@ -104,7 +104,16 @@ var _ = Describe("The Dataset reconciler", func() {
 		pv := &corev1.PersistentVolume{}
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv)).To(Succeed())
 		Expect(pv.Spec.CSI.Driver).To(Equal(CSIDriverName))
-		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(VolumeAttributeNamespace, namespace))
+		Expect(pv.Spec.CSI.VolumeAttributes).To(Equal(map[string]string{
+			datav1alpha1.VolumeAttributeNamespace:      namespace,
+			datav1alpha1.VolumeAttributeDataset:        "photos",
+			datav1alpha1.VolumeAttributeUID:            string(ds.UID),
+			datav1alpha1.VolumeAttributePool:           poolName,
+			datav1alpha1.VolumeAttributeSourceURI:      ds.Spec.Source.URI,
+			datav1alpha1.VolumeAttributeSourceEndpoint: ds.Spec.Source.Endpoint,
+		}), "the node plugin finds everything it needs to serve the Dataset in the volume")
+		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: "creds", Namespace: namespace}),
+			"the kubelet hands the node plugin the Dataset's Secret, from the Dataset's own namespace")
 		Expect(pv.Spec.ClaimRef.Namespace).To(Equal(namespace))
 		Expect(pv.Spec.ClaimRef.Name).To(Equal("photos"))
 
