@@ -1,0 +1,164 @@
+// Command csi runs Strata's CSI driver csi.strata.dev. With --mode=node (a DaemonSet) it
+// serves the Identity and Node services on the kubelet's CSI socket and registers itself with
+// the kubelet; with --mode=controller (a Deployment) it serves Identity and Controller for
+// dynamic provisioning of output volumes. Both serve Prometheus metrics and health endpoints.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+
+	"github.com/strata-cache/strata/csi/driver"
+	"github.com/strata-cache/strata/csi/endpoint"
+	"github.com/strata-cache/strata/csi/registration"
+	"github.com/strata-cache/strata/internal/daemon"
+)
+
+func main() {
+	var opts options
+	opts.bind(flag.CommandLine)
+	flag.Parse()
+	daemon.Main("csi", opts.verbosity, func(ctx context.Context, log logr.Logger) error {
+		cfg, err := opts.resolve()
+		if err != nil {
+			return err
+		}
+		return run(ctx, cfg, log)
+	})
+}
+
+func run(ctx context.Context, cfg config, log logr.Logger) error {
+	// k8s.io/mount-utils logs through klog: into the same JSON log.
+	klog.SetLogger(log.WithName("mount"))
+	log = log.WithValues("mode", cfg.mode)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := driver.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	grpcSrv := grpc.NewServer(grpc.UnaryInterceptor(metrics.UnaryInterceptor(log.WithName("calls"))))
+
+	var regSrv *registration.Server
+	switch cfg.mode {
+	case modeNode:
+		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir}
+		node, err := driver.NewNode(driver.NodeConfig{
+			NodeID: cfg.nodeName, KubeletDir: cfg.kubeletDir, StateDir: cfg.stateDir,
+			Mounter: mount.New(""), Workers: workers, Log: log.WithName("node"),
+		})
+		if err != nil {
+			return err
+		}
+		csi.RegisterIdentityServer(grpcSrv, driver.NewIdentity(cfg.vendorVersion, workers.AnyAnswering))
+		csi.RegisterNodeServer(grpcSrv, node)
+		if regSrv, err = registration.New(registration.Config{
+			DriverName: driver.DriverName, Endpoint: cfg.registrationPath, Log: log.WithName("registration"),
+		}); err != nil {
+			return err
+		}
+	case modeController:
+		controller, err := driver.NewController(driver.ControllerConfig{StateDir: cfg.stateDir, Log: log.WithName("controller")})
+		if err != nil {
+			return err
+		}
+		csi.RegisterIdentityServer(grpcSrv, driver.NewIdentity(cfg.vendorVersion, nil))
+		csi.RegisterControllerServer(grpcSrv, controller)
+	}
+
+	var metricsLis net.Listener
+	if cfg.metricsAddr != "" {
+		if metricsLis, err = net.Listen("tcp", cfg.metricsAddr); err != nil {
+			return fmt.Errorf("listening on %s for metrics: %w", cfg.metricsAddr, err)
+		}
+	}
+	// The CSI socket listens before the registration socket appears: the kubelet calls
+	// NodeGetInfo as soon as it has registered the driver.
+	csiLis, err := endpoint.Listen(cfg.csiEndpoint)
+	if err != nil {
+		if metricsLis != nil {
+			_ = metricsLis.Close()
+		}
+		return err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := grpcSrv.Serve(csiLis); err != nil {
+			return fmt.Errorf("serving CSI on %s: %w", cfg.csiEndpoint, err)
+		}
+		return nil
+	})
+	if regSrv != nil {
+		g.Go(func() error {
+			return regSrv.Serve(gctx, cfg.registrationSock, grpc.UnaryInterceptor(metrics.UnaryInterceptor(log.WithName("registration"))))
+		})
+	}
+	var httpSrv *http.Server
+	if metricsLis != nil {
+		httpSrv = &http.Server{Handler: observability(reg, regSrv), ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := httpSrv.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serving metrics: %w", err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), cfg.shutdownTimeout)
+		defer cancel()
+		stopGRPC(sctx, grpcSrv)
+		if httpSrv != nil {
+			return httpSrv.Shutdown(sctx)
+		}
+		return nil
+	})
+	log.Info("CSI driver running", "driver", driver.DriverName, "version", cfg.vendorVersion,
+		"endpoint", cfg.csiEndpoint.String(), "node", cfg.nodeName, "registration", cfg.registrationSock, "metrics", cfg.metricsAddr)
+	return g.Wait()
+}
+
+// observability serves /metrics, /healthz and /readyz. The node plugin is ready once the
+// kubelet has registered it; the controller as soon as it serves.
+func observability(reg *prometheus.Registry, regSrv *registration.Server) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if regSrv != nil && !regSrv.Registered() {
+			http.Error(w, "the kubelet has not registered the driver yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// stopGRPC lets calls under way finish until ctx ends, then cuts them.
+func stopGRPC(ctx context.Context, s *grpc.Server) {
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.Stop()
+		<-done
+	}
+}
