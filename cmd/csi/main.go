@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
-	mount "k8s.io/mount-utils"
 
+	"github.com/strata-cache/strata/csi/bindmount"
 	"github.com/strata-cache/strata/csi/driver"
 	"github.com/strata-cache/strata/csi/endpoint"
 	"github.com/strata-cache/strata/csi/registration"
@@ -61,7 +61,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir}
 		node, err := driver.NewNode(driver.NodeConfig{
 			NodeID: cfg.nodeName, KubeletDir: cfg.kubeletDir, StateDir: cfg.stateDir,
-			Mounter: mount.New(""), Workers: workers, Log: log.WithName("node"),
+			Mounter: bindmount.New(), Workers: workers, Log: log.WithName("node"),
 		})
 		if err != nil {
 			return err
