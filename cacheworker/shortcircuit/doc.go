@@ -53,7 +53,7 @@
 // # Access control
 //
 // Anyone who can connect to the socket can read every cached block, so access control is the
-// socket file itself: Listen creates it with mode 0660 in a directory created with mode 0750,
+// socket file itself: internal/unixsock creates it with mode 0660 in a directory of mode 0750,
 // and the socket lives in a host directory that only the node's Strata components mount. The
 // worker reads each peer's credentials (SO_PEERCRED) when it connects and logs its pid and uid
 // with every request at verbosity 1, so reads can be traced to a process.

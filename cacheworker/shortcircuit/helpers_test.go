@@ -23,6 +23,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 // content is the deterministic payload of a block, different for every id.
@@ -95,7 +96,7 @@ func startServer(tb testing.TB, opener shortcircuit.BlockOpener, opts ...shortci
 func startServerLogging(tb testing.TB, opener shortcircuit.BlockOpener, log logr.Logger, opts ...shortcircuit.Option) *server {
 	tb.Helper()
 	path := socketPath(tb)
-	lis, err := shortcircuit.Listen(path)
+	lis, err := unixsock.Listen(path)
 	if err != nil {
 		tb.Fatalf("listening: %v", err)
 	}

@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -31,13 +29,6 @@ const (
 	// sending of a response. Both are a few hundred bytes on a local socket, so anything
 	// slower is a stuck or hostile client.
 	DefaultIOTimeout = 10 * time.Second
-)
-
-// Socket and directory modes set by Listen: the socket is the access control (see the
-// package documentation).
-const (
-	socketMode = 0o660
-	dirMode    = 0o750
 )
 
 // acceptBackoffMax caps the pause after an accept that failed for want of resources (such as
@@ -105,63 +96,6 @@ func NewServer(opener BlockOpener, log logr.Logger, opts ...Option) *Server {
 		s.metrics = newMetrics()
 	}
 	return s
-}
-
-// Listen listens on a Unix socket at path for Serve. It creates the parent directory (mode
-// 0750) if missing and makes the socket mode 0660, so that only the owner and the group, the
-// node's Strata components, can connect.
-//
-// A socket file left at path by a process that is gone (a worker that crashed, so never
-// unlinked it) is removed first. A socket that a live process still accepts on is not taken
-// over, and neither is anything at path that is not a socket.
-//
-// Between creating the socket and changing its mode, the socket has the mode the process's
-// umask gives; the directory's mode is what guards that moment.
-func Listen(path string) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
-		return nil, fmt.Errorf("creating the directory of short-circuit socket %s: %w", path, err)
-	}
-	if err := removeStale(path); err != nil {
-		return nil, err
-	}
-	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("listening on short-circuit socket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, socketMode); err != nil {
-		_ = lis.Close()
-		return nil, fmt.Errorf("setting the mode of short-circuit socket %s: %w", path, err)
-	}
-	return lis, nil
-}
-
-// removeStale removes a socket at path that nothing listens on any more.
-func removeStale(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("looking at short-circuit socket %s: %w", path, err)
-	}
-	if fi.Mode()&fs.ModeSocket == 0 {
-		return fmt.Errorf("short-circuit socket %s: a %s is in the way; not removing it", path, fi.Mode().Type())
-	}
-	// Only a refused connection proves the socket is stale: removing one a live process
-	// accepts on would silently cut off that process's clients (a second worker by mistake,
-	// or the previous one still shutting down).
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		_ = c.Close()
-		return fmt.Errorf("short-circuit socket %s is in use by a running process", path)
-	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("checking whether short-circuit socket %s is in use: %w", path, err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("removing stale short-circuit socket %s: %w", path, err)
-	}
-	return nil
 }
 
 // Serve accepts connections on lis and answers their requests until ctx ends. It then closes

@@ -1,13 +1,12 @@
 package endpoint
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 // Endpoint is where a gRPC service listens.
@@ -53,36 +52,20 @@ func unixEndpoint(raw, path string) (Endpoint, error) {
 	return Endpoint{Network: "unix", Address: path}, nil
 }
 
-// Listen listens on e. For a Unix socket it creates the socket's folder (0750) and removes a
-// stale socket of an earlier run.
+// Listen listens on e. A Unix socket's folder is created, and a stale socket of an earlier run
+// is replaced, but never one a running plugin still serves (see internal/unixsock).
 func Listen(e Endpoint) (net.Listener, error) {
 	if e.Network == "unix" {
-		if err := prepareUnix(e.Address); err != nil {
+		lis, err := unixsock.Listen(e.Address)
+		if err != nil {
+			// Not the typed nil *net.UnixListener: callers compare the listener with nil.
 			return nil, err
 		}
+		return lis, nil
 	}
 	lis, err := net.Listen(e.Network, e.Address)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", e, err)
 	}
 	return lis, nil
-}
-
-func prepareUnix(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return fmt.Errorf("creating the folder of socket %s: %w", path, err)
-	}
-	fi, err := os.Lstat(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil
-	case err != nil:
-		return fmt.Errorf("checking for a stale socket at %s: %w", path, err)
-	case fi.Mode()&fs.ModeSocket == 0:
-		return fmt.Errorf("%s exists and is not a socket: remove it or choose another endpoint", path)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("removing the stale socket %s: %w", path, err)
-	}
-	return nil
 }

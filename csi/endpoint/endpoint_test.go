@@ -70,7 +70,7 @@ func TestListenNeverRemovesAFileThatIsNotASocket(t *testing.T) {
 	if err := os.WriteFile(path, []byte("precious"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Listen(Endpoint{Network: "unix", Address: path}); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if _, err := Listen(Endpoint{Network: "unix", Address: path}); err == nil || !strings.Contains(err.Error(), "a regular file is in the way") {
 		t.Fatalf("Listen over a regular file returned %v, want a refusal", err)
 	}
 	if raw, err := os.ReadFile(path); err != nil || string(raw) != "precious" {
