@@ -1,0 +1,72 @@
+// Package fusefs serves one Dataset as a read-only FUSE file system (go-fuse's fs package):
+// the folder tree of its under-store objects, whose reads go through the worker's block cache.
+//
+// # The tree
+//
+// The objects are listed once, at mount (Store.List("")), and their keys split on "/" into
+// folders; a key ending in "/" is a folder marker, so empty folders show. Sizes and mtimes
+// come from the listing (a folder's mtime is the newest of its content), modes are 0444 for
+// files and 0555 for folders, owned by root, so that pods running as any user can read and
+// none can write. Every inode is made at mount and never forgotten; keys that cannot be
+// paths ("a//b", "..", longer than NAME_MAX) are left out and logged, and so is an object
+// whose key is also a folder of other objects ("a" next to "a/b"), which S3 allows and a
+// file system cannot show.
+//
+// The tree does not follow later changes in the under-store. A refresh would list again,
+// compare with the tree by key, size and ETag, add and remove inodes (fs.Inode.AddChild and
+// RmChild) and tell the kernel what changed (NotifyEntry for names, NotifyContent for
+// files whose bytes changed), so that the long entry and attribute timeouts stay correct.
+// Changed objects also need new block ids, since a block id names a file and an index but not
+// a version: the ETag would have to become part of the id (the cache's SourceID or the file
+// name it hashes), or stale blocks would be served. Until then, an object that changes is
+// read as it now is for blocks not yet cached, which is why a block shorter than the listing
+// said fails with EIO rather than returning short data.
+//
+// # Reads
+//
+// A read of [off, off+n) is cut into blocks of the cache's block size. Each block comes from
+// the local tier's file when Config.Local is set and a tier holds it (pread, no copy of the
+// whole block), and otherwise through BlockReader.ReadBlock: the read-through cache, which
+// reads the local tiers, then a peer, then the under-store, and stores what it fetched. An
+// open file keeps the block it used last, so that a sequential reader, whose requests are
+// far smaller than a block, opens or fetches each block once. Reads past the end are short.
+// Failures are EIO (ENOENT for an object gone from the under-store, EINTR for an interrupted
+// reader), logged once per file and block.
+//
+// # Kernel caching
+//
+// The tree cannot change while mounted, so the kernel may trust names, attributes and
+// missing names for a long time (24 hours) without asking, and opens return FOPEN_KEEP_CACHE
+// so that the file's pages stay in the page cache from one open to the next: re-reads by any
+// pod of the node never reach the worker.
+//
+// # Passthrough
+//
+// With FUSE passthrough (Linux 6.9 and later) the kernel reads an open file straight from a
+// backing file the server registered for it, without a round trip to the server. It applies
+// only to a file whose whole content is one block held in a local tier: the kernel takes one
+// backing file per inode (FUSE_DEV_IOC_BACKING_OPEN gives an id, FOPEN_PASSTHROUGH with that
+// id answers the open) and maps file offsets to the same offsets of that file; it has no
+// way to map ranges of one file onto several files. A file of several blocks is therefore
+// always served by the worker. Passing those through would need either a layout that keeps
+// every file of a Dataset whole in one tier file (a block size at least the file's size, or
+// a file-per-object tier format), or a kernel that maps ranges of a FUSE file to ranges of
+// several backing files, which Linux's passthrough (one backing file per inode) does not do.
+//
+// For one-block files whose block is local, opens are passed through (see rawFS in
+// passthrough.go for how opens in the two modes are kept apart, which the kernel requires).
+// Then reads bypass the worker entirely: the block is counted as accessed once per open for
+// eviction, not per read, and reads are not in the FUSE metrics. The registered file keeps
+// the block's bytes alive if the tier evicts or moves it meanwhile, as an open short-circuit
+// file does, until the last passthrough open of the file closes. A file whose block is not
+// local yet is opened in cached mode; its read fetches the block, and later opens (once the
+// cached ones have closed) are passed through.
+//
+// # Mounting and unmounting
+//
+// Mount uses mount(2) directly (the worker runs privileged), falling back to the fusermount
+// helper, with "ro", allow_other and default_permissions. Unmount unmounts the folder and
+// waits for the kernel to end the file system; if a pod's bind mount of it remains, the
+// folder is unmounted but the file system is served until that goes (ErrStillMounted), so a
+// pod never sees its files vanish.
+package fusefs

@@ -1,0 +1,563 @@
+package mounter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/fusefs"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+)
+
+// BlockStore is the node's tier store, as the mounts use it: through the cache, and directly
+// for blocks a tier holds.
+type BlockStore interface {
+	cache.BlockStore
+	OpenBlock(ctx context.Context, id string) (*os.File, tierstore.BlockInfo, error)
+}
+
+// Config configures a Mounter.
+type Config struct {
+	// MountsDir holds a mount point per Dataset, named by its UID. It must be in a host folder
+	// with bidirectional mount propagation, so that the CSI node plugin sees the mounts.
+	MountsDir string
+	// Store is the node's tier store, shared by every Dataset's cache.
+	Store BlockStore
+	// BlockSize is the TierPool's block size.
+	BlockSize int64
+	// Fetch tunes the parallel ranged reads of missing blocks; zero means the defaults.
+	Fetch understore.ParallelOptions
+	// CacheMetrics is shared by the caches of all Datasets; nil keeps their counts unregistered.
+	CacheMetrics *cache.Metrics
+	// Peers, when set, is asked for a missing block before the under-store.
+	Peers cache.PeerReader
+	// Stored, when set, is told of every block stored, with its origin in the master's
+	// namespace (/datasets/<namespace>/<name>/<file>), to report it to the master.
+	Stored func(ctx context.Context, info tierstore.BlockInfo)
+	// FileRoots are the folders file:// sources must lie under (the TierPool's fileSourceRoots).
+	FileRoots []string
+	// DisablePassthrough keeps every read going through the worker (see fusefs).
+	DisablePassthrough bool
+	// DrainTimeout is how long UnmountDataset waits for the kernel to end a file system once
+	// its folder is unmounted; 0 means DefaultDrainTimeout.
+	DrainTimeout time.Duration
+	// Log receives what the mounts do and what goes wrong.
+	Log logr.Logger
+	// Registerer receives the FUSE metrics; nil keeps them unregistered.
+	Registerer prometheus.Registerer
+}
+
+// DefaultDrainTimeout is Config.DrainTimeout's default: ending a file system nothing else
+// mounts takes milliseconds; longer means a pod's bind mount still holds it.
+const DefaultDrainTimeout = 2 * time.Second
+
+// closeTimeout bounds how long Close waits for each file system to end.
+const closeTimeout = 5 * time.Second
+
+// Mounter serves Datasets as FUSE file systems under MountsDir: the workerpb.MounterServer.
+type Mounter struct {
+	workerpb.UnimplementedMounterServer
+
+	cfg Config
+	log logr.Logger
+	fm  *fusefs.Metrics
+
+	// mu guards the maps and closed. It is never held across I/O; the per-UID locks are.
+	mu     sync.Mutex
+	mounts map[string]*mount
+	locks  map[string]*uidLock
+	// draining are file systems whose folder is unmounted but that pods still mount; each has
+	// a goroutine (counted in wg) that releases its cache once the kernel ends it.
+	draining map[*mount]struct{}
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+// mount is a served Dataset.
+type mount struct {
+	uid, namespace, name  string
+	uri, endpoint, region string
+	readOnly              bool
+	path                  string
+	fs                    *fusefs.Server
+	cache                 *cache.Cache
+	store                 understore.Store
+	released              sync.Once
+}
+
+func (mnt *mount) dataset() string { return mnt.namespace + "/" + mnt.name }
+
+// uidLock serialises the calls for one UID. It is a channel so that a waiter can give up
+// when its context ends.
+type uidLock struct {
+	ch   chan struct{}
+	refs int // guarded by Mounter.mu
+}
+
+// New returns a Mounter. Call Recover before serving it, and Close when the worker stops.
+func New(cfg Config) (*Mounter, error) {
+	switch {
+	case cfg.MountsDir == "" || !filepath.IsAbs(cfg.MountsDir):
+		return nil, fmt.Errorf("the mounts folder must be an absolute path, got %q", cfg.MountsDir)
+	case cfg.Store == nil:
+		return nil, errors.New("a mounter needs the tier store")
+	case cfg.BlockSize <= 0:
+		return nil, fmt.Errorf("block size must be positive, got %d", cfg.BlockSize)
+	}
+	cfg.MountsDir = filepath.Clean(cfg.MountsDir)
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	log := cfg.Log
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+	if err := os.MkdirAll(cfg.MountsDir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating the mounts folder: %w", err)
+	}
+	m := &Mounter{cfg: cfg, log: log, mounts: map[string]*mount{}, locks: map[string]*uidLock{}, draining: map[*mount]struct{}{}}
+	if cfg.Registerer != nil {
+		var err error
+		if m.fm, err = fusefs.NewMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+var _ workerpb.MounterServer = (*Mounter)(nil)
+
+// uidPattern is a Kubernetes UID, or any token of the same letters: it names a folder, so no
+// "/" or "." ever gets into a path.
+var uidPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9-]{0,127}$`)
+
+func validUID(uid string) error {
+	if !uidPattern.MatchString(uid) {
+		return status.Errorf(codes.InvalidArgument, "uid %q is not a Dataset UID: want letters, digits and '-', at most 128", uid)
+	}
+	return nil
+}
+
+func validate(req *workerpb.MountDatasetRequest) error {
+	if err := validUID(req.GetUid()); err != nil {
+		return err
+	}
+	if errs := validation.IsDNS1123Label(req.GetNamespace()); len(errs) > 0 {
+		return status.Errorf(codes.InvalidArgument, "namespace %q: %s", req.GetNamespace(), strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(req.GetName()); len(errs) > 0 {
+		return status.Errorf(codes.InvalidArgument, "name %q: %s", req.GetName(), strings.Join(errs, "; "))
+	}
+	if req.GetSource().GetUri() == "" {
+		return status.Errorf(codes.InvalidArgument, "Dataset %s/%s has no source: only Datasets read from an under-store can be mounted", req.GetNamespace(), req.GetName())
+	}
+	if !req.GetReadOnly() {
+		return status.Errorf(codes.FailedPrecondition,
+			"Dataset %s/%s: writable mounts are for lineage outputs and are not built yet; mount input Datasets read-only", req.GetNamespace(), req.GetName())
+	}
+	return nil
+}
+
+// lock takes the lock of uid, waiting for it until ctx ends.
+func (m *Mounter) lock(ctx context.Context, uid string) (unlock func(), err error) {
+	m.mu.Lock()
+	l := m.locks[uid]
+	if l == nil {
+		l = &uidLock{ch: make(chan struct{}, 1)}
+		m.locks[uid] = l
+	}
+	l.refs++
+	m.mu.Unlock()
+	release := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if l.refs--; l.refs == 0 {
+			delete(m.locks, uid)
+		}
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, status.Errorf(codes.Aborted, "another mount or unmount of Dataset %s is under way: %v", uid, ctx.Err())
+	}
+}
+
+// MountDataset implements workerpb.MounterServer.
+func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRequest) (*workerpb.MountDatasetResponse, error) {
+	if err := validate(req); err != nil {
+		return nil, err
+	}
+	uid, dataset := req.GetUid(), req.GetNamespace()+"/"+req.GetName()
+	unlock, err := m.lock(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	m.mu.Lock()
+	closed, old := m.closed, m.mounts[uid]
+	m.mu.Unlock()
+	if closed {
+		return nil, status.Error(codes.Unavailable, "the worker is shutting down")
+	}
+	if old != nil {
+		select {
+		case <-old.fs.Done():
+			// The kernel ended it (its folder was unmounted behind our back): mount afresh.
+			m.log.Info("a mount had ended; mounting the Dataset again", "dataset", old.dataset(), "uid", uid, "path", old.path)
+			m.forget(old)
+		default:
+			if err := sameMount(old, req); err != nil {
+				return nil, err
+			}
+			return &workerpb.MountDatasetResponse{Path: old.path}, nil
+		}
+	}
+
+	mnt, err := m.mount(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	closed = m.closed
+	if !closed {
+		m.mounts[uid] = mnt
+	}
+	m.mu.Unlock()
+	if closed {
+		// Close began while this mount was made and did not see it.
+		if err := m.unmount(ctx, mnt); err != nil {
+			_ = detach(mnt.path)
+			m.forget(mnt)
+		}
+		return nil, status.Error(codes.Unavailable, "the worker is shutting down")
+	}
+	m.log.Info("mounted Dataset", "dataset", dataset, "uid", uid, "source", mnt.store.String(), "path", mnt.path,
+		"files", mnt.fs.Files(), "bytes", mnt.fs.Bytes(), "passthrough", mnt.fs.Passthrough())
+	return &workerpb.MountDatasetResponse{Path: mnt.path}, nil
+}
+
+// sameMount checks that req asks for what old serves. The credentials are not compared: a
+// rotated Secret must not stop new pods from using a mount that works; new credentials take
+// effect when the Dataset is mounted afresh, after its last pod on the node has gone.
+func sameMount(old *mount, req *workerpb.MountDatasetRequest) error {
+	src := req.GetSource()
+	var diff []string
+	if old.namespace != req.GetNamespace() || old.name != req.GetName() {
+		diff = append(diff, fmt.Sprintf("Dataset %s, not %s/%s", old.dataset(), req.GetNamespace(), req.GetName()))
+	}
+	if old.uri != src.GetUri() {
+		diff = append(diff, fmt.Sprintf("source %s, not %s", old.uri, src.GetUri()))
+	}
+	if old.endpoint != src.GetEndpoint() {
+		diff = append(diff, fmt.Sprintf("endpoint %q, not %q", old.endpoint, src.GetEndpoint()))
+	}
+	if old.region != src.GetRegion() {
+		diff = append(diff, fmt.Sprintf("region %q, not %q", old.region, src.GetRegion()))
+	}
+	if old.readOnly != req.GetReadOnly() {
+		diff = append(diff, fmt.Sprintf("read-only %t, not %t", old.readOnly, req.GetReadOnly()))
+	}
+	if len(diff) == 0 {
+		return nil
+	}
+	return status.Errorf(codes.FailedPrecondition, "Dataset uid %s is mounted at %s with %s: unmount it first",
+		old.uid, old.path, strings.Join(diff, ", "))
+}
+
+// mount opens the under-store, lists it and mounts it; the caller holds uid's lock.
+func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) (_ *mount, err error) {
+	uid, src := req.GetUid(), req.GetSource()
+	mnt := &mount{
+		uid: uid, namespace: req.GetNamespace(), name: req.GetName(),
+		uri: src.GetUri(), endpoint: src.GetEndpoint(), region: src.GetRegion(), readOnly: req.GetReadOnly(),
+		path: filepath.Join(m.cfg.MountsDir, uid),
+	}
+	log := m.log.WithValues("dataset", mnt.dataset(), "uid", uid)
+	if err := m.clearPath(mnt.path, log); err != nil {
+		return nil, status.Errorf(codes.Internal, "preparing the mount point of Dataset %s: %v", mnt.dataset(), err)
+	}
+	if err := os.Mkdir(mnt.path, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, status.Errorf(codes.Internal, "creating the mount point of Dataset %s: %v", mnt.dataset(), err)
+	}
+	defer func() {
+		if err != nil {
+			mnt.release(log)
+			if rerr := os.Remove(mnt.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				log.Error(rerr, "removing the mount point of a failed mount", "path", mnt.path)
+			}
+		}
+	}()
+
+	mnt.store, err = understore.Open(ctx, understore.Source{
+		URI: src.GetUri(), Endpoint: src.GetEndpoint(), Region: src.GetRegion(),
+		Credentials: src.GetCredentials(), FileRoots: m.cfg.FileRoots,
+	})
+	if err != nil {
+		return nil, storeError(mnt.dataset(), err)
+	}
+	cfg := cache.Config{
+		Store: m.cfg.Store, Source: mnt.store, SourceID: uid, BlockSize: m.cfg.BlockSize, Fetch: m.cfg.Fetch,
+		Peers: m.cfg.Peers, Metrics: m.cfg.CacheMetrics, Log: log,
+	}
+	if m.cfg.Stored != nil {
+		cfg.Dataset, cfg.Root, cfg.Stored = mnt.dataset(), "/datasets/"+mnt.dataset(), m.cfg.Stored
+	}
+	if mnt.cache, err = cache.New(cfg); err != nil {
+		return nil, status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)
+	}
+	mnt.fs, err = fusefs.Mount(ctx, mnt.path, fusefs.Config{
+		Objects:            mnt.store,
+		Blocks:             mnt.cache,
+		BlockSize:          m.cfg.BlockSize,
+		Local:              localBlocks{store: m.cfg.Store, sourceID: uid},
+		DisablePassthrough: m.cfg.DisablePassthrough,
+		Name:               "strata:" + mnt.dataset(),
+		Metrics:            m.fm,
+		Log:                log,
+	})
+	if err != nil {
+		var uerr *understore.Error
+		if errors.As(err, &uerr) {
+			return nil, storeError(mnt.dataset(), err)
+		}
+		return nil, status.Errorf(codes.Internal, "mounting Dataset %s: %v", mnt.dataset(), err)
+	}
+	return mnt, nil
+}
+
+// storeError turns an under-store failure into a status that says what to fix.
+func storeError(dataset string, err error) error {
+	code, hint := codes.Unavailable, "try again later"
+	switch {
+	case errors.Is(err, understore.ErrMissingCredentials):
+		code, hint = codes.InvalidArgument, "give the Dataset's spec.source.secretRef a Secret with the keys named"
+	case errors.Is(err, understore.ErrInvalidPath):
+		code, hint = codes.InvalidArgument, "fix the Dataset's spec.source"
+	case errors.Is(err, understore.ErrOutsideRoots):
+		code, hint = codes.FailedPrecondition, "file:// sources must lie under one of the TierPool's fileSourceRoots"
+	case errors.Is(err, understore.ErrAccessDenied):
+		code, hint = codes.FailedPrecondition, "check the credentials in the Secret of spec.source.secretRef, and that they may list and read the bucket or path"
+	case errors.Is(err, understore.ErrNotFound):
+		code, hint = codes.FailedPrecondition, "check spec.source.uri: the bucket or path does not exist"
+	case errors.Is(err, understore.ErrUnreachable):
+		code, hint = codes.Unavailable, "check spec.source.endpoint and that this node can reach it"
+	case errors.Is(err, errors.ErrUnsupported):
+		code, hint = codes.FailedPrecondition, "the source cannot be listed, so it cannot be mounted as a folder"
+	case errors.Is(err, context.DeadlineExceeded):
+		code, hint = codes.DeadlineExceeded, "listing the source took too long"
+	case errors.Is(err, context.Canceled):
+		code, hint = codes.Canceled, "the request was cancelled"
+	}
+	return status.Errorf(code, "mounting Dataset %s: %v; %s", dataset, err, hint)
+}
+
+// localBlocks opens the blocks of one Dataset that the tiers hold.
+type localBlocks struct {
+	store    BlockStore
+	sourceID string
+}
+
+func (l localBlocks) OpenBlock(ctx context.Context, file string, index int64) (*os.File, error) {
+	f, _, err := l.store.OpenBlock(ctx, cache.BlockID(l.sourceID, file, index))
+	return f, err
+}
+
+// release stops the cache and closes the store, whatever of them exists, once.
+func (mnt *mount) release(log logr.Logger) {
+	mnt.released.Do(func() {
+		if mnt.cache != nil {
+			mnt.cache.Close()
+		}
+		if c, ok := mnt.store.(io.Closer); ok {
+			if err := c.Close(); err != nil {
+				log.Error(err, "closing the under-store", "store", mnt.store.String())
+			}
+		}
+	})
+}
+
+// forget drops a mount whose file system has ended.
+func (m *Mounter) forget(mnt *mount) {
+	m.mu.Lock()
+	if m.mounts[mnt.uid] == mnt {
+		delete(m.mounts, mnt.uid)
+	}
+	m.mu.Unlock()
+	mnt.release(m.log)
+	_ = os.Remove(mnt.path) // a mount point left behind is cleared at the next mount
+}
+
+// UnmountDataset implements workerpb.MounterServer. If pods on the node still mount the
+// Dataset (their bind mounts), its folder is unmounted and the call succeeds, but the file
+// system is served until the last of them goes, so that no pod loses its files.
+func (m *Mounter) UnmountDataset(ctx context.Context, req *workerpb.UnmountDatasetRequest) (*workerpb.UnmountDatasetResponse, error) {
+	uid := req.GetUid()
+	if err := validUID(uid); err != nil {
+		return nil, err
+	}
+	unlock, err := m.lock(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	m.mu.Lock()
+	mnt := m.mounts[uid]
+	m.mu.Unlock()
+	if mnt == nil {
+		// Not ours; a mount point left there by an earlier worker goes too.
+		if err := m.clearPath(filepath.Join(m.cfg.MountsDir, uid), m.log.WithValues("uid", uid)); err != nil {
+			return nil, status.Errorf(codes.Internal, "clearing the mount point of Dataset uid %s: %v", uid, err)
+		}
+		return &workerpb.UnmountDatasetResponse{}, nil
+	}
+	if err := m.unmount(ctx, mnt); err != nil {
+		return nil, err
+	}
+	return &workerpb.UnmountDatasetResponse{}, nil
+}
+
+// unmount unmounts mnt; the caller holds its UID's lock.
+func (m *Mounter) unmount(ctx context.Context, mnt *mount) error {
+	log := m.log.WithValues("dataset", mnt.dataset(), "uid", mnt.uid, "path", mnt.path)
+	dctx, cancel := context.WithTimeout(ctx, m.cfg.DrainTimeout)
+	defer cancel()
+	err := mnt.fs.Unmount(dctx)
+	switch {
+	case err == nil:
+		m.forget(mnt)
+		log.Info("unmounted Dataset")
+		return nil
+	case errors.Is(err, fusefs.ErrStillMounted):
+		m.mu.Lock()
+		delete(m.mounts, mnt.uid)
+		// Close waits for the drains it knows of; once it has begun, none may start.
+		closed := m.closed
+		if !closed {
+			m.draining[mnt] = struct{}{}
+			m.wg.Add(1)
+		}
+		m.mu.Unlock()
+		_ = os.Remove(mnt.path)
+		if closed {
+			m.abort(mnt)
+			mnt.release(log)
+			return nil
+		}
+		log.Info("unmounted Dataset; pods on the node still mount it, so it is served until they are gone")
+		go m.drain(mnt, log)
+		return nil
+	case errors.Is(err, fusefs.ErrBusy):
+		return status.Errorf(codes.FailedPrecondition,
+			"Dataset %s at %s is busy: a process on the node has a file open in it or its working directory there; stop it, then unmount again", mnt.dataset(), mnt.path)
+	default:
+		return status.Errorf(codes.Internal, "unmounting Dataset %s: %v", mnt.dataset(), err)
+	}
+}
+
+// drain waits until the kernel ends a file system that pods still mounted, then releases it.
+func (m *Mounter) drain(mnt *mount, log logr.Logger) {
+	defer m.wg.Done()
+	<-mnt.fs.Done()
+	mnt.release(log)
+	m.mu.Lock()
+	delete(m.draining, mnt)
+	m.mu.Unlock()
+	log.Info("the last mount of the Dataset is gone; released it")
+}
+
+// Close unmounts every Dataset, for a worker that stops. Mounts still busy or held by pods
+// are detached and their connections aborted: the process that serves them is going away,
+// so they would fail anyway (with ENOTCONN), and detaching leaves the mount points free for
+// the next worker. Close waits for the file systems to end.
+func (m *Mounter) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	var all []*mount
+	for _, mnt := range m.mounts {
+		all = append(all, mnt)
+	}
+	m.mu.Unlock()
+
+	var errs []error
+	for _, mnt := range all {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		unlock, err := m.lock(ctx, mnt.uid)
+		if err != nil {
+			cancel()
+			errs = append(errs, err)
+			continue
+		}
+		m.mu.Lock()
+		current := m.mounts[mnt.uid] == mnt
+		m.mu.Unlock()
+		if !current {
+			// Unmounted by a call that held the lock before us.
+			unlock()
+			cancel()
+			continue
+		}
+		if err := m.unmount(ctx, mnt); err != nil {
+			m.log.Info("could not unmount a Dataset cleanly at shutdown; detaching it", "dataset", mnt.dataset(), "reason", err.Error())
+			if err := detach(mnt.path); err != nil {
+				errs = append(errs, err)
+			}
+			m.abort(mnt)
+			m.forget(mnt)
+		}
+		unlock()
+		cancel()
+	}
+
+	m.mu.Lock()
+	var draining []*mount
+	for mnt := range m.draining {
+		draining = append(draining, mnt)
+	}
+	m.mu.Unlock()
+	for _, mnt := range draining {
+		m.abort(mnt)
+	}
+	if len(draining) > 0 {
+		// The drains end with their file systems, which abort has ended unless fusectl is
+		// missing; then they end when the process exits, and so does this goroutine.
+		done := make(chan struct{})
+		go func() { m.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(closeTimeout):
+			errs = append(errs, fmt.Errorf("%d Dataset file systems still mounted by pods after %s: they end when the worker exits", len(draining), closeTimeout))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// abort ends a file system's connection, so that its goroutines end; best effort.
+func (m *Mounter) abort(mnt *mount) {
+	if err := mnt.fs.Abort(); err != nil {
+		m.log.Info("could not abort a FUSE connection; it ends when the worker exits", "dataset", mnt.dataset(), "reason", err.Error())
+		return
+	}
+	select {
+	case <-mnt.fs.Done():
+	case <-time.After(closeTimeout):
+	}
+}

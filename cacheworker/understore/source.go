@@ -1,0 +1,176 @@
+package understore
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// The keys of Source.Credentials, as a Dataset's credentials Secret holds them.
+const (
+	CredentialAccessKeyID     = "accessKeyID"
+	CredentialSecretAccessKey = "secretAccessKey"
+	CredentialSessionToken    = "sessionToken"
+	CredentialUsername        = "username"
+	CredentialPassword        = "password"
+	CredentialToken           = "token"
+)
+
+// DefaultS3Endpoint is where s3:// sources are read when no endpoint is given: AWS S3, over HTTPS.
+const DefaultS3Endpoint = "s3.amazonaws.com"
+
+// Source is a Dataset's spec.source with the keys of its credentials Secret: what Open needs
+// to pick and configure a store.
+type Source struct {
+	// URI is s3://bucket/prefix, file:///path or http(s)://host/path.
+	URI string
+	// Endpoint of an S3-compatible server, http://host:port or https://host[:port]; empty means
+	// AWS S3. Only s3:// sources take one.
+	Endpoint string
+	// Region of an S3 bucket; empty means DefaultS3Region.
+	Region string
+	// Credentials are the Secret's keys: accessKeyID and secretAccessKey (and sessionToken) for
+	// s3://; token, or username and password, for http(s)://. Other keys are ignored.
+	Credentials map[string]string
+	// FileRoots are the directories file:// sources must lie under (the TierPool's
+	// fileSourceRoots); none allows none.
+	FileRoots []string
+}
+
+// Open returns the store src names: S3 for s3://, Local for file://, HTTP for http(s)://. It
+// checks the URI and the credentials but does not contact the store, so a store that is
+// unreachable or refuses the credentials is found by the first Stat, List or read. A store
+// that holds resources (Local) implements io.Closer.
+func Open(ctx context.Context, src Source) (Store, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("opening %s: %w", src.URI, err)
+	}
+	scheme, rest, ok := strings.Cut(src.URI, "://")
+	if !ok {
+		return nil, invalidSource(src.URI, "want s3://bucket/prefix, file:///path, http:// or https:// followed by a host and path")
+	}
+	if src.Endpoint != "" && scheme != "s3" {
+		return nil, invalidSource(src.URI, "an endpoint (%s) only applies to s3:// sources", src.Endpoint)
+	}
+	switch scheme {
+	case "s3":
+		return openS3(src, rest)
+	case "file":
+		return openLocal(src)
+	case "http", "https":
+		return openHTTP(src)
+	default:
+		return nil, invalidSource(src.URI, "unsupported scheme %q: want s3://, file://, http:// or https://", scheme)
+	}
+}
+
+func invalidSource(uri, format string, args ...any) error {
+	return &Error{Op: "connect", Store: uri, Kind: ErrInvalidPath, Err: fmt.Errorf(format, args...)}
+}
+
+// openS3 opens s3://bucket/prefix; rest is what follows "s3://". The prefix is taken as
+// written, without percent-decoding, since S3 keys are literal.
+func openS3(src Source, rest string) (Store, error) {
+	bucket, prefix, _ := strings.Cut(rest, "/")
+	if bucket == "" {
+		return nil, invalidSource(src.URI, "no bucket: want s3://bucket or s3://bucket/prefix")
+	}
+	endpoint, secure, err := s3Endpoint(src.Endpoint)
+	if err != nil {
+		return nil, invalidSource(src.URI, "%w", err)
+	}
+	creds := src.Credentials
+	var missing []string
+	for _, k := range []string{CredentialAccessKeyID, CredentialSecretAccessKey} {
+		if creds[k] == "" {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, &Error{Op: "connect", Store: "s3://" + rest, Endpoint: endpoint, Kind: ErrMissingCredentials,
+			Err: fmt.Errorf("no %s in the credentials: set spec.source.secretRef to a Secret with the keys %s and %s (and %s for temporary credentials)",
+				strings.Join(missing, " or "), CredentialAccessKeyID, CredentialSecretAccessKey, CredentialSessionToken)}
+	}
+	s, err := NewS3(S3Config{
+		Endpoint:     endpoint,
+		Secure:       secure,
+		Bucket:       bucket,
+		Prefix:       prefix,
+		Region:       src.Region,
+		AccessKey:    creds[CredentialAccessKeyID],
+		SecretKey:    creds[CredentialSecretAccessKey],
+		SessionToken: creds[CredentialSessionToken],
+	})
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return s, nil
+}
+
+// s3Endpoint turns a Dataset's endpoint URL into minio-go's host[:port] and TLS flag.
+func s3Endpoint(endpoint string) (string, bool, error) {
+	if endpoint == "" {
+		return DefaultS3Endpoint, true, nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return "", false, fmt.Errorf("endpoint %q: %w", endpoint, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return "", false, fmt.Errorf("endpoint %q: want http://host:port or https://host[:port]", endpoint)
+	}
+	if strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", false, fmt.Errorf("endpoint %q: S3 endpoints take no path, query or user; put the bucket and prefix in the URI", endpoint)
+	}
+	return u.Host, u.Scheme == "https", nil
+}
+
+// openLocal opens file:///path under the allowed roots.
+func openLocal(src Source) (Store, error) {
+	u, err := url.Parse(src.URI)
+	if err != nil {
+		return nil, invalidSource(src.URI, "%w", err)
+	}
+	if u.Host != "" && u.Host != "localhost" || !strings.HasPrefix(u.Path, "/") {
+		return nil, invalidSource(src.URI, "a file:// source must be an absolute path on the node: file:///path")
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, invalidSource(src.URI, "a file:// source takes no query or fragment")
+	}
+	l, err := NewLocal(LocalConfig{Dir: u.Path, AllowedRoots: src.FileRoots})
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// openHTTP opens http(s)://host/path, sending a bearer token or basic credentials if given.
+func openHTTP(src Source) (Store, error) {
+	creds := src.Credentials
+	header := http.Header{}
+	token, user, pass := creds[CredentialToken], creds[CredentialUsername], creds[CredentialPassword]
+	switch {
+	case token != "" && (user != "" || pass != ""):
+		return nil, invalidSource(src.URI, "the credentials have both %s and %s/%s: keep one", CredentialToken, CredentialUsername, CredentialPassword)
+	case token != "":
+		header.Set("Authorization", "Bearer "+token)
+	case user != "" && pass != "":
+		header.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":"+pass)))
+	case user != "" || pass != "":
+		missing := CredentialPassword
+		if user == "" {
+			missing = CredentialUsername
+		}
+		return nil, &Error{Op: "connect", Store: src.URI, Kind: ErrMissingCredentials,
+			Err: errors.New("no " + missing + " in the credentials: basic authentication needs both " + CredentialUsername + " and " + CredentialPassword + " in the Secret of spec.source.secretRef")}
+	}
+	h, err := NewHTTP(HTTPConfig{BaseURL: src.URI, Header: header})
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
