@@ -201,7 +201,7 @@ func (c *Cache) storer(id, file string, index int64, data []byte) func(context.C
 		opts := tierstore.PutOptions{Clean: true}
 		if c.cfg.Root != "" {
 			origin, err := proto.Marshal(&workerpb.BlockOrigin{
-				Path: path.Join(c.cfg.Root, file), Dataset: c.cfg.Dataset, Index: index, Offset: index * c.cfg.BlockSize,
+				Path: path.Join(c.cfg.Root, file), Dataset: c.cfg.Dataset, Root: c.cfg.Root, Index: index, Offset: index * c.cfg.BlockSize,
 			})
 			if err != nil {
 				c.log.Error(err, "encoding a block's origin", "file", file, "block", index)

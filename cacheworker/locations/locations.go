@@ -29,6 +29,7 @@ var ErrNoPeer = errors.New("no other worker holds the block")
 
 // Master is the part of the master client this package uses.
 type Master interface {
+	RegisterDataset(ctx context.Context, req *masterpb.RegisterDatasetRequest) (*masterpb.Dataset, error)
 	CreateFile(ctx context.Context, req *masterpb.CreateFileRequest) (*masterpb.File, error)
 	CommitBlock(ctx context.Context, req *masterpb.CommitBlockRequest) (*masterpb.Block, error)
 	GetBlockLocations(ctx context.Context, req *masterpb.GetBlockLocationsRequest) (*masterpb.GetBlockLocationsResponse, error)
@@ -167,8 +168,23 @@ func (d *Directory) ensureFile(ctx context.Context, origin *workerpb.BlockOrigin
 	if _, ok := d.files.Load(p); ok {
 		return nil
 	}
-	_, err := d.master.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p, Dataset: origin.GetDataset()})
-	if err != nil && status.Code(err) != codes.AlreadyExists {
+	create := func() error {
+		_, err := d.master.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p, Dataset: origin.GetDataset()})
+		if status.Code(err) == codes.AlreadyExists {
+			return nil
+		}
+		return err
+	}
+	err := create()
+	if status.Code(err) == codes.NotFound && origin.GetDataset() != "" && origin.GetRoot() != "" {
+		// The master does not know the dataset yet (the first block a worker caches may be
+		// read before anyone registered it); registering is idempotent.
+		if _, rerr := d.master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: origin.GetDataset(), Root: origin.GetRoot()}); rerr != nil {
+			return fmt.Errorf("registering dataset %s at the master: %w", origin.GetDataset(), rerr)
+		}
+		err = create()
+	}
+	if err != nil {
 		return fmt.Errorf("creating %s at the master: %w", p, err)
 	}
 	d.files.Store(p, struct{}{})

@@ -34,8 +34,11 @@ type BlockOrigin struct {
 	// dataset is the master's name of the file's dataset.
 	Dataset string `protobuf:"bytes,2,opt,name=dataset,proto3" json:"dataset,omitempty"`
 	// index is the block's position in the file: it holds bytes [index*block_size, …).
-	Index         int64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
-	Offset        int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	Index  int64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	Offset int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	// root is the dataset's root folder in the master's namespace (path lies under it), so that
+	// a worker can register the dataset when the master does not know it yet.
+	Root          string `protobuf:"bytes,5,opt,name=root,proto3" json:"root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -96,6 +99,13 @@ func (x *BlockOrigin) GetOffset() int64 {
 		return x.Offset
 	}
 	return 0
+}
+
+func (x *BlockOrigin) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
 }
 
 // BlockHeader describes a stored block.
@@ -777,12 +787,13 @@ var File_cacheworker_workerpb_worker_proto protoreflect.FileDescriptor
 
 const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\n" +
-	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"i\n" +
+	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"}\n" +
 	"\vBlockOrigin\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x03R\x05index\x12\x16\n" +
-	"\x06offset\x18\x04 \x01(\x03R\x06offset\"h\n" +
+	"\x06offset\x18\x04 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04root\x18\x05 \x01(\tR\x04root\"h\n" +
 	"\vBlockHeader\x12\x19\n" +
 	"\bblock_id\x18\x01 \x01(\tR\ablockId\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +

@@ -1,6 +1,7 @@
 // Command worker runs a Strata cache worker on one node: its tiered block store (recovered from
 // the block index at start, memory tiers on tmpfs), the gRPC data plane that serves its blocks
-// to peers and clients, short-circuit reads (open block files handed to local clients over a
+// to peers and clients, the Datasets of the node served over FUSE for the CSI plugin,
+// short-circuit reads (open block files handed to local clients over a
 // Unix socket), its registration and heartbeats with the master, and the metrics and
 // health endpoints.
 package main
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -25,11 +27,13 @@ import (
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/membership"
+	"github.com/strata-cache/strata/cacheworker/mounter"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/daemon"
+	"github.com/strata-cache/strata/internal/unixsock"
 	masterclient "github.com/strata-cache/strata/master/client"
 )
 
@@ -69,7 +73,8 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if _, err := cache.NewMetrics(reg, store); err != nil {
+	cacheMetrics, err := cache.NewMetrics(reg, store)
+	if err != nil {
 		return err
 	}
 	dpMetrics, err := dataplane.NewMetrics(reg)
@@ -83,6 +88,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	// Without a master the worker serves its blocks but reports nothing: enough for a single
 	// node, and for tests.
 	var stored dataplane.StoredFunc
+	var peerReader cache.PeerReader
 	ready := func() bool { return true }
 	if len(id.masters) > 0 {
 		masters, err := masterclient.New(id.masters, masterclient.Options{Logger: log.WithName("master-client")})
@@ -100,7 +106,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		if err != nil {
 			return err
 		}
-		stored = dir.Enqueue
+		stored, peerReader = dir.Enqueue, dir
 		// Ready once the master knows the worker: until then no peer can find its blocks.
 		ready = member.Registered
 		g.Go(func() error { return member.Run(gctx) })
@@ -125,12 +131,50 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		if err != nil {
 			return err
 		}
-		scLis, err := shortcircuit.Listen(opts.shortCircuit)
+		scLis, err := unixsock.Listen(opts.shortCircuit)
 		if err != nil {
 			return fmt.Errorf("listening on %s for short-circuit reads: %w", opts.shortCircuit, err)
 		}
 		sc := shortcircuit.NewServer(store, log.WithName("shortcircuit"), shortcircuit.WithMetrics(scMetrics))
 		g.Go(func() error { return sc.Serve(gctx, scLis) })
+	}
+
+	if opts.mountSocket != "" {
+		mounts, err := mounter.New(mounter.Config{
+			MountsDir: opts.mountsDir, Store: store, BlockSize: opts.blockSize, CacheMetrics: cacheMetrics,
+			Peers: peerReader, Stored: stored, FileRoots: splitList(opts.fileRoots),
+			Log: log.WithName("mounter"), Registerer: reg,
+		})
+		if err != nil {
+			return err
+		}
+		// Mount points left by an earlier worker process are dead (their FUSE server died with
+		// it); detach them so that the CSI plugin's next publish mounts them afresh.
+		if err := mounts.Recover(); err != nil {
+			return err
+		}
+		defer func() {
+			if err := mounts.Close(); err != nil {
+				log.Error(err, "unmounting the Datasets")
+			}
+		}()
+		mountLis, err := unixsock.Listen(opts.mountSocket)
+		if err != nil {
+			return fmt.Errorf("listening for the CSI plugin's mount requests: %w", err)
+		}
+		mountSrv := grpc.NewServer()
+		workerpb.RegisterMounterServer(mountSrv, mounts)
+		g.Go(func() error {
+			if err := mountSrv.Serve(mountLis); err != nil {
+				return fmt.Errorf("serving the mount socket: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			mountSrv.GracefulStop()
+			return nil
+		})
 	}
 
 	mux := http.NewServeMux()
@@ -166,6 +210,17 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	log.Info("worker running", "tiers", store.Tiers(), "data", dataLis.Addr().String(), "metrics", lis.Addr().String(),
 		"worker", id.id, "masters", id.masters)
 	return g.Wait()
+}
+
+// splitList splits a comma-separated flag, dropping empty elements.
+func splitList(s string) []string {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // stopGRPC lets streams under way finish until ctx ends, then cuts them.

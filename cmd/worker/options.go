@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -29,6 +28,10 @@ type options struct {
 	shortCircuit  string
 	heartbeat     time.Duration
 	mountMemory   bool
+	mountSocket   string
+	mountsDir     string
+	blockSize     int64
+	fileRoots     string
 
 	tiersFile          string
 	indexDir           string
@@ -53,6 +56,13 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.shortCircuit, "short-circuit-socket", "",
 		"Unix socket that hands local clients open block files (zero-copy reads on the same node); empty disables it.")
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 3*time.Second, "How often the worker reports its tiers to the master.")
+	fs.StringVar(&o.mountSocket, "mount-socket", "",
+		"Unix socket of the Mounter service, through which the node's CSI plugin asks the worker to serve Datasets; empty disables it.")
+	fs.StringVar(&o.mountsDir, "mounts-dir", "/var/lib/strata-worker/mounts",
+		"Folder of the Datasets' FUSE mount points (one per Dataset UID); a host folder with bidirectional mount propagation.")
+	fs.Int64Var(&o.blockSize, "block-size", 64<<20, "The TierPool's block size in bytes: the unit of caching and transfer.")
+	fs.StringVar(&o.fileRoots, "file-source-roots", "",
+		"Comma-separated folders that file:// Datasets must lie under (the TierPool's fileSourceRoots); empty allows none.")
 	fs.BoolVar(&o.mountMemory, "mount-memory-tiers", true,
 		"Mount a tmpfs of the quota's size on each MEM tier directory that is not already on tmpfs (needs CAP_SYS_ADMIN).")
 	fs.StringVar(&o.tiersFile, "tiers", "/etc/strata/tiers.yaml",
@@ -80,13 +90,7 @@ func (o *options) resolveIdentity() (identity, error) {
 	if o.masterAddrs == "" {
 		return identity{}, nil
 	}
-	var masters []string
-	for _, a := range strings.Split(o.masterAddrs, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			masters = append(masters, a)
-		}
-	}
-	id := identity{id: o.workerID, node: o.nodeName, advertise: o.advertiseAddr, masters: masters}
+	id := identity{id: o.workerID, node: o.nodeName, advertise: o.advertiseAddr, masters: splitList(o.masterAddrs)}
 	if id.node == "" {
 		return identity{}, errors.New("--node-name (or $NODE_NAME) is required with --master: the operator declares a node's workers lost by it")
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
@@ -174,6 +176,13 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		masterAddrs: strings.Join(masters.APIAddrs(), ","), pool: "default", nodeName: "node-a", heartbeat: 100 * time.Millisecond}
 	o.advertiseAddr = o.dataAddr
 	o.shortCircuit = filepath.Join(dir, "run", "worker.sock")
+	fuse := canMountFUSE()
+	source := filepath.Join(dir, "source")
+	g.Expect(os.MkdirAll(filepath.Join(source, "images"), 0o750)).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(source, "images", "cat.jpg"), []byte("a cat, in bytes"), 0o600)).To(Succeed())
+	if fuse {
+		o.mountSocket, o.mountsDir, o.fileRoots, o.blockSize = filepath.Join(dir, "run", "mount.sock"), filepath.Join(dir, "mounts"), source, 1<<20
+	}
 	g.Expect(os.WriteFile(o.tiersFile, []byte(tiers), 0o600)).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -213,6 +222,25 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 	g.Expect(f.Close()).To(Succeed())
 	g.Expect(sc.Close()).To(Succeed())
 
+	if fuse {
+		// The CSI plugin's request: serve a Dataset; the worker mounts it over FUSE.
+		conn, err := grpc.NewClient("unix://"+o.mountSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		g.Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = conn.Close() }()
+		resp, err := workerpb.NewMounterClient(conn).MountDataset(ctx, &workerpb.MountDatasetRequest{
+			Namespace: "team-a", Name: "pictures", Uid: "0a1b2c3d-0000-4000-8000-000000000001",
+			Source: &workerpb.DatasetSource{Uri: "file://" + source}, ReadOnly: true,
+		})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(os.ReadFile(filepath.Join(resp.GetPath(), "images", "cat.jpg"))).To(Equal([]byte("a cat, in bytes")),
+			"the Dataset is readable through the worker's mount")
+		g.Eventually(func() ([]*masterpb.Block, error) {
+			resp, err := masters.Client().GetBlockLocations(ctx, &masterpb.GetBlockLocationsRequest{Path: "/datasets/team-a/pictures/images/cat.jpg"})
+			return resp.GetBlocks(), err
+		}).WithTimeout(10*time.Second).Should(ConsistOf(HaveField("Locations", ConsistOf(HaveField("Worker", "default/node-a")))),
+			"the block read through the mount is reported to the master")
+	}
+
 	_, metrics, err := get("http://" + o.metricsAddr + "/metrics")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(metrics).To(ContainSubstring(`strata_worker_tier_quota_bytes{medium="MEM",tier="mem"} 6.7108864e+07`))
@@ -220,4 +248,15 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 	g.Expect(metrics).To(ContainSubstring(`strata_worker_registrations_total 1`))
 	cancel()
 	g.Expect(<-done).To(Succeed())
+	if fuse {
+		mounts, err := os.ReadDir(o.mountsDir)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(mounts).To(BeEmpty(), "a stopping worker unmounts its Datasets")
+	}
+}
+
+// canMountFUSE reports whether this test may mount FUSE file systems: as root, with /dev/fuse.
+func canMountFUSE() bool {
+	_, err := os.Stat("/dev/fuse")
+	return err == nil && os.Geteuid() == 0
 }
