@@ -165,7 +165,8 @@ podnet-image: docker-up ## The pod-network daemon of the e2e clusters.
 ##@ Images and deployment
 
 # The project's images, FROM scratch with static binaries.
-IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION) $(IMAGE_PREFIX)/master:$(VERSION) $(IMAGE_PREFIX)/worker:$(VERSION)
+IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION) $(IMAGE_PREFIX)/master:$(VERSION) $(IMAGE_PREFIX)/worker:$(VERSION) \
+	$(IMAGE_PREFIX)/csi:$(VERSION)
 # The images of the e2e test infrastructure.
 E2E_IMAGES := $(IMAGE_PREFIX)/testkit:e2e $(IMAGE_PREFIX)/minio:e2e
 KUBE_CONTEXT ?= kind-$(KIND_CLUSTER)
@@ -179,6 +180,8 @@ images: docker-up ## Build the project's images, tagged $(VERSION).
 	hack/scratch-image.sh $(IMAGE_PREFIX)/master:$(VERSION) /master $(LOCALBIN)/images/master:/master
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/worker ./cmd/worker
 	hack/scratch-image.sh $(IMAGE_PREFIX)/worker:$(VERSION) /worker $(LOCALBIN)/images/worker:/worker
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(LOCALBIN)/images/csi ./cmd/csi
+	hack/scratch-image.sh $(IMAGE_PREFIX)/csi:$(VERSION) /csi $(LOCALBIN)/images/csi:/csi
 
 .PHONY: e2e-images
 e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and the testkit client.

@@ -286,9 +286,9 @@ func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.D
 				APIVersion: "v1", Kind: "PersistentVolumeClaim", Namespace: ds.Namespace, Name: ds.Name,
 			},
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver:       CSIDriverName,
-				VolumeHandle: ds.Namespace + "/" + ds.Name + "/" + string(ds.UID),
-				ReadOnly:     mode == corev1.ReadOnlyMany,
+				Driver:           CSIDriverName,
+				VolumeHandle:     ds.Namespace + "/" + ds.Name + "/" + string(ds.UID),
+				ReadOnly:         mode == corev1.ReadOnlyMany,
 				VolumeAttributes: volumeAttributes(ds),
 			}},
 		},

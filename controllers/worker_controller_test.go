@@ -123,6 +123,10 @@ var _ = Describe("The worker reconciler", func() {
 				"--advertise-addr=$(POD_IP):7100",
 				"--metrics-addr=:8080",
 				"--short-circuit-socket=/run/strata/" + pool.Name + "/worker.sock",
+				"--mount-socket=/run/strata/" + pool.Name + "/mount.sock",
+				"--mounts-dir=/var/lib/strata-worker/" + pool.Name + "/mounts",
+				"--block-size=67108864",
+				"--file-source-roots=/srv/datasets",
 			}))
 			g.Expect(worker.Env).To(ConsistOf(
 				fieldEnvMatcher("NODE_NAME", "spec.nodeName"),
@@ -148,11 +152,15 @@ var _ = Describe("The worker reconciler", func() {
 			for _, v := range pod.Volumes {
 				g.Expect(validation.IsDNS1123Label(v.Name)).To(BeEmpty(), "volume names are DNS labels")
 				if v.HostPath != nil {
-					g.Expect(v.HostPath.Type).To(HaveValue(Equal(corev1.HostPathDirectoryOrCreate)), "volume %s", v.Name)
+					want := corev1.HostPathDirectoryOrCreate
+					if v.HostPath.Path == "/srv/datasets" {
+						want = corev1.HostPathDirectory // a source root is the administrator's, never created
+					}
+					g.Expect(v.HostPath.Type).To(HaveValue(Equal(want)), "volume %s", v.Name)
 					volumeOfHostPath[v.HostPath.Path] = v.Name
 				}
 			}
-			g.Expect(volumeOfHostPath).To(HaveLen(5), "three tier paths, the index and the socket directory")
+			g.Expect(volumeOfHostPath).To(HaveLen(7), "three tier paths, the index, the socket and mounts directories, a source root")
 			mountAt := map[string]corev1.VolumeMount{}
 			for _, m := range pod.Containers[0].VolumeMounts {
 				mountAt[m.MountPath] = m
@@ -172,6 +180,12 @@ var _ = Describe("The worker reconciler", func() {
 			socket := "/run/strata/" + pool.Name
 			g.Expect(mountAt).To(HaveKeyWithValue(socket, HaveField("Name", volumeOfHostPath[socket])))
 			g.Expect(mountAt).To(HaveKeyWithValue("/etc/strata", And(HaveField("Name", "tiers"), HaveField("ReadOnly", BeTrue()))))
+			mountsDir := "/var/lib/strata-worker/" + pool.Name + "/mounts"
+			g.Expect(mountAt).To(HaveKeyWithValue(mountsDir, And(HaveField("Name", volumeOfHostPath[mountsDir]),
+				HaveField("MountPropagation", HaveValue(Equal(corev1.MountPropagationBidirectional))))),
+				"the worker's FUSE mounts must reach the host, where the CSI node plugin binds them into pods")
+			g.Expect(mountAt).To(HaveKeyWithValue("/srv/datasets", HaveField("ReadOnly", BeTrue())),
+				"file:// sources are read, never written")
 			g.Expect(pod.Volumes).To(ContainElement(And(
 				HaveField("Name", "tiers"),
 				HaveField("VolumeSource.ConfigMap.LocalObjectReference.Name", WorkerName(pool.Name)),
@@ -347,7 +361,8 @@ func createWorkerPool(selector map[string]string) *datav1alpha1.TierPool {
 					Quota: resource.MustParse("20Gi"), Watermarks: datav1alpha1.Watermarks{High: 0.95, Low: 0.8},
 				},
 			},
-			BlockSize: resource.MustParse("64Mi"),
+			BlockSize:       resource.MustParse("64Mi"),
+			FileSourceRoots: []string{"/srv/datasets"},
 			WorkerResources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{
 					corev1.ResourceCPU:    resource.MustParse("200m"),

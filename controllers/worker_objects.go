@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -63,6 +64,20 @@ type WorkerSpec struct {
 	// MasterAddresses are the gRPC addresses of the master replicas the workers register with;
 	// empty when the operator runs no master, and the workers then run without one.
 	MasterAddresses []string
+}
+
+// WorkerMountsDir is where, on each node, the worker of pool mounts the Datasets it serves; the
+// CSI node plugin bind-mounts them from there into pods.
+func WorkerMountsDir(pool string) string { return workerHostIndexRoot + "/" + pool + "/mounts" }
+
+// defaultBlockSize is the API's default block size, for a pool that does not set one.
+const defaultBlockSize = 64 << 20
+
+func blockSize(pool *datav1alpha1.TierPool) int64 {
+	if n := pool.Spec.BlockSize.Value(); n > 0 {
+		return n
+	}
+	return defaultBlockSize
 }
 
 // Deployed says whether the operator deploys workers at all.
@@ -129,6 +144,7 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 	name := pool.Name
 	hash := sha256.Sum256([]byte(tiers))
 	socketDir := workerSocketRoot + "/" + name
+	mountsDir := WorkerMountsDir(name)
 
 	args := []string{
 		"--pool=" + name,
@@ -146,7 +162,13 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		fmt.Sprintf("--advertise-addr=$(POD_IP):%d", WorkerDataPort),
 		fmt.Sprintf("--metrics-addr=:%d", WorkerMetricsPort),
 		"--short-circuit-socket="+socketDir+"/worker.sock",
+		"--mount-socket="+socketDir+"/mount.sock",
+		"--mounts-dir="+mountsDir,
+		"--block-size="+strconv.FormatInt(blockSize(pool), 10),
 	)
+	if len(pool.Spec.FileSourceRoots) > 0 {
+		args = append(args, "--file-source-roots="+strings.Join(pool.Spec.FileSourceRoots, ","))
+	}
 
 	volumes := []corev1.Volume{
 		{Name: "tiers", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
@@ -155,15 +177,28 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		}}},
 		hostPathVolume("index", workerHostIndexRoot+"/"+name+"/index"),
 		hostPathVolume("socket", socketDir),
+		hostPathVolume("mounts", mountsDir),
 	}
 	mounts := []corev1.VolumeMount{
 		{Name: "tiers", MountPath: workerConfigDir, ReadOnly: true},
 		{Name: "index", MountPath: workerIndexDir},
 		{Name: "socket", MountPath: socketDir},
+		// The worker mounts each Dataset of its node here over FUSE; Bidirectional puts those
+		// mounts on the host, where the CSI node plugin bind-mounts them into pods.
+		{Name: "mounts", MountPath: mountsDir, MountPropagation: ptr.To(corev1.MountPropagationBidirectional)},
 	}
 	tierVols, tierMounts := tierVolumes(pool.Spec.Tiers)
 	volumes = append(volumes, tierVols...)
 	mounts = append(mounts, tierMounts...)
+	for i, root := range pool.Spec.FileSourceRoots {
+		// file:// Datasets are read from these host folders, and only from them; read-only.
+		name := fmt.Sprintf("source-root-%d", i)
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+			Path: root, Type: ptr.To(corev1.HostPathDirectory),
+		}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: root, ReadOnly: true,
+			MountPropagation: ptr.To(corev1.MountPropagationHostToContainer)})
+	}
 
 	labels := workerLabels(name)
 	return &appsv1.DaemonSet{

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"strings"
 
@@ -147,15 +146,18 @@ func copyMinioCredentials(ctx context.Context, namespace string) {
 	Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, secret))).To(Succeed())
 }
 
-// testkitResult is the JSON line testkit prints.
-type testkitResult struct {
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
+// runTestkit runs testkit with args in a pod on node, waits for it to succeed and decodes the
+// one line it prints.
+func runTestkit(ctx context.Context, namespace, node string, args ...string) object {
+	objs := runPod(ctx, testkitPod(namespace, node, args...))
+	Expect(objs).To(HaveLen(1), "testkit %v printed %d lines", args, len(objs))
+	return objs[0]
 }
 
-// runTestkit runs testkit with args in a pod on node, waits for it to succeed and decodes its output.
-func runTestkit(ctx context.Context, namespace, node string, args ...string) testkitResult {
-	pod := &corev1.Pod{
+// testkitPod is a pod that runs testkit with args on node, with MinIO's credentials in its
+// environment (from the Secret copyMinioCredentials made).
+func testkitPod(namespace, node string, args ...string) *corev1.Pod {
+	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "testkit-", Namespace: namespace},
 		Spec: corev1.PodSpec{
 			NodeName:      node,
@@ -172,17 +174,6 @@ func runTestkit(ctx context.Context, namespace, node string, args ...string) tes
 			}},
 		},
 	}
-	Expect(k8sClient.Create(ctx, pod)).To(Succeed())
-	Eventually(func(g Gomega) {
-		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
-		g.Expect(pod.Status.Phase).NotTo(Equal(corev1.PodFailed), "testkit %v failed: %s", args, podLogs(ctx, pod))
-		g.Expect(pod.Status.Phase).To(Equal(corev1.PodSucceeded))
-	}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for testkit %v on %s to succeed", args, node)
-
-	var res testkitResult
-	logs := podLogs(ctx, pod)
-	Expect(json.Unmarshal([]byte(strings.TrimSpace(logs)), &res)).To(Succeed(), "testkit output: %s", logs)
-	return res
 }
 
 func podLogs(ctx context.Context, pod *corev1.Pod) string {

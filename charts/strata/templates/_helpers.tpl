@@ -82,3 +82,15 @@ app.kubernetes.io/component: operator
 {{- define "strata.worker.serviceAccountName" -}}
 strata-worker
 {{- end }}
+
+{{/* The CSI node plugin's image. */}}
+{{- define "strata.csi.image" -}}
+{{- printf "%s:%s" .Values.csi.image.repository (default .Chart.AppVersion .Values.csi.image.tag) }}
+{{- end }}
+
+{{/* Selector of the CSI node plugin pods; never change it, a DaemonSet's selector is immutable. */}}
+{{- define "strata.csiNode.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "strata.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: csi-node
+{{- end }}

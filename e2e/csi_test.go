@@ -1,0 +1,201 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+// object is one line of testkit's output, as `s3 put` and `sum` print it.
+type object struct {
+	Key    string `json:"key"`
+	Bytes  int64  `json:"bytes"`
+	SHA256 string `json:"sha256"`
+}
+
+var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smoke", "csi"), func() {
+	var (
+		namespace string
+		pool      string
+		nodes     []string
+		written   []object
+	)
+	const bucket = "e2e-csi"
+
+	BeforeAll(func(ctx SpecContext) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-csi-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
+		copyMinioCredentials(ctx, namespace)
+
+		var list corev1.NodeList
+		Expect(k8sClient.List(ctx, &list, client.MatchingLabels{cacheNodeLabel: "true"})).To(Succeed())
+		for _, n := range list.Items {
+			nodes = append(nodes, n.Name)
+		}
+		Expect(nodes).To(HaveLen(2))
+
+		// A small block size, so that the large file spans several blocks.
+		pool = uniqueName("csi")
+		tp := &datav1alpha1.TierPool{
+			ObjectMeta: metav1.ObjectMeta{Name: pool},
+			Spec: datav1alpha1.TierPoolSpec{
+				NodeSelector: map[string]string{cacheNodeLabel: "true"},
+				Tiers: []datav1alpha1.Tier{
+					{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("256Mi")},
+				},
+				BlockSize: resource.MustParse("4Mi"),
+			},
+		}
+		Expect(k8sClient.Create(ctx, tp)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+
+		By("writing nested folders, a 21 MiB file, 300 small files and names with spaces and accents to MinIO")
+		prefix := namespace + "/"
+		var small []string
+		for i := range 300 {
+			small = append(small, fmt.Sprintf("%ssmall/%03d/part-%d.txt", prefix, i%10, i))
+		}
+		written = append(written, putObjects(ctx, namespace, nodes[0], bucket, []string{prefix + "big/train.bin"}, 21<<20, 1)...)
+		written = append(written, putObjects(ctx, namespace, nodes[0], bucket, small, 3000, 2)...)
+		written = append(written, putObjects(ctx, namespace, nodes[0], bucket,
+			[]string{prefix + "données/été 2024.csv", prefix + "with space/a b c.json"}, 70000, 3)...)
+		for i := range written {
+			written[i].Key = strings.TrimPrefix(written[i].Key, prefix)
+		}
+
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "corpus", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source: &datav1alpha1.DatasetSource{
+					URI: "s3://" + bucket + "/" + prefix, Endpoint: minioEndpoint,
+					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
+				},
+				TierPoolName: pool,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+	})
+	AfterEach(func() { dumpOnFailure(namespace) })
+
+	It("makes the Dataset Ready once the driver and the pool's workers run", func(ctx SpecContext) {
+		Eventually(func(g Gomega) {
+			var ds datav1alpha1.Dataset
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "corpus"}, &ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset corpus to be Ready")
+	})
+
+	It("serves every byte, name and size of the source to pods on both nodes", func(ctx SpecContext) {
+		for _, node := range nodes {
+			By("reading the Dataset through its claim on " + node)
+			read := sumClaim(ctx, namespace, node, "corpus")
+			Expect(read).To(Equal(sorted(written)), "what a pod on %s read differs from what was written", node)
+		}
+	})
+
+	It("refuses a pod of another namespace that names the Dataset's volume", func(ctx SpecContext) {
+		other := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-csi-other-"}}
+		Expect(k8sClient.Create(ctx, other)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, other)).To(Succeed()) })
+		var ds datav1alpha1.Dataset
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "corpus"}, &ds)).To(Succeed())
+		var pv corev1.PersistentVolume
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(ds.UID)}, &pv)).To(Succeed())
+
+		// An inline CSI volume is not allowed for this driver, so the only way in is a PV: a
+		// second PV with the same handle and attributes, claimed from another namespace, is what
+		// a tenant who guessed them would try.
+		thief := pv.DeepCopy()
+		thief.ObjectMeta = metav1.ObjectMeta{Name: "strata-stolen-" + other.Name}
+		thief.Spec.ClaimRef = &corev1.ObjectReference{Namespace: other.Name, Name: "stolen"}
+		Expect(k8sClient.Create(ctx, thief)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, thief))).To(Succeed()) })
+		empty := ""
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "stolen", Namespace: other.Name},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: pv.Spec.AccessModes, StorageClassName: &empty, VolumeName: thief.Name,
+				Resources: corev1.VolumeResourceRequirements{Requests: pv.Spec.Capacity},
+			},
+		}
+		Expect(k8sClient.Create(ctx, pvc)).To(Succeed())
+		pod := claimPod(other.Name, nodes[0], "stolen", "sum", "/data")
+		Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+		Eventually(func(g Gomega) {
+			events, err := clientset.CoreV1().Events(other.Name).List(ctx, metav1.ListOptions{
+				FieldSelector: "involvedObject.name=" + pod.Name,
+			})
+			g.Expect(err).NotTo(HaveOccurred())
+			var messages []string
+			for _, e := range events.Items {
+				messages = append(messages, e.Message)
+			}
+			g.Expect(strings.Join(messages, "\n")).To(ContainSubstring("PermissionDenied"))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the mount to be refused")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+		Expect(pod.Status.Phase).To(Equal(corev1.PodPending), "the pod must never start with another namespace's data")
+	})
+})
+
+// putObjects writes keys of size bytes each to bucket from a testkit pod on node.
+func putObjects(ctx context.Context, namespace, node, bucket string, keys []string, size int64, seed int) []object {
+	return runPod(ctx, testkitPod(namespace, node, "s3", "put", "--endpoint", minioEndpoint, "--bucket", bucket,
+		"--key", strings.Join(keys, ","), "--size", fmt.Sprint(size), "--seed", fmt.Sprint(seed)))
+}
+
+// sumClaim reads every file of a claim in a pod on node and returns what testkit sum printed.
+func sumClaim(ctx context.Context, namespace, node, claim string) []object {
+	pod := claimPod(namespace, node, claim, "sum", "/data")
+	return sorted(runPod(ctx, pod))
+}
+
+// claimPod is a testkit pod on node with claim mounted read-only at /data.
+func claimPod(namespace, node, claim string, args ...string) *corev1.Pod {
+	pod := testkitPod(namespace, node, args...)
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data", ReadOnly: true}}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true},
+	}}}
+	return pod
+}
+
+// runPod creates pod, waits for it to succeed and decodes the JSON lines it printed.
+func runPod(ctx context.Context, pod *corev1.Pod) []object {
+	Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+		g.Expect(pod.Status.Phase).NotTo(Equal(corev1.PodFailed), "testkit %v failed: %s", pod.Spec.Containers[0].Args, podLogs(ctx, pod))
+		g.Expect(pod.Status.Phase).To(Equal(corev1.PodSucceeded))
+	}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for testkit %v on %s", pod.Spec.Containers[0].Args, pod.Spec.NodeName)
+	var out []object
+	for _, line := range strings.Split(strings.TrimSpace(podLogs(ctx, pod)), "\n") {
+		var o object
+		Expect(json.Unmarshal([]byte(line), &o)).To(Succeed(), "testkit output line %q", line)
+		out = append(out, o)
+	}
+	return out
+}
+
+func sorted(objs []object) []object {
+	out := append([]object(nil), objs...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
