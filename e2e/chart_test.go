@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -58,6 +59,8 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 		inRelease := client.InNamespace(strataNamespace)
 		for name, list := range map[string]client.ObjectList{
 			"Deployments":         &appsv1.DeploymentList{},
+			"DaemonSets":          &appsv1.DaemonSetList{},
+			"CSIDrivers":          &storagev1.CSIDriverList{},
 			"ServiceAccounts":     &corev1.ServiceAccountList{},
 			"Services":            &corev1.ServiceList{},
 			"Roles":               &rbacv1.RoleList{},

@@ -65,17 +65,13 @@ kubectl get tierpools
 kubectl -n "$ns" get datasets -o wide
 
 say "4. Waiting for the Dataset to be Ready"
-if ! kubectl -n "$ns" wait dataset pictures --for=condition=Ready --timeout=60s >/dev/null 2>&1; then
+# The first time, the workers start on both nodes: give them a few minutes.
+if ! kubectl -n "$ns" wait dataset pictures --for=condition=Ready --timeout=180s >/dev/null 2>&1; then
   kubectl -n "$ns" get dataset pictures -o wide
   reason=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.conditions[?(@.type=="Ready")].reason}')
   message=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}')
-  cat >&2 <<MSG
-
-The Dataset is not Ready: $reason: $message
-
-Strata's operator validated the Dataset and gave it its claim, but the cache workers and the
-CSI driver that serve the claim have not landed yet. This is where the demo stops until they do.
-MSG
+  echo >&2
+  echo "The Dataset is not Ready: $reason: $message" >&2
   exit 1
 fi
 pvc=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.persistentVolumeClaimName}')
