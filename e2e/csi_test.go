@@ -22,9 +22,10 @@ import (
 
 // object is one line of testkit's output, as `s3 put` and `sum` print it.
 type object struct {
-	Key    string `json:"key"`
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
+	Key     string  `json:"key"`
+	Bytes   int64   `json:"bytes"`
+	SHA256  string  `json:"sha256"`
+	Seconds float64 `json:"seconds"`
 }
 
 var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smoke", "csi"), func() {
@@ -65,10 +66,10 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		Expect(k8sClient.Create(ctx, tp)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
 
-		By("writing nested folders, a 21 MiB file, 300 small files and names with spaces and accents to MinIO")
+		By("writing nested folders, a 21 MiB file, a thousand small files and names with spaces and accents to MinIO")
 		prefix := namespace + "/"
 		var small []string
-		for i := range 300 {
+		for i := range 1000 {
 			small = append(small, fmt.Sprintf("%ssmall/%03d/part-%d.txt", prefix, i%10, i))
 		}
 		written = append(written, putObjects(ctx, namespace, nodes[0], bucket, []string{prefix + "big/train.bin"}, 21<<20, 1)...)
@@ -107,8 +108,48 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		for _, node := range nodes {
 			By("reading the Dataset through its claim on " + node)
 			read := sumClaim(ctx, namespace, node, "corpus")
-			Expect(read).To(Equal(sorted(written)), "what a pod on %s read differs from what was written", node)
+			Expect(read).To(Equal(contents(written)), "what a pod on %s read differs from what was written", node)
 		}
+	})
+
+	It("keeps a pod reading while the node plugin is replaced, and mounts again with the new one", func(ctx SpecContext) {
+		node := nodes[0]
+		var big object
+		for _, o := range written {
+			if o.Key == "big/train.bin" {
+				big = o
+			}
+		}
+		// 21 MiB at 2 MiB/s: a read that lasts about ten seconds.
+		reader := claimPod(namespace, node, "corpus", "sum", "--rate", "2097152", "/data/big")
+		Expect(k8sClient.Create(ctx, reader)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(reader), reader)).To(Succeed())
+			g.Expect(reader.Status.Phase).To(Equal(corev1.PodRunning))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the reader to start")
+
+		By("deleting the node plugin's pod on " + node + " while the reader streams")
+		plugin := csiNodePod(ctx, node)
+		Expect(plugin).NotTo(BeNil(), "no node plugin on %s", node)
+		Expect(k8sClient.Delete(ctx, plugin)).To(Succeed())
+		Eventually(func(g Gomega) {
+			p := csiNodePod(ctx, node)
+			g.Expect(p).NotTo(BeNil())
+			g.Expect(p.UID).NotTo(Equal(plugin.UID))
+			g.Expect(podReady(p)).To(BeTrue())
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for a new node plugin on %s", node)
+
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(reader), reader)).To(Succeed())
+			g.Expect(reader.Status.Phase).NotTo(Equal(corev1.PodFailed), "the reader failed: %s", podLogs(ctx, reader))
+			g.Expect(reader.Status.Phase).To(Equal(corev1.PodSucceeded))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the reader to finish")
+		var got object
+		Expect(json.Unmarshal([]byte(strings.TrimSpace(podLogs(ctx, reader))), &got)).To(Succeed())
+		Expect(got.SHA256).To(Equal(big.SHA256), "the read that outlived the node plugin returned other bytes")
+
+		By("mounting the Dataset in a new pod on " + node + " through the new node plugin")
+		Expect(sumClaim(ctx, namespace, node, "corpus")).To(Equal(contents(written)))
 	})
 
 	It("refuses a pod of another namespace that names the Dataset's volume", func(ctx SpecContext) {
@@ -155,6 +196,19 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 	})
 })
 
+// csiNodePod returns the node plugin's live pod on node, or nil.
+func csiNodePod(ctx context.Context, node string) *corev1.Pod {
+	var pods corev1.PodList
+	Expect(k8sClient.List(ctx, &pods, client.InNamespace(strataNamespace),
+		client.MatchingLabels{"app.kubernetes.io/component": "csi-node"})).To(Succeed())
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.Spec.NodeName == node && p.DeletionTimestamp == nil {
+			return p
+		}
+	}
+	return nil
+}
+
 // putObjects writes keys of size bytes each to bucket from a testkit pod on node.
 func putObjects(ctx context.Context, namespace, node, bucket string, keys []string, size int64, seed int) []object {
 	return runPod(ctx, testkitPod(namespace, node, "s3", "put", "--endpoint", minioEndpoint, "--bucket", bucket,
@@ -164,7 +218,7 @@ func putObjects(ctx context.Context, namespace, node, bucket string, keys []stri
 // sumClaim reads every file of a claim in a pod on node and returns what testkit sum printed.
 func sumClaim(ctx context.Context, namespace, node, claim string) []object {
 	pod := claimPod(namespace, node, claim, "sum", "/data")
-	return sorted(runPod(ctx, pod))
+	return contents(runPod(ctx, pod))
 }
 
 // claimPod is a testkit pod on node with claim mounted read-only at /data.
@@ -194,8 +248,13 @@ func runPod(ctx context.Context, pod *corev1.Pod) []object {
 	return out
 }
 
-func sorted(objs []object) []object {
+// contents is what objs hold, comparable between a write and a read: sorted by key, without
+// the time each took.
+func contents(objs []object) []object {
 	out := append([]object(nil), objs...)
+	for i := range out {
+		out[i].Seconds = 0
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
 }

@@ -3,7 +3,8 @@
 //
 //	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
-//	testkit sum /data/imagenet
+//	testkit sum [--rate BYTES_PER_SECOND] [--summary] /data/imagenet
+//	testkit copy /data/imagenet /scratch/imagenet
 //	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
 //	testkit worker put --master m-0:7001 --worker default/node-a --block b1 --size 8388608 --seed 7 --dataset e2e
 //	testkit worker get --master m-0:7001 --worker default/node-a --block b1
@@ -43,6 +44,8 @@ type result struct {
 	Key    string `json:"key"`
 	Bytes  int64  `json:"bytes"`
 	SHA256 string `json:"sha256"`
+	// Seconds is how long reading (or writing) took.
+	Seconds float64 `json:"seconds"`
 }
 
 func main() {
@@ -53,12 +56,15 @@ func main() {
 }
 
 const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N]" +
-	" | testkit sum DIR | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
+	" | testkit sum [--rate N] [--summary] DIR | testkit copy SRC DST | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
 	" | testkit worker put|get --master ADDRS --worker ID --block ID [--size BYTES --seed N --dataset NAME]"
 
 func run(args []string) error {
-	if len(args) == 2 && args[0] == "sum" {
-		return sum(args[1], json.NewEncoder(os.Stdout))
+	if len(args) >= 2 && args[0] == "sum" {
+		return sumCommand(args[1:], json.NewEncoder(os.Stdout))
+	}
+	if len(args) == 3 && args[0] == "copy" {
+		return copyTree(args[1], args[2])
 	}
 	if len(args) >= 2 && args[0] == "master" && args[1] == "soak" {
 		return masterSoak(args[2:], json.NewEncoder(os.Stdout))
@@ -76,6 +82,7 @@ func run(args []string) error {
 	size := flags.Int64("size", 1<<20, "bytes to put")
 	seed := flags.Uint64("seed", 1, "seed of the pseudo-random content to put")
 	timeout := flags.Duration("timeout", 5*time.Minute, "give up after this long")
+	summary := flags.Bool("summary", false, "print one line with the total bytes and seconds instead of a line per object")
 	if err := flags.Parse(args[2:]); err != nil {
 		return err
 	}
@@ -93,8 +100,10 @@ func run(args []string) error {
 		return err
 	}
 	out := json.NewEncoder(os.Stdout)
+	var total result
 	for i, key := range strings.Split(*keys, ",") {
 		var res result
+		start := time.Now()
 		if args[1] == "put" {
 			// Each object gets its own content, reproducible from the seed and its position.
 			res, err = put(ctx, client, *bucket, key, *size, *seed+uint64(i))
@@ -104,15 +113,51 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
+		res.Seconds = time.Since(start).Seconds()
+		total.Bytes += res.Bytes
+		total.Seconds += res.Seconds
+		if *summary {
+			continue
+		}
 		if err := out.Encode(res); err != nil {
 			return err
 		}
 	}
+	if *summary {
+		return out.Encode(total)
+	}
 	return nil
 }
 
-// sum prints the size and SHA-256 of every regular file below dir.
-func sum(dir string, out *json.Encoder) error {
+// sumCommand is `testkit sum [--rate BYTES_PER_SECOND] [--summary] DIR`.
+func sumCommand(args []string, out *json.Encoder) error {
+	flags := flag.NewFlagSet("sum", flag.ContinueOnError)
+	rate := flags.Int64("rate", 0, "read at most this many bytes per second (0: as fast as possible), to keep a read going for a while")
+	summary := flags.Bool("summary", false, "print one line with the total bytes and seconds instead of a line per file")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	if flags.NArg() != 1 {
+		return errors.New("usage: testkit sum [--rate BYTES_PER_SECOND] [--summary] DIR")
+	}
+	var total result
+	start := time.Now()
+	err := sum(flags.Arg(0), *rate, func(r result) error {
+		total.Bytes += r.Bytes
+		if *summary {
+			return nil
+		}
+		return out.Encode(r)
+	})
+	if err != nil || !*summary {
+		return err
+	}
+	total.Seconds = time.Since(start).Seconds()
+	return out.Encode(total)
+}
+
+// sum reports the size, SHA-256 and read time of every regular file below dir, in walk order.
+func sum(dir string, rate int64, report func(result) error) error {
 	return filepath.WalkDir(dir, func(path string, entry fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("walking %s: %w", path, err)
@@ -125,8 +170,13 @@ func sum(dir string, out *json.Encoder) error {
 			return fmt.Errorf("opening %s: %w", path, err)
 		}
 		defer func() { _ = f.Close() }()
+		start := time.Now()
 		hash := sha256.New()
-		n, err := io.Copy(hash, f)
+		var r io.Reader = f
+		if rate > 0 {
+			r = &throttled{r: f, rate: rate, start: start}
+		}
+		n, err := io.Copy(hash, r)
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", path, err)
 		}
@@ -134,7 +184,62 @@ func sum(dir string, out *json.Encoder) error {
 		if err != nil {
 			return err
 		}
-		return out.Encode(result{Key: filepath.ToSlash(rel), Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil))})
+		return report(result{Key: filepath.ToSlash(rel), Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil)),
+			Seconds: time.Since(start).Seconds()})
+	})
+}
+
+// throttled reads at most rate bytes per second on average.
+type throttled struct {
+	r     io.Reader
+	rate  int64
+	start time.Time
+	read  int64
+}
+
+func (t *throttled) Read(p []byte) (int, error) {
+	if max := t.rate / 10; int64(len(p)) > max && max > 0 {
+		p = p[:max] // small reads, so the pace is even
+	}
+	if due := t.start.Add(time.Duration(float64(t.read) / float64(t.rate) * float64(time.Second))); time.Until(due) > 0 {
+		time.Sleep(time.Until(due))
+	}
+	n, err := t.r.Read(p)
+	t.read += int64(n)
+	return n, err
+}
+
+// copyTree copies every regular file below src to the same relative path below dst.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, entry fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("walking %s: %w", path, err)
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if entry.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !entry.Type().IsRegular() {
+			return nil
+		}
+		in, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = in.Close() }()
+		out, err := os.Create(target)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(out, in); err != nil {
+			_ = out.Close()
+			return fmt.Errorf("copying %s: %w", path, err)
+		}
+		return out.Close()
 	})
 }
 

@@ -1,0 +1,128 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+// The read benchmark of docs/benchmarks.md, run by `make bench-e2e`: one node reads the same
+// files four ways, side by side in one run.
+var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"), func() {
+	const (
+		bucket   = "e2e-bench"
+		files    = 4
+		fileSize = 32 << 20
+	)
+	var (
+		namespace string
+		node      string
+		keys      []string
+	)
+
+	BeforeAll(func(ctx SpecContext) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-bench-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
+		copyMinioCredentials(ctx, namespace)
+
+		// The cache node without MinIO, so that a cold read and a direct read both cross the
+		// pod network.
+		minioNode := runningPodNode(ctx, minioNamespace, "app.kubernetes.io/name=minio")
+		var list corev1.NodeList
+		Expect(k8sClient.List(ctx, &list, client.MatchingLabels{cacheNodeLabel: "true"})).To(Succeed())
+		for _, n := range list.Items {
+			if n.Name != minioNode {
+				node = n.Name
+			}
+		}
+		Expect(node).NotTo(BeEmpty())
+
+		pool := uniqueName("bench")
+		tp := &datav1alpha1.TierPool{
+			ObjectMeta: metav1.ObjectMeta{Name: pool},
+			Spec: datav1alpha1.TierPoolSpec{
+				NodeSelector: map[string]string{cacheNodeLabel: "true"},
+				Tiers: []datav1alpha1.Tier{
+					{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("256Mi")},
+				},
+				// Files of four blocks each: every read goes through the worker's block
+				// lookup (passthrough applies only to one-block files).
+				BlockSize: resource.MustParse("8Mi"),
+			},
+		}
+		Expect(k8sClient.Create(ctx, tp)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+
+		for i := range files {
+			keys = append(keys, fmt.Sprintf("%s/part-%d.bin", namespace, i))
+		}
+		putObjects(ctx, namespace, minioNode, bucket, keys, fileSize, 7)
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source: &datav1alpha1.DatasetSource{
+					URI: "s3://" + bucket + "/" + namespace + "/", Endpoint: minioEndpoint,
+					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
+				},
+				TierPoolName: pool,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(ds.Status.Conditions, datav1alpha1.ConditionReady)).To(BeTrue())
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset bench to be Ready")
+	})
+	AfterEach(func() { dumpOnFailure(namespace) })
+
+	It("reads cold and hot through the mount, next to tmpfs on the same node and MinIO direct", func(ctx SpecContext) {
+		total := int64(files * fileSize)
+		throughput := func(what string, o object) float64 {
+			Expect(o.Bytes).To(Equal(total), "%s read %d bytes", what, o.Bytes)
+			mbps := float64(o.Bytes) / 1e6 / o.Seconds
+			GinkgoWriter.Printf("%-40s %8.1f MB/s (%d bytes in %.3f s)\n", what, mbps, o.Bytes, o.Seconds)
+			AddReportEntry(what, fmt.Sprintf("%.1f MB/s", mbps))
+			return mbps
+		}
+
+		cold := one(runPod(ctx, claimPod(namespace, node, "bench", "sum", "--summary", "/data")))
+		throughput("cold, through the mount (from MinIO)", cold)
+		hot := one(runPod(ctx, claimPod(namespace, node, "bench", "sum", "--summary", "/data")))
+		throughput("hot, through the mount", hot)
+
+		// The same files copied into a tmpfs of the pod: what reading memory costs on this node.
+		pod := claimPod(namespace, node, "bench", "sum", "--summary", "/scratch")
+		pod.Spec.InitContainers = []corev1.Container{{
+			Name: "copy", Image: testkitImage, ImagePullPolicy: corev1.PullNever, Args: []string{"copy", "/data", "/scratch"},
+			VolumeMounts: append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "scratch", MountPath: "/scratch"}),
+		}}
+		pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}}
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory},
+		}})
+		throughput("tmpfs in the pod, same node", one(runPod(ctx, pod)))
+
+		direct := one(runPod(ctx, testkitPod(namespace, node, "s3", "get", "--summary", "--endpoint", minioEndpoint,
+			"--bucket", bucket, "--key", strings.Join(keys, ","))))
+		throughput("MinIO direct (minio-go), same node", direct)
+	})
+})
+
+func one(objs []object) object {
+	GinkgoHelper()
+	Expect(objs).To(HaveLen(1))
+	return objs[0]
+}
