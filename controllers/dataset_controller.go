@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -64,6 +66,9 @@ const ConditionDeletionBlocked = "DeletionBlocked"
 type DatasetReconciler struct {
 	Client   client.Client
 	Recorder record.EventRecorder
+
+	// probes remembers the last successful probe of each Dataset's source (see probeSource).
+	probes probeMemo
 }
 
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets,verbs=get;list;watch;update;patch
@@ -82,6 +87,7 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ds.DeletionTimestamp.IsZero() {
+		r.probes.forget(ds.UID)
 		return r.reconcileDelete(ctx, ds)
 	}
 	if !controllerutil.ContainsFinalizer(ds, DatasetFinalizer) {
@@ -99,9 +105,15 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	var summary *sourceSummary
+	if problem == nil {
+		if problem, summary, err = r.probeSource(ctx, ds); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	var ready *metav1.Condition
 	if problem == nil {
-		if err := r.ensureVolume(ctx, ds); err != nil {
+		if err := r.ensureVolume(ctx, ds, pool); err != nil {
 			return ctrl.Result{}, err
 		}
 		if ready, err = r.servingCondition(ctx, ds, pool); err != nil {
@@ -109,14 +121,29 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 	setDatasetStatus(ds, problem, ready)
+	setSourceSummary(ds, summary)
+	// A source that failed its probe may be fixed where the operator cannot see it (the
+	// endpoint comes up, the bucket is created): look again.
+	var result ctrl.Result
+	if problem != nil && isSourceProblem(problem.reason) {
+		result.RequeueAfter = sourceRecheck
+	}
 	if apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
-		return ctrl.Result{}, nil
+		return result, nil
 	}
 	if err := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
 	}
 	r.recordTransitions(before, ds)
-	return ctrl.Result{}, nil
+	return result, nil
+}
+
+func isSourceProblem(reason string) bool {
+	switch reason {
+	case ReasonSourceAccessDenied, ReasonSourceNotFound, ReasonSourceUnreachable, ReasonSourceEmpty:
+		return true
+	}
+	return false
 }
 
 // problem is what the user must fix before a Dataset can be served.
@@ -244,6 +271,24 @@ func underAnyRoot(p string, roots []string) bool {
 // volumeName is cluster-unique and stable for the life of the Dataset.
 func volumeName(ds *datav1alpha1.Dataset) string { return "strata-" + string(ds.UID) }
 
+// poolAffinity keeps the pods that mount a Dataset on the nodes of its TierPool: only there does
+// a worker of the pool run to serve the Dataset, and a pod scheduled elsewhere would wait for a
+// mount that never comes. Nil when the pool selects every node.
+func poolAffinity(pool *datav1alpha1.TierPool) *corev1.VolumeNodeAffinity {
+	if len(pool.Spec.NodeSelector) == 0 {
+		return nil
+	}
+	var match []corev1.NodeSelectorRequirement
+	for _, key := range slices.Sorted(maps.Keys(pool.Spec.NodeSelector)) {
+		match = append(match, corev1.NodeSelectorRequirement{
+			Key: key, Operator: corev1.NodeSelectorOpIn, Values: []string{pool.Spec.NodeSelector[key]},
+		})
+	}
+	return &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: match}},
+	}}
+}
+
 // volumeAttributes are what the CSI node plugin needs to serve the Dataset on a pod's node.
 func volumeAttributes(ds *datav1alpha1.Dataset) map[string]string {
 	attrs := map[string]string{
@@ -266,7 +311,7 @@ func volumeAttributes(ds *datav1alpha1.Dataset) map[string]string {
 
 // ensureVolume creates the Dataset's PersistentVolume and the claim, of the Dataset's name,
 // pre-bound to it. Both exist once and are never updated: their specs are immutable.
-func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.Dataset) error {
+func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.Dataset, pool *datav1alpha1.TierPool) error {
 	mode := corev1.ReadOnlyMany
 	if ds.Spec.Lineage != nil {
 		mode = corev1.ReadWriteMany // written by its Lineage's Job, then immutable
@@ -293,6 +338,7 @@ func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.D
 			}},
 		},
 	}
+	pv.Spec.NodeAffinity = poolAffinity(pool)
 	if src := ds.Spec.Source; src != nil && src.SecretRef != nil {
 		// The kubelet reads this Secret, of the Dataset's own namespace, and hands it to the
 		// node plugin at publish time.

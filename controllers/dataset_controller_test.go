@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"fmt"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	batchv1 "k8s.io/api/batch/v1"
@@ -13,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 var _ = Describe("The Dataset reconciler", func() {
@@ -29,6 +32,7 @@ var _ = Describe("The Dataset reconciler", func() {
 		pool := &datav1alpha1.TierPool{
 			ObjectMeta: metav1.ObjectMeta{Name: poolName},
 			Spec: datav1alpha1.TierPoolSpec{
+				NodeSelector: map[string]string{"strata.dev/cache": "true", "topology.kubernetes.io/zone": "a"},
 				Tiers: []datav1alpha1.Tier{{
 					Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"},
 					Quota: resource.MustParse("1Gi"),
@@ -40,17 +44,25 @@ var _ = Describe("The Dataset reconciler", func() {
 		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pool))).To(Succeed()) })
 	}
 
+	// s3Dataset reads the prefix <namespace>/<name>/ of the suite's MinIO, where it puts two
+	// objects, with the credentials of the Secret "creds".
 	s3Dataset := func(name string) *datav1alpha1.Dataset {
+		s3.Put(GinkgoT(), "datasets", namespace+"/"+name+"/a.bin", make([]byte, 1000))
+		s3.Put(GinkgoT(), "datasets", namespace+"/"+name+"/dir/b.bin", make([]byte, 3*1024*1024))
 		return &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 			Spec: datav1alpha1.DatasetSpec{
 				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://bucket/prefix/", Endpoint: "http://minio.minio.svc:9000",
+					URI: "s3://datasets/" + namespace + "/" + name + "/", Endpoint: "http://" + s3.Endpoint,
 					SecretRef: &datav1alpha1.SecretReference{Name: "creds"},
 				},
 				TierPoolName: poolName,
 			},
 		}
+	}
+	createCredentials := func(secretKey string) {
+		Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: namespace},
+			Data: map[string][]byte{"accessKeyID": []byte(miniotest.AccessKey), "secretAccessKey": []byte(secretKey)}})).To(Succeed())
 	}
 
 	// readyCondition waits until the Dataset's Ready condition has the reason, and returns it.
@@ -89,7 +101,12 @@ var _ = Describe("The Dataset reconciler", func() {
 		cond = readyCondition(ds, ReasonSecretIncomplete)
 		Expect(cond.Message).To(ContainSubstring("has no secretAccessKey"))
 
-		secret.Data["secretAccessKey"] = []byte("password")
+		secret.Data["secretAccessKey"] = []byte("not the key")
+		Expect(k8sClient.Update(ctx, secret)).To(Succeed())
+		cond = readyCondition(ds, ReasonSourceAccessDenied)
+		Expect(cond.Message).To(And(ContainSubstring(`refuses the credentials of Secret "creds"`), ContainSubstring(ds.Spec.Source.URI)))
+
+		secret.Data["accessKeyID"], secret.Data["secretAccessKey"] = []byte(miniotest.AccessKey), []byte(miniotest.SecretKey)
 		Expect(k8sClient.Update(ctx, secret)).To(Succeed())
 		cond = readyCondition(ds, ReasonNoCSIDriver)
 		Expect(cond.Message).To(ContainSubstring("the CSI driver csi.strata.dev that serves it is not installed"))
@@ -114,6 +131,15 @@ var _ = Describe("The Dataset reconciler", func() {
 		}), "the node plugin finds everything it needs to serve the Dataset in the volume")
 		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: "creds", Namespace: namespace}),
 			"the kubelet hands the node plugin the Dataset's Secret, from the Dataset's own namespace")
+		Expect(pv.Spec.NodeAffinity).To(Equal(&corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: "strata.dev/cache", Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}},
+				{Key: "topology.kubernetes.io/zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}},
+			}}},
+		}}), "pods that mount the Dataset are scheduled only where a worker of its pool serves it")
+		Expect(ds.Status.Files).To(BeEquivalentTo(2), "the probe counts the source's objects")
+		Expect(ds.Status.TotalBytes).To(BeEquivalentTo(1000 + 3*1024*1024))
+		Expect(ds.Status.Size).To(Equal("3.0Mi"))
 		Expect(pv.Spec.ClaimRef.Namespace).To(Equal(namespace))
 		Expect(pv.Spec.ClaimRef.Name).To(Equal("photos"))
 
@@ -122,6 +148,50 @@ var _ = Describe("The Dataset reconciler", func() {
 		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, driver)).To(Succeed()) })
 		cond = readyCondition(ds, ReasonNoReadyWorkers)
 		Expect(cond.Message).To(ContainSubstring("has no ready cache worker"))
+	})
+
+	It("says what is wrong with a source that does not answer, does not exist or is empty", func() {
+		createPool()
+		createCredentials(miniotest.SecretKey)
+		cases := map[string]struct {
+			change  func(src *datav1alpha1.DatasetSource)
+			reason  string
+			message string
+		}{
+			"an endpoint nothing listens on": {
+				change:  func(src *datav1alpha1.DatasetSource) { src.Endpoint = "http://" + miniotest.ClosedAddr(GinkgoT()) },
+				reason:  ReasonSourceUnreachable,
+				message: "check spec.source.endpoint",
+			},
+			"a bucket that does not exist": {
+				change:  func(src *datav1alpha1.DatasetSource) { src.URI = "s3://no-such-bucket/x/" },
+				reason:  ReasonSourceNotFound,
+				message: "check the bucket in spec.source.uri",
+			},
+			"a prefix with no objects": {
+				change:  func(src *datav1alpha1.DatasetSource) { src.URI = "s3://datasets/nothing-here/" },
+				reason:  ReasonSourceEmpty,
+				message: "there are no objects under s3://datasets/nothing-here/",
+			},
+			"no Secret at all": {
+				change:  func(src *datav1alpha1.DatasetSource) { src.SecretRef = nil },
+				reason:  ReasonSecretIncomplete,
+				message: "set spec.source.secretRef",
+			},
+		}
+		i := 0
+		for name, tc := range cases {
+			By(name)
+			ds := s3Dataset(fmt.Sprintf("bad-%d", i))
+			i++
+			tc.change(ds.Spec.Source)
+			Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+			cond := readyCondition(ds, tc.reason)
+			Expect(cond.Message).To(ContainSubstring(tc.message), "%s", name)
+			pvc := &corev1.PersistentVolumeClaim{}
+			err := k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ds.Name}, pvc)
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%s: no claim is made for a source that cannot be served", name)
+		}
 	})
 
 	It("refuses a file:// source outside the TierPool's fileSourceRoots", func() {
@@ -160,8 +230,8 @@ var _ = Describe("The Dataset reconciler", func() {
 
 	It("waits to be deleted until a Lineage that reads it has checkpointed its outputs, then removes its claim and volume", func() {
 		createPool()
+		createCredentials(miniotest.SecretKey)
 		ds := s3Dataset("raw")
-		ds.Spec.Source.SecretRef = nil
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
 		readyCondition(ds, ReasonNoCSIDriver)
 		pvName := "strata-" + string(ds.UID)

@@ -20,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 // This suite runs the reconcilers in a manager against a real kube-apiserver and etcd (built by
@@ -33,6 +34,9 @@ var (
 	k8sClient client.Client
 	ctx       context.Context
 	cancel    context.CancelFunc
+	// s3 is a real MinIO that Datasets of the specs read from: the operator probes a
+	// Dataset's source before it serves it.
+	s3 *miniotest.Server
 )
 
 func TestControllers(t *testing.T) {
@@ -46,6 +50,9 @@ var _ = BeforeSuite(func() {
 	SetDefaultEventuallyTimeout(30 * time.Second)
 	SetDefaultEventuallyPollingInterval(100 * time.Millisecond)
 	ctx, cancel = context.WithCancel(context.Background())
+	Expect(miniotest.Binary()).NotTo(BeEmpty(), "no MinIO binary: run `make test` (it builds one) or set STRATA_MINIO")
+	s3 = miniotest.Start(GinkgoT())
+	s3.MakeBucket(GinkgoT(), "datasets")
 
 	testEnv = &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},

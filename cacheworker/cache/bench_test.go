@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
-	"github.com/strata-cache/strata/cacheworker/internal/miniotest"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 // Sizes of the benchmarks: modest, so that one run takes seconds, yet blocks large enough

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
-	"github.com/strata-cache/strata/cacheworker/internal/miniotest"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 const benchBlockSize = 4 << 20

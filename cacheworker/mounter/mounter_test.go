@@ -22,9 +22,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
-	"github.com/strata-cache/strata/cacheworker/internal/miniotest"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 const (

@@ -11,7 +11,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/strata-cache/strata/cacheworker/internal/miniotest"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 // TestS3AgainstMinIO runs the S3 store against a real MinIO server, one server for all cases.

@@ -13,7 +13,7 @@ import (
 
 	. "github.com/onsi/gomega"
 
-	"github.com/strata-cache/strata/cacheworker/internal/miniotest"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 // listAll lists a store from its root.

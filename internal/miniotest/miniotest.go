@@ -15,12 +15,21 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 )
+
+// TB is what the helpers need of a test: testing.TB and Ginkgo's GinkgoT() both have it.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+	Cleanup(func())
+	TempDir() string
+}
 
 // Credentials of the root user of every test server.
 const (
@@ -52,8 +61,8 @@ func Binary() string {
 	if !ok {
 		return ""
 	}
-	// This file is cacheworker/internal/miniotest/miniotest.go; bin/ is at the repository root.
-	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(file), "..", "..", "..", "bin", "minio-*"))
+	// This file is internal/miniotest/miniotest.go; bin/ is at the repository root.
+	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(file), "..", "..", "bin", "minio-*"))
 	for i := len(matches) - 1; i >= 0; i-- {
 		if st, err := os.Stat(matches[i]); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
 			return matches[i]
@@ -63,7 +72,7 @@ func Binary() string {
 }
 
 // Start runs a MinIO server for tb, or skips tb if no binary is found.
-func Start(tb testing.TB) *Server {
+func Start(tb TB) *Server {
 	tb.Helper()
 	bin := Binary()
 	if bin == "" {
@@ -129,7 +138,7 @@ func waitReady(addr string, exited <-chan error) error {
 }
 
 // MakeBucket creates a bucket.
-func (s *Server) MakeBucket(tb testing.TB, name string) {
+func (s *Server) MakeBucket(tb TB, name string) {
 	tb.Helper()
 	if err := s.Client.MakeBucket(context.Background(), name, minio.MakeBucketOptions{}); err != nil {
 		tb.Fatalf("creating bucket %s: %v", name, err)
@@ -137,7 +146,7 @@ func (s *Server) MakeBucket(tb testing.TB, name string) {
 }
 
 // Put stores an object.
-func (s *Server) Put(tb testing.TB, bucket, key string, data []byte) {
+func (s *Server) Put(tb TB, bucket, key string, data []byte) {
 	tb.Helper()
 	if _, err := s.Client.PutObject(context.Background(), bucket, key, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
 		tb.Fatalf("putting %s/%s: %v", bucket, key, err)
@@ -145,7 +154,7 @@ func (s *Server) Put(tb testing.TB, bucket, key string, data []byte) {
 }
 
 // freeAddr returns 127.0.0.1:port for a port that was free a moment ago.
-func freeAddr(tb testing.TB) string {
+func freeAddr(tb TB) string {
 	tb.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -156,7 +165,7 @@ func freeAddr(tb testing.TB) string {
 }
 
 // ClosedAddr returns 127.0.0.1:port for a port nothing listens on, for unreachable-endpoint tests.
-func ClosedAddr(tb testing.TB) string { return freeAddr(tb) }
+func ClosedAddr(tb TB) string { return freeAddr(tb) }
 
 // syncBuffer collects the server's output for the failure message.
 type syncBuffer struct {

@@ -1,0 +1,192 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/understore"
+)
+
+// Reasons of a Ready condition that the probe of a Dataset's under-store sets.
+const (
+	ReasonSourceAccessDenied = "SourceAccessDenied"
+	ReasonSourceNotFound     = "SourceNotFound"
+	ReasonSourceUnreachable  = "SourceUnreachable"
+	ReasonSourceEmpty        = "SourceEmpty"
+)
+
+// Bounds of a probe. A probe lists the source to tell a user at once what is wrong with it and
+// how much it holds; a source larger than maxProbeObjects, or slower to list than
+// probeTimeout, is still served, only its size is not counted.
+const (
+	probeTimeout    = 15 * time.Second
+	maxProbeObjects = 100_000
+	// sourceRecheck is how often a Dataset whose source failed its probe is probed again: the
+	// endpoint may come up, the bucket be created, the credentials be fixed at the store.
+	sourceRecheck = time.Minute
+	// probeReuse is how long a successful probe stands for the same spec and Secret: a Dataset
+	// is reconciled on every change of its TierPool, Secret or the CSI driver, and listing its
+	// source each time would cost the store as much as the operator.
+	probeReuse = 10 * time.Minute
+)
+
+// probeMemo remembers successful probes, by Dataset UID.
+type probeMemo struct {
+	mu   sync.Mutex
+	last map[types.UID]probeRecord
+}
+
+// probeRecord is a successful probe and what it was made with.
+type probeRecord struct {
+	generation    int64
+	secretVersion string
+	at            time.Time
+	summary       *sourceSummary
+}
+
+func (m *probeMemo) get(uid types.UID, generation int64, secretVersion string, now time.Time) (*sourceSummary, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.last[uid]
+	if !ok || r.generation != generation || r.secretVersion != secretVersion || now.Sub(r.at) > probeReuse {
+		return nil, false
+	}
+	return r.summary, true
+}
+
+func (m *probeMemo) put(uid types.UID, r probeRecord) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.last == nil {
+		m.last = map[types.UID]probeRecord{}
+	}
+	m.last[uid] = r
+}
+
+func (m *probeMemo) forget(uid types.UID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.last, uid)
+}
+
+// sourceSummary is what a probe found under a Dataset's source.
+type sourceSummary struct {
+	files, bytes int64
+	// complete is false when the listing stopped at a bound before its end.
+	complete bool
+}
+
+// probeSource lists a Dataset's s3:// source with the credentials of its Secret. Other schemes
+// are not probed here: file:// and pvc:// name paths on the nodes, and HTTP servers cannot list.
+// It returns the problem a user must fix, if any, and the summary of a source that answered.
+func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Dataset) (*problem, *sourceSummary, error) {
+	src := ds.Spec.Source
+	if src == nil || !strings.HasPrefix(src.URI, "s3://") {
+		return nil, nil, nil
+	}
+	creds := map[string]string{}
+	secretVersion := ""
+	if src.SecretRef != nil {
+		secret := &corev1.Secret{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: src.SecretRef.Name}, secret); err != nil {
+			return nil, nil, fmt.Errorf("reading Secret %s/%s: %w", ds.Namespace, src.SecretRef.Name, err)
+		}
+		for k, v := range secret.Data {
+			creds[k] = string(v)
+		}
+		secretVersion = secret.ResourceVersion
+	}
+	now := time.Now()
+	if sum, ok := r.probes.get(ds.UID, ds.Generation, secretVersion, now); ok {
+		return nil, sum, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	store, err := understore.Open(ctx, understore.Source{URI: src.URI, Endpoint: src.Endpoint, Region: src.Region, Credentials: creds})
+	if err != nil {
+		return sourceProblem(ds, err), nil, nil
+	}
+	sum := &sourceSummary{complete: true}
+	for obj, err := range store.List(ctx, "") {
+		if err != nil {
+			if sum.files > 0 && ctx.Err() != nil {
+				// Slow to list, but it answers: serve it, uncounted.
+				sum.complete = false
+				break
+			}
+			return sourceProblem(ds, err), nil, nil
+		}
+		sum.files++
+		sum.bytes += max(obj.Size, 0)
+		if sum.files >= maxProbeObjects {
+			sum.complete = false
+			break
+		}
+	}
+	if sum.files == 0 {
+		return &problem{ReasonSourceEmpty, fmt.Sprintf(
+			"there are no objects under %s: check spec.source.uri (a prefix is a folder: it ends with /)", store)}, nil, nil
+	}
+	r.probes.put(ds.UID, probeRecord{generation: ds.Generation, secretVersion: secretVersion, at: now, summary: sum})
+	return nil, sum, nil
+}
+
+// sourceProblem says what is wrong with a Dataset's source and what to fix.
+func sourceProblem(ds *datav1alpha1.Dataset, err error) *problem {
+	src := ds.Spec.Source
+	secret := "no Secret (spec.source.secretRef is not set)"
+	if src.SecretRef != nil {
+		secret = fmt.Sprintf("Secret %q", src.SecretRef.Name)
+	}
+	switch {
+	case errors.Is(err, understore.ErrMissingCredentials):
+		return &problem{ReasonSecretIncomplete, fmt.Sprintf(
+			"%s needs credentials and %s gives none: set spec.source.secretRef to a Secret with accessKeyID and secretAccessKey (%v)",
+			src.URI, secret, err)}
+	case errors.Is(err, understore.ErrAccessDenied):
+		return &problem{ReasonSourceAccessDenied, fmt.Sprintf(
+			"the under-store refuses the credentials of %s: check accessKeyID and secretAccessKey, and that they may list %s (%v)",
+			secret, src.URI, err)}
+	case errors.Is(err, understore.ErrNotFound):
+		return &problem{ReasonSourceNotFound, fmt.Sprintf("%s does not exist: check the bucket in spec.source.uri (%v)", src.URI, err)}
+	case errors.Is(err, understore.ErrInvalidPath):
+		return &problem{ReasonSourceNotFound, fmt.Sprintf("spec.source is not usable: %v", err)}
+	}
+	return &problem{ReasonSourceUnreachable, fmt.Sprintf(
+		"cannot list %s: check spec.source.endpoint and that the cluster can reach it (%v)", src.URI, err)}
+}
+
+// setSourceSummary records what a probe counted; an incomplete count leaves the old one.
+func setSourceSummary(ds *datav1alpha1.Dataset, sum *sourceSummary) {
+	if sum == nil || !sum.complete {
+		return
+	}
+	ds.Status.Files = sum.files
+	ds.Status.TotalBytes = sum.bytes
+	ds.Status.Size = humanBytes(sum.bytes)
+}
+
+// humanBytes writes n in binary units with one decimal, as `kubectl get` readers expect.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, suffix := float64(n)/unit, "Ki"
+	for _, s := range []string{"Mi", "Gi", "Ti", "Pi"} {
+		if v < unit {
+			break
+		}
+		v, suffix = v/unit, s
+	}
+	return fmt.Sprintf("%.1f%s", v, suffix)
+}
