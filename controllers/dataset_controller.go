@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -25,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 const (
@@ -66,10 +69,20 @@ const ConditionDeletionBlocked = "DeletionBlocked"
 type DatasetReconciler struct {
 	Client   client.Client
 	Recorder record.EventRecorder
+	// Master, when the operator runs one, forgets a deleted Dataset's files and blocks.
+	Master DatasetMetadata
 
 	// probes remembers the last successful probe of each Dataset's source (see probeSource).
 	probes probeMemo
 }
+
+// DatasetMetadata is the part of the master the Dataset reconciler talks to.
+type DatasetMetadata interface {
+	DeleteDataset(ctx context.Context, name string) (*masterpb.DeleteDatasetResponse, error)
+}
+
+// masterCallTimeout bounds one call to the master from a reconcile.
+const masterCallTimeout = 10 * time.Second
 
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets/status,verbs=get;update;patch
@@ -427,6 +440,20 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 		return ctrl.Result{RequeueAfter: dependentsRecheck}, nil
 	}
 
+	if err := r.forgetMetadata(ctx, ds); err != nil {
+		// Retried: a Dataset whose metadata the master still holds would leave its files
+		// listed there for good. The condition says what the deletion waits for.
+		before := ds.DeepCopy()
+		setDeletionBlocked(ds, err.Error())
+		if !apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
+			if perr := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); perr != nil {
+				return ctrl.Result{}, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, perr)
+			}
+			r.Recorder.Event(ds, corev1.EventTypeWarning, ReasonDeletionBlocked, err.Error())
+		}
+		return ctrl.Result{}, err
+	}
+
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: ds.Name, Namespace: ds.Namespace}}
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err == nil && metav1.IsControlledBy(pvc, ds) {
 		if err := r.Client.Delete(ctx, pvc); client.IgnoreNotFound(err) != nil {
@@ -442,6 +469,26 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 	patch := client.MergeFrom(ds.DeepCopy())
 	controllerutil.RemoveFinalizer(ds, DatasetFinalizer)
 	return ctrl.Result{}, r.Client.Patch(ctx, ds, patch)
+}
+
+// forgetMetadata deletes the Dataset's files and blocks from the master (the workers registered
+// them as they cached its blocks); a Dataset the master never knew is forgotten already.
+func (r *DatasetReconciler) forgetMetadata(ctx context.Context, ds *datav1alpha1.Dataset) error {
+	if r.Master == nil {
+		return nil
+	}
+	name := datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID))
+	ctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+	defer cancel()
+	resp, err := r.Master.DeleteDataset(ctx, name)
+	if status.Code(err) == codes.NotFound {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for the master to forget the Dataset's files (%s): %w", name, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("the master forgot the Dataset's files", "dataset", name, "files", resp.GetFilesDeleted())
+	return nil
 }
 
 // uncheckpointedDependent names a Lineage that reads ds and has an output not yet checkpointed,

@@ -22,3 +22,15 @@ const (
 	VolumeAttributeSourceEndpoint = "data.strata.dev/source-endpoint"
 	VolumeAttributeSourceRegion   = "data.strata.dev/source-region"
 )
+
+// MasterDatasetName is the name under which a Dataset's files and blocks are known to the
+// master, and MasterDatasetRoot the folder they live in there. Both carry the UID: a Dataset
+// deleted and created again under its name starts with nothing of the old one's metadata.
+func MasterDatasetName(namespace, name, uid string) string {
+	return namespace + "/" + name + "/" + uid
+}
+
+// MasterDatasetRoot is the root folder of a Dataset in the master's namespace.
+func MasterDatasetRoot(namespace, name, uid string) string {
+	return "/datasets/" + MasterDatasetName(namespace, name, uid)
+}

@@ -9,7 +9,7 @@
 // existing mount if the Dataset is mounted with the same source (idempotent, as CSI requires;
 // a different source is FAILED_PRECONDITION), or opens the under-store
 // (understore.Open), makes the Dataset's read-through cache (its blocks named by the UID,
-// reported to the master as /datasets/<namespace>/<name>/<file> when Config.Stored is set)
+// reported to the master as /datasets/<namespace>/<name>/<uid>/<file> when Config.Stored is set)
 // and mounts a fusefs file system at MountsDir/<uid>. Under-store failures say what to fix:
 // missing credentials are INVALID_ARGUMENT, access denied and a missing bucket or path
 // FAILED_PRECONDITION, an unreachable store UNAVAILABLE, each naming the store.

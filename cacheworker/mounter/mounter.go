@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
@@ -48,7 +49,7 @@ type Config struct {
 	// Peers, when set, is asked for a missing block before the under-store.
 	Peers cache.PeerReader
 	// Stored, when set, is told of every block stored, with its origin in the master's
-	// namespace (/datasets/<namespace>/<name>/<file>), to report it to the master.
+	// namespace (/datasets/<namespace>/<name>/<uid>/<file>), to report it to the master.
 	Stored func(ctx context.Context, info tierstore.BlockInfo)
 	// FileRoots are the folders file:// sources must lie under (the TierPool's fileSourceRoots).
 	FileRoots []string
@@ -319,7 +320,9 @@ func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) 
 		Peers: m.cfg.Peers, Metrics: m.cfg.CacheMetrics, Log: log,
 	}
 	if m.cfg.Stored != nil {
-		cfg.Dataset, cfg.Root, cfg.Stored = mnt.dataset(), "/datasets/"+mnt.dataset(), m.cfg.Stored
+		cfg.Dataset = datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid)
+		cfg.Root = datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid)
+		cfg.Stored = m.cfg.Stored
 	}
 	if mnt.cache, err = cache.New(cfg); err != nil {
 		return nil, status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)

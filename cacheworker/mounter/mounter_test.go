@@ -195,11 +195,13 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 		for _, info := range f.stored {
 			var origin workerpb.BlockOrigin
 			g.Expect(proto.Unmarshal(info.Origin, &origin)).To(Succeed())
-			g.Expect(origin.GetDataset()).To(Equal("team-a/images"))
+			g.Expect(origin.GetDataset()).To(Equal("team-a/images/" + uid))
+			g.Expect(origin.GetRoot()).To(Equal("/datasets/team-a/images/" + uid))
 			paths = append(paths, origin.GetPath())
 		}
-		g.Expect(paths).To(ContainElements("/datasets/team-a/images/a.txt", "/datasets/team-a/images/dir/b.bin",
-			"/datasets/team-a/images/données/été 2024.csv"))
+		root := "/datasets/team-a/images/" + uid
+		g.Expect(paths).To(ContainElements(root+"/a.txt", root+"/dir/b.bin", root+"/données/été 2024.csv"),
+			"blocks are reported under a root of the Dataset's UID, so a new Dataset of the same name starts afresh")
 	})
 
 	t.Run("mounting again answers the same path, and rotated credentials do not matter", func(t *testing.T) {

@@ -182,13 +182,10 @@ func run(opts options) error {
 			"and every TierPool reports Ready=False/" + controllers.ReasonWorkersNotDeployed)
 	}
 
-	if err := (&controllers.DatasetReconciler{
+	datasets := &controllers.DatasetReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor(eventSource),
-	}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the Dataset controller: %w", err)
 	}
-
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {
 			owner, err := ownerReference(context.Background(), mgr.GetAPIReader(), opts.namespace, opts.ownerDeployment)
@@ -210,6 +207,10 @@ func run(opts options) error {
 		}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the node-loss controller: %w", err)
 		}
+		datasets.Master = masters
+	}
+	if err := datasets.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Dataset controller: %w", err)
 	}
 
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

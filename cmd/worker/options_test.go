@@ -235,7 +235,9 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		g.Expect(os.ReadFile(filepath.Join(resp.GetPath(), "images", "cat.jpg"))).To(Equal([]byte("a cat, in bytes")),
 			"the Dataset is readable through the worker's mount")
 		g.Eventually(func() ([]*masterpb.Block, error) {
-			resp, err := masters.Client().GetBlockLocations(ctx, &masterpb.GetBlockLocationsRequest{Path: "/datasets/team-a/pictures/images/cat.jpg"})
+			resp, err := masters.Client().GetBlockLocations(ctx, &masterpb.GetBlockLocationsRequest{
+				Path: "/datasets/team-a/pictures/0a1b2c3d-0000-4000-8000-000000000001/images/cat.jpg",
+			})
 			return resp.GetBlocks(), err
 		}).WithTimeout(10*time.Second).Should(ConsistOf(HaveField("Locations", ConsistOf(HaveField("Worker", "default/node-a")))),
 			"the block read through the mount is reported to the master")

@@ -1,0 +1,51 @@
+package controllers
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/miniotest"
+	masterclient "github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/masterpb"
+	"github.com/strata-cache/strata/master/mastertest"
+)
+
+// TestADeletedDatasetIsForgottenByTheMaster: the files workers registered for a Dataset go with
+// it, and a master that does not answer holds the deletion with a message that says so.
+func TestADeletedDatasetIsForgottenByTheMaster(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true})
+	master := masters.Client()
+	ds := &datav1alpha1.Dataset{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "pictures", UID: "3f6c"}}
+	name := datav1alpha1.MasterDatasetName("team-a", "pictures", "3f6c")
+	root := datav1alpha1.MasterDatasetRoot("team-a", "pictures", "3f6c")
+
+	// As a worker does when it reports the first block it cached.
+	_, err := master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = master.CreateFile(ctx, &masterpb.CreateFileRequest{Path: root + "/images/cat.jpg", Dataset: name})
+	g.Expect(err).NotTo(HaveOccurred())
+
+	r := &DatasetReconciler{Master: master}
+	g.Expect(r.forgetMetadata(ctx, ds)).To(Succeed())
+	_, err = master.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+	g.Expect(status.Code(err)).To(Equal(codes.NotFound), "the master forgot the Dataset")
+	_, err = master.GetFile(ctx, &masterpb.GetFileRequest{Path: root + "/images/cat.jpg"})
+	g.Expect(status.Code(err)).To(Equal(codes.NotFound), "and its files")
+	g.Expect(r.forgetMetadata(ctx, ds)).To(Succeed(), "forgetting a Dataset the master does not know is done already")
+
+	gone, err := masterclient.New([]string{miniotest.ClosedAddr(t)}, masterclient.Options{})
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = gone.Close() }()
+	err = (&DatasetReconciler{Master: gone}).forgetMetadata(ctx, ds)
+	g.Expect(err).To(MatchError(ContainSubstring("waiting for the master to forget the Dataset's files (team-a/pictures/3f6c)")))
+}
