@@ -78,11 +78,16 @@ type DatasetReconciler struct {
 
 // DatasetMetadata is the part of the master the Dataset reconciler talks to.
 type DatasetMetadata interface {
+	GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error)
 	DeleteDataset(ctx context.Context, name string) (*masterpb.DeleteDatasetResponse, error)
 }
 
 // masterCallTimeout bounds one call to the master from a reconcile.
 const masterCallTimeout = 10 * time.Second
+
+// usageRefresh is how often a served Dataset's cached bytes are read from the master: often
+// enough that `kubectl get datasets` follows a warm-up, rarely enough to cost the master little.
+const usageRefresh = 30 * time.Second
 
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets/status,verbs=get;update;patch
@@ -135,11 +140,15 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	setDatasetStatus(ds, problem, ready)
 	setSourceSummary(ds, summary)
-	// A source that failed its probe may be fixed where the operator cannot see it (the
-	// endpoint comes up, the bucket is created): look again.
 	var result ctrl.Result
-	if problem != nil && isSourceProblem(problem.reason) {
+	switch {
+	case problem != nil && isSourceProblem(problem.reason):
+		// A source that failed its probe may be fixed where the operator cannot see it (the
+		// endpoint comes up, the bucket is created): look again.
 		result.RequeueAfter = sourceRecheck
+	case problem == nil && r.Master != nil:
+		r.refreshUsage(ctx, ds)
+		result.RequeueAfter = usageRefresh
 	}
 	if apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
 		return result, nil
@@ -469,6 +478,24 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 	patch := client.MergeFrom(ds.DeepCopy())
 	controllerutil.RemoveFinalizer(ds, DatasetFinalizer)
 	return ctrl.Result{}, r.Client.Patch(ctx, ds, patch)
+}
+
+// refreshUsage reads from the master what the workers hold of the Dataset. A master that does
+// not answer leaves the last figures: they are a view, not a decision.
+func (r *DatasetReconciler) refreshUsage(ctx context.Context, ds *datav1alpha1.Dataset) {
+	name := datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID))
+	cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+	defer cancel()
+	usage, err := r.Master.GetDatasetUsage(cctx, &masterpb.GetDatasetUsageRequest{Name: name, StaleOk: true})
+	switch {
+	case status.Code(err) == codes.NotFound:
+		// No worker has cached a block of it yet.
+		usage = &masterpb.DatasetUsage{}
+	case err != nil:
+		ctrl.LoggerFrom(ctx).Info("cannot read the Dataset's cached bytes from the master; keeping the last figures", "error", err.Error())
+		return
+	}
+	setUsage(ds, usage)
 }
 
 // forgetMetadata deletes the Dataset's files and blocks from the master (the workers registered

@@ -17,6 +17,42 @@ import (
 	"github.com/strata-cache/strata/master/mastertest"
 )
 
+// TestTheStatusShowsWhatTheWorkersHold: cached bytes, their share of the source and the bytes
+// of each tier come from the master's record of block copies.
+func TestTheStatusShowsWhatTheWorkersHold(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true})
+	master := masters.Client()
+	ds := &datav1alpha1.Dataset{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "pictures", UID: "9e1d"}}
+	ds.Status.TotalBytes = 400
+	r := &DatasetReconciler{Master: master}
+
+	r.refreshUsage(ctx, ds)
+	g.Expect(ds.Status.CachedBytes).To(BeZero(), "nothing cached before any worker reported a block")
+	g.Expect(ds.Status.CachedPercentage).To(Equal("0%"))
+
+	name := datav1alpha1.MasterDatasetName("team-a", "pictures", "9e1d")
+	root := datav1alpha1.MasterDatasetRoot("team-a", "pictures", "9e1d")
+	_, err := master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = master.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: "pool/node-a", Node: "node-a"})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = master.CreateFile(ctx, &masterpb.CreateFileRequest{Path: root + "/a", Dataset: name})
+	g.Expect(err).NotTo(HaveOccurred())
+	for i, tier := range []string{"mem", "mem", "nvme"} {
+		_, err = master.CommitBlock(ctx, &masterpb.CommitBlockRequest{
+			BlockId: uint64(i + 1), Path: root + "/a", Offset: int64(i) * 100, Size: 100, Worker: "pool/node-a", Tier: tier,
+		})
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	r.refreshUsage(ctx, ds)
+	g.Expect(ds.Status.CachedBytes).To(BeEquivalentTo(300))
+	g.Expect(ds.Status.CachedPercentage).To(Equal("75%"))
+	g.Expect(ds.Status.Tiers).To(Equal([]datav1alpha1.TierUsage{{Tier: "mem", Bytes: 200}, {Tier: "nvme", Bytes: 100}}))
+}
+
 // TestADeletedDatasetIsForgottenByTheMaster: the files workers registered for a Dataset go with
 // it, and a master that does not answer holds the deletion with a message that says so.
 func TestADeletedDatasetIsForgottenByTheMaster(t *testing.T) {

@@ -1,10 +1,13 @@
 package controllers
 
 import (
+	"fmt"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 // setDatasetStatus writes the conditions and phase of a Dataset: a problem with what it refers
@@ -40,4 +43,18 @@ func setDeletionBlocked(ds *datav1alpha1.Dataset, why string) {
 		Message:            why,
 		ObservedGeneration: ds.Generation,
 	})
+}
+
+// setUsage records what the workers hold of a Dataset: cached bytes, their share of the source
+// (rounded down, so 100% means every byte), and the bytes of each tier.
+func setUsage(ds *datav1alpha1.Dataset, usage *masterpb.DatasetUsage) {
+	ds.Status.CachedBytes = usage.GetCachedBytes()
+	ds.Status.CachedPercentage = ""
+	if total := ds.Status.TotalBytes; total > 0 {
+		ds.Status.CachedPercentage = fmt.Sprintf("%d%%", min(100, usage.GetCachedBytes()*100/total))
+	}
+	ds.Status.Tiers = nil
+	for _, t := range usage.GetTiers() {
+		ds.Status.Tiers = append(ds.Status.Tiers, datav1alpha1.TierUsage{Tier: t.GetTier(), Bytes: t.GetUsedBytes()})
+	}
 }

@@ -110,6 +110,20 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			read := sumClaim(ctx, namespace, node, "corpus")
 			Expect(read).To(Equal(contents(written)), "what a pod on %s read differs from what was written", node)
 		}
+
+		By("showing in the Dataset's status that the workers now hold all of it")
+		var total int64
+		for _, o := range written {
+			total += o.Bytes
+		}
+		Eventually(func(g Gomega) {
+			var ds datav1alpha1.Dataset
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "corpus"}, &ds)).To(Succeed())
+			g.Expect(ds.Status.Files).To(BeEquivalentTo(len(written)))
+			g.Expect(ds.Status.TotalBytes).To(Equal(total))
+			g.Expect(ds.Status.CachedPercentage).To(Equal("100%"), "cached %d of %d bytes", ds.Status.CachedBytes, total)
+			g.Expect(ds.Status.Tiers).To(ContainElement(HaveField("Tier", "mem")))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the Dataset's status to show it cached")
 	})
 
 	It("keeps a pod reading while the node plugin is replaced, and mounts again with the new one", func(ctx SpecContext) {

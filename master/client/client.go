@@ -291,6 +291,12 @@ func (c *Client) GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest
 	return ds, err
 }
 
+// GetDatasetUsage sums what the workers hold of a dataset.
+func (c *Client) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error) {
+	u, _, err := call(ctx, c, "GetDatasetUsage", req, masterpb.MasterClient.GetDatasetUsage)
+	return u, err
+}
+
 // DeleteDataset deletes a dataset and its files.
 func (c *Client) DeleteDataset(ctx context.Context, name string) (*masterpb.DeleteDatasetResponse, error) {
 	resp, _, err := call(ctx, c, "DeleteDataset", &masterpb.DeleteDatasetRequest{Name: name}, masterpb.MasterClient.DeleteDataset)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/dgraph-io/badger/v4"
@@ -133,6 +135,55 @@ func (f *FSM) GetDataset(name string) (*masterpb.Dataset, error) {
 		return nil, err
 	}
 	return ds, nil
+}
+
+// DatasetUsage sums what the workers hold of the dataset called name: the bytes of its blocks
+// that have a live copy, and the bytes of live copies per tier. It reads every file and block of
+// the dataset, so callers poll it, not call it per read.
+func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
+	ds, err := f.GetDataset(name)
+	if err != nil {
+		return nil, err
+	}
+	usage := &masterpb.DatasetUsage{Name: name}
+	perTier := map[string]int64{}
+	err = f.db.View(func(txn *badger.Txn) error {
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = dirPrefix(ds.Root)
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			file := &masterpb.File{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, file) }); err != nil {
+				return fmt.Errorf("decoding file %s: %w", it.Item().Key(), err)
+			}
+			usage.Files++
+			for _, id := range file.BlockIds {
+				b, err := getBlock(txn, id)
+				if err != nil {
+					return err
+				}
+				live := false
+				for _, l := range b.Locations {
+					if !l.Lost {
+						live = true
+						perTier[l.Tier] += b.Size
+					}
+				}
+				if live {
+					usage.CachedBytes += b.Size
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, tier := range slices.Sorted(maps.Keys(perTier)) {
+		usage.Tiers = append(usage.Tiers, &masterpb.TierUsage{Tier: tier, UsedBytes: perTier[tier]})
+	}
+	return usage, nil
 }
 
 // BlockLocations returns the blocks of the file at p, or the blocks with the given ids when p is

@@ -1792,6 +1792,130 @@ func (x *DeleteDatasetResponse) GetFilesDeleted() uint64 {
 	return 0
 }
 
+type GetDatasetUsageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	StaleOk       bool                   `protobuf:"varint,2,opt,name=stale_ok,json=staleOk,proto3" json:"stale_ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDatasetUsageRequest) Reset() {
+	*x = GetDatasetUsageRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDatasetUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDatasetUsageRequest) ProtoMessage() {}
+
+func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDatasetUsageRequest.ProtoReflect.Descriptor instead.
+func (*GetDatasetUsageRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GetDatasetUsageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetDatasetUsageRequest) GetStaleOk() bool {
+	if x != nil {
+		return x.StaleOk
+	}
+	return false
+}
+
+// DatasetUsage is what the workers hold of a dataset.
+type DatasetUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Files uint64                 `protobuf:"varint,2,opt,name=files,proto3" json:"files,omitempty"`
+	// cached_bytes counts the bytes of the blocks that have at least one live copy.
+	CachedBytes int64 `protobuf:"varint,3,opt,name=cached_bytes,json=cachedBytes,proto3" json:"cached_bytes,omitempty"`
+	// tiers holds the bytes of live copies in each tier (used_bytes; a block with two copies
+	// counts twice), ordered by tier name.
+	Tiers         []*TierUsage `protobuf:"bytes,4,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatasetUsage) Reset() {
+	*x = DatasetUsage{}
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatasetUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatasetUsage) ProtoMessage() {}
+
+func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatasetUsage.ProtoReflect.Descriptor instead.
+func (*DatasetUsage) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DatasetUsage) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DatasetUsage) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *DatasetUsage) GetCachedBytes() int64 {
+	if x != nil {
+		return x.CachedBytes
+	}
+	return 0
+}
+
+func (x *DatasetUsage) GetTiers() []*TierUsage {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
 type CommitBlockRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	BlockId       uint64                 `protobuf:"varint,1,opt,name=block_id,json=blockId,proto3" json:"block_id,omitempty"`
@@ -1807,7 +1931,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +1943,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +1956,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -1897,7 +2021,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2033,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2046,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -1955,7 +2079,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2091,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2104,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2002,7 +2126,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2138,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2151,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -2068,7 +2192,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2204,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2217,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -2119,7 +2243,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2255,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2268,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -2164,7 +2288,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2176,7 +2300,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2189,7 +2313,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -2220,7 +2344,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2356,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2369,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2285,7 +2409,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2297,7 +2421,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2310,7 +2434,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -2329,7 +2453,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2465,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2478,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -2375,7 +2499,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2511,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2524,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -2432,7 +2556,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2568,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2581,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 type LeaderRequest struct {
@@ -2468,7 +2592,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2604,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2617,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 type LeaderResponse struct {
@@ -2515,7 +2639,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2527,7 +2651,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2540,7 +2664,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -2638,7 +2762,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2774,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2787,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -2899,7 +3023,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2911,7 +3035,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2924,7 +3048,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -2951,7 +3075,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2963,7 +3087,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2976,7 +3100,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3006,7 +3130,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3142,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3155,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3065,7 +3189,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3077,7 +3201,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3090,7 +3214,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3116,7 +3240,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3128,7 +3252,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3141,7 +3265,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3160,7 +3284,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3172,7 +3296,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3185,7 +3309,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -3317,7 +3441,15 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x14DeleteDatasetRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"<\n" +
 	"\x15DeleteDatasetResponse\x12#\n" +
-	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"\xb7\x01\n" +
+	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"G\n" +
+	"\x16GetDatasetUsageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\x8e\x01\n" +
+	"\fDatasetUsage\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05files\x18\x02 \x01(\x04R\x05files\x12!\n" +
+	"\fcached_bytes\x18\x03 \x01(\x03R\vcachedBytes\x121\n" +
+	"\x05tiers\x18\x04 \x03(\v2\x1b.strata.master.v1.TierUsageR\x05tiers\"\xb7\x01\n" +
 	"\x12CommitBlockRequest\x12\x19\n" +
 	"\bblock_id\x18\x01 \x01(\x04R\ablockId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
@@ -3423,7 +3555,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xc5\f\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xa2\r\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -3439,7 +3571,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x0fRegisterDataset\x12(.strata.master.v1.RegisterDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12L\n" +
 	"\n" +
 	"GetDataset\x12#.strata.master.v1.GetDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12`\n" +
-	"\rDeleteDataset\x12&.strata.master.v1.DeleteDatasetRequest\x1a'.strata.master.v1.DeleteDatasetResponse\x12L\n" +
+	"\rDeleteDataset\x12&.strata.master.v1.DeleteDatasetRequest\x1a'.strata.master.v1.DeleteDatasetResponse\x12[\n" +
+	"\x0fGetDatasetUsage\x12(.strata.master.v1.GetDatasetUsageRequest\x1a\x1e.strata.master.v1.DatasetUsage\x12L\n" +
 	"\vCommitBlock\x12$.strata.master.v1.CommitBlockRequest\x1a\x17.strata.master.v1.Block\x12l\n" +
 	"\x11GetBlockLocations\x12*.strata.master.v1.GetBlockLocationsRequest\x1a+.strata.master.v1.GetBlockLocationsResponse\x12S\n" +
 	"\x0eRegisterWorker\x12'.strata.master.v1.RegisterWorkerRequest\x1a\x18.strata.master.v1.Worker\x12T\n" +
@@ -3462,7 +3595,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -3492,27 +3625,29 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*GetDatasetRequest)(nil),         // 25: strata.master.v1.GetDatasetRequest
 	(*DeleteDatasetRequest)(nil),      // 26: strata.master.v1.DeleteDatasetRequest
 	(*DeleteDatasetResponse)(nil),     // 27: strata.master.v1.DeleteDatasetResponse
-	(*CommitBlockRequest)(nil),        // 28: strata.master.v1.CommitBlockRequest
-	(*GetBlockLocationsRequest)(nil),  // 29: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 30: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 31: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 32: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 33: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 34: strata.master.v1.MarkWorkerLostRequest
-	(*MarkWorkerLostResponse)(nil),    // 35: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 36: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 37: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 38: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 39: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 40: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 41: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 42: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 43: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 44: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 45: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 46: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 47: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 48: strata.master.v1.RemovePeer
+	(*GetDatasetUsageRequest)(nil),    // 28: strata.master.v1.GetDatasetUsageRequest
+	(*DatasetUsage)(nil),              // 29: strata.master.v1.DatasetUsage
+	(*CommitBlockRequest)(nil),        // 30: strata.master.v1.CommitBlockRequest
+	(*GetBlockLocationsRequest)(nil),  // 31: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 32: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 33: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 34: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 35: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 36: strata.master.v1.MarkWorkerLostRequest
+	(*MarkWorkerLostResponse)(nil),    // 37: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 38: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 39: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 40: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 41: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 42: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 43: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 44: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 45: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 46: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 47: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 48: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 49: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 50: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	0,  // 0: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
@@ -3524,70 +3659,73 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	5,  // 6: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
 	20, // 7: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
 	0,  // 8: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
-	8,  // 9: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
-	9,  // 10: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
-	9,  // 11: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
-	2,  // 12: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
-	10, // 13: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
-	11, // 14: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
-	12, // 15: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
-	16, // 16: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
-	17, // 17: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
-	24, // 18: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	43, // 19: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	28, // 20: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	31, // 21: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	32, // 22: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	45, // 23: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
-	22, // 24: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
-	23, // 25: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	47, // 26: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	48, // 27: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	35, // 28: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	11, // 29: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	12, // 30: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	13, // 31: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	14, // 32: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	16, // 33: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	17, // 34: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	19, // 35: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	22, // 36: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	23, // 37: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	24, // 38: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	25, // 39: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	26, // 40: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	28, // 41: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	29, // 42: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	31, // 43: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	32, // 44: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	34, // 45: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	36, // 46: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	38, // 47: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	40, // 48: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	5,  // 49: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	5,  // 50: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	15, // 51: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	5,  // 52: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	18, // 53: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	21, // 54: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	5,  // 55: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	5,  // 56: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 57: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 58: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	27, // 59: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	8,  // 60: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	30, // 61: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	10, // 62: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	33, // 63: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	35, // 64: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	37, // 65: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	39, // 66: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	41, // 67: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	49, // [49:68] is the sub-list for method output_type
-	30, // [30:49] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	9,  // 9: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
+	8,  // 10: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
+	9,  // 11: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
+	9,  // 12: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
+	2,  // 13: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
+	10, // 14: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
+	11, // 15: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
+	12, // 16: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
+	16, // 17: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
+	17, // 18: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
+	24, // 19: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
+	45, // 20: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	30, // 21: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	33, // 22: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	34, // 23: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	47, // 24: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	22, // 25: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
+	23, // 26: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
+	49, // 27: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	50, // 28: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	37, // 29: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	11, // 30: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	12, // 31: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	13, // 32: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	14, // 33: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	16, // 34: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	17, // 35: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	19, // 36: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	22, // 37: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	23, // 38: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	24, // 39: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	25, // 40: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	26, // 41: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	28, // 42: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	30, // 43: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	31, // 44: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	33, // 45: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	34, // 46: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	36, // 47: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	38, // 48: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	40, // 49: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	42, // 50: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	5,  // 51: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	5,  // 52: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	15, // 53: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	5,  // 54: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	18, // 55: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	21, // 56: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	5,  // 57: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	5,  // 58: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 59: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 60: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	27, // 61: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	29, // 62: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 63: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	32, // 64: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	10, // 65: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	35, // 66: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	37, // 67: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	39, // 68: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	41, // 69: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	43, // 70: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	51, // [51:71] is the sub-list for method output_type
+	31, // [31:51] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -3595,7 +3733,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[39].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[41].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -3616,7 +3754,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   46,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

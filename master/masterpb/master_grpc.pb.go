@@ -34,6 +34,7 @@ const (
 	Master_RegisterDataset_FullMethodName   = "/strata.master.v1.Master/RegisterDataset"
 	Master_GetDataset_FullMethodName        = "/strata.master.v1.Master/GetDataset"
 	Master_DeleteDataset_FullMethodName     = "/strata.master.v1.Master/DeleteDataset"
+	Master_GetDatasetUsage_FullMethodName   = "/strata.master.v1.Master/GetDatasetUsage"
 	Master_CommitBlock_FullMethodName       = "/strata.master.v1.Master/CommitBlock"
 	Master_GetBlockLocations_FullMethodName = "/strata.master.v1.Master/GetBlockLocations"
 	Master_RegisterWorker_FullMethodName    = "/strata.master.v1.Master/RegisterWorker"
@@ -64,6 +65,7 @@ type MasterClient interface {
 	RegisterDataset(ctx context.Context, in *RegisterDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	GetDataset(ctx context.Context, in *GetDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	DeleteDataset(ctx context.Context, in *DeleteDatasetRequest, opts ...grpc.CallOption) (*DeleteDatasetResponse, error)
+	GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error)
 	CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error)
 	GetBlockLocations(ctx context.Context, in *GetBlockLocationsRequest, opts ...grpc.CallOption) (*GetBlockLocationsResponse, error)
 	RegisterWorker(ctx context.Context, in *RegisterWorkerRequest, opts ...grpc.CallOption) (*Worker, error)
@@ -192,6 +194,16 @@ func (c *masterClient) DeleteDataset(ctx context.Context, in *DeleteDatasetReque
 	return out, nil
 }
 
+func (c *masterClient) GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DatasetUsage)
+	err := c.cc.Invoke(ctx, Master_GetDatasetUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Block)
@@ -292,6 +304,7 @@ type MasterServer interface {
 	RegisterDataset(context.Context, *RegisterDatasetRequest) (*Dataset, error)
 	GetDataset(context.Context, *GetDatasetRequest) (*Dataset, error)
 	DeleteDataset(context.Context, *DeleteDatasetRequest) (*DeleteDatasetResponse, error)
+	GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error)
 	CommitBlock(context.Context, *CommitBlockRequest) (*Block, error)
 	GetBlockLocations(context.Context, *GetBlockLocationsRequest) (*GetBlockLocationsResponse, error)
 	RegisterWorker(context.Context, *RegisterWorkerRequest) (*Worker, error)
@@ -342,6 +355,9 @@ func (UnimplementedMasterServer) GetDataset(context.Context, *GetDatasetRequest)
 }
 func (UnimplementedMasterServer) DeleteDataset(context.Context, *DeleteDatasetRequest) (*DeleteDatasetResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteDataset not implemented")
+}
+func (UnimplementedMasterServer) GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetDatasetUsage not implemented")
 }
 func (UnimplementedMasterServer) CommitBlock(context.Context, *CommitBlockRequest) (*Block, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CommitBlock not implemented")
@@ -586,6 +602,24 @@ func _Master_DeleteDataset_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_GetDatasetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDatasetUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).GetDatasetUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_GetDatasetUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).GetDatasetUsage(ctx, req.(*GetDatasetUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_CommitBlock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CommitBlockRequest)
 	if err := dec(in); err != nil {
@@ -780,6 +814,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteDataset",
 			Handler:    _Master_DeleteDataset_Handler,
+		},
+		{
+			MethodName: "GetDatasetUsage",
+			Handler:    _Master_GetDatasetUsage_Handler,
 		},
 		{
 			MethodName: "CommitBlock",

@@ -153,6 +153,16 @@ func (s *Server) GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest
 	return ds, err
 }
 
+// GetDatasetUsage sums what the workers hold of a dataset.
+func (s *Server) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error) {
+	var usage *masterpb.DatasetUsage
+	err := s.read(ctx, req.StaleOk, func(m *fsm.FSM) (err error) {
+		usage, err = m.DatasetUsage(req.Name)
+		return err
+	})
+	return usage, err
+}
+
 // DeleteDataset deletes a dataset and its files.
 func (s *Server) DeleteDataset(ctx context.Context, req *masterpb.DeleteDatasetRequest) (*masterpb.DeleteDatasetResponse, error) {
 	if err := required("name", req.Name); err != nil {

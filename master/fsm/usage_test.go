@@ -1,0 +1,51 @@
+package fsm
+
+import (
+	"errors"
+	"testing"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
+	g := NewWithT(t)
+	h := newHarness(t)
+	for _, cmd := range []*masterpb.Command{
+		dataset("ns/d/uid", "/datasets/ns/d/uid"),
+		dataset("ns/other/uid", "/datasets/ns/other/uid"),
+		worker("a"), worker("b"),
+		createReq(&masterpb.CreateFileRequest{Path: "/datasets/ns/d/uid/x", Dataset: "ns/d/uid"}),
+		createReq(&masterpb.CreateFileRequest{Path: "/datasets/ns/d/uid/dir/y", Dataset: "ns/d/uid"}),
+		createReq(&masterpb.CreateFileRequest{Path: "/datasets/ns/other/uid/z", Dataset: "ns/other/uid"}),
+		commit(1, "/datasets/ns/d/uid/x", 0, "a", "mem"),
+		commit(1, "/datasets/ns/d/uid/x", 0, "b", "nvme"), // a second copy of the same block
+		commit(2, "/datasets/ns/d/uid/x", 100, "b", "mem"),
+		commit(3, "/datasets/ns/d/uid/dir/y", 0, "a", "mem"),
+		commit(4, "/datasets/ns/other/uid/z", 0, "a", "mem"), // another dataset's
+	} {
+		h.must(cmd)
+	}
+	usage, err := h.fsm.DatasetUsage("ns/d/uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.Files).To(BeEquivalentTo(2))
+	g.Expect(usage.CachedBytes).To(BeEquivalentTo(300), "three blocks of 100 bytes, the copied one counted once")
+	g.Expect(usage.Tiers).To(HaveExactElements(
+		And(HaveField("Tier", "mem"), HaveField("UsedBytes", BeEquivalentTo(300))),
+		And(HaveField("Tier", "nvme"), HaveField("UsedBytes", BeEquivalentTo(100))),
+	))
+
+	// Worker a is lost: block 1 still has b's copy; block 3 has none left.
+	h.must(lost("a", 100))
+	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.CachedBytes).To(BeEquivalentTo(200))
+	g.Expect(usage.Tiers).To(HaveExactElements(
+		And(HaveField("Tier", "mem"), HaveField("UsedBytes", BeEquivalentTo(100))),
+		And(HaveField("Tier", "nvme"), HaveField("UsedBytes", BeEquivalentTo(100))),
+	))
+
+	_, err = h.fsm.DatasetUsage("ns/nothing/uid")
+	g.Expect(errors.Is(err, ErrNotFound)).To(BeTrue(), "an unknown dataset: %v", err)
+}
