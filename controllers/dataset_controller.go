@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -71,6 +72,8 @@ type DatasetReconciler struct {
 	Recorder record.EventRecorder
 	// Master, when the operator runs one, forgets a deleted Dataset's files and blocks.
 	Master DatasetMetadata
+	// Preload is how Datasets with spec.preload are read once.
+	Preload PreloadSpec
 
 	// probes remembers the last successful probe of each Dataset's source (see probeSource).
 	probes probeMemo
@@ -97,6 +100,7 @@ const usageRefresh = 30 * time.Second
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;list;watch
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
 
 // Reconcile runs the deletion or the normal path of one Dataset.
 func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -138,7 +142,13 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, err
 		}
 	}
-	setDatasetStatus(ds, problem, ready)
+	var preloaded *metav1.Condition
+	if problem == nil && ready.Status == metav1.ConditionTrue {
+		if preloaded, err = r.preloadCondition(ctx, ds); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	setDatasetStatus(ds, problem, ready, preloaded)
 	setSourceSummary(ds, summary)
 	var result ctrl.Result
 	switch {
@@ -588,6 +598,7 @@ func (r *DatasetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&datav1alpha1.Dataset{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&corev1.PersistentVolumeClaim{}).
+		Owns(&batchv1.Job{}).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
 		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).

@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -192,6 +193,91 @@ var _ = Describe("The Dataset reconciler", func() {
 			err := k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ds.Name}, pvc)
 			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%s: no claim is made for a source that cannot be served", name)
 		}
+	})
+
+	It("preloads a Dataset that asks for it with a Job of its namespace, Loading until the Job ends", func() {
+		createPool()
+		createCredentials(miniotest.SecretKey)
+		// envtest runs no DaemonSet controller: give the pool the ready worker it would report.
+		Eventually(func(g Gomega) {
+			workers := &appsv1.DaemonSet{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(poolName)}, workers)).To(Succeed())
+			workers.Status.DesiredNumberScheduled, workers.Status.CurrentNumberScheduled = 1, 1
+			workers.Status.UpdatedNumberScheduled, workers.Status.NumberReady, workers.Status.NumberAvailable = 1, 1, 1
+			g.Expect(k8sClient.Status().Update(ctx, workers)).To(Succeed())
+		}).Should(Succeed(), "reporting a ready worker for pool %s", poolName)
+		driver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: CSIDriverName}}
+		Expect(k8sClient.Create(ctx, driver)).To(Succeed())
+		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, driver)).To(Succeed()) })
+
+		preloaded := func(ds *datav1alpha1.Dataset, reason string, phase datav1alpha1.DatasetPhase) metav1.Condition {
+			GinkgoHelper()
+			var cond metav1.Condition
+			Eventually(func(g Gomega) {
+				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+				c := meta.FindStatusCondition(ds.Status.Conditions, ConditionPreloaded)
+				g.Expect(c).NotTo(BeNil())
+				g.Expect(c.Reason).To(Equal(reason))
+				g.Expect(ds.Status.Phase).To(Equal(phase))
+				cond = *c
+			}).Should(Succeed(), "waiting for Dataset %s to be %s (%s)", ds.Name, phase, reason)
+			return cond
+		}
+		endJob := func(ds *datav1alpha1.Dataset, ok bool) {
+			GinkgoHelper()
+			Eventually(func(g Gomega) {
+				job := &batchv1.Job{}
+				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ds.Name + "-preload"}, job)).To(Succeed())
+				// envtest runs no Job controller either: write what it would.
+				now := metav1.Now()
+				job.Status.StartTime = &now
+				if ok {
+					job.Status.CompletionTime, job.Status.Succeeded = &now, 1
+					job.Status.Conditions = []batchv1.JobCondition{
+						{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now},
+						{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now},
+					}
+				} else {
+					job.Status.Failed = 3
+					job.Status.Conditions = []batchv1.JobCondition{
+						{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", LastTransitionTime: now},
+						{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded",
+							Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
+					}
+				}
+				g.Expect(k8sClient.Status().Update(ctx, job)).To(Succeed())
+			}).Should(Succeed(), "ending the preload Job of %s", ds.Name)
+		}
+
+		ds := s3Dataset("warm")
+		ds.Spec.Preload = true
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		cond := preloaded(ds, ReasonPreloading, datav1alpha1.DatasetLoading)
+		Expect(cond.Message).To(ContainSubstring("kubectl -n " + namespace + " logs job/warm-preload"))
+
+		job := &batchv1.Job{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "warm-preload"}, job)).To(Succeed())
+		Expect(metav1.IsControlledBy(job, ds)).To(BeTrue(), "the Job goes with the Dataset")
+		pod := job.Spec.Template.Spec
+		Expect(pod.Containers).To(ConsistOf(And(
+			HaveField("Image", testWorkerSpec.Image),
+			HaveField("Args", []string{"preload", "/data"}),
+			HaveField("VolumeMounts", ConsistOf(And(HaveField("MountPath", "/data"), HaveField("ReadOnly", BeTrue())))),
+			HaveField("SecurityContext.AllowPrivilegeEscalation", HaveValue(BeFalse())),
+		)))
+		Expect(pod.SecurityContext.RunAsNonRoot).To(HaveValue(BeTrue()), "the preload runs as a tenant's pod would, without privileges")
+		Expect(pod.Volumes).To(ConsistOf(HaveField("VolumeSource.PersistentVolumeClaim.ClaimName", "warm")))
+
+		endJob(ds, true)
+		preloaded(ds, ReasonPreloaded, datav1alpha1.DatasetReady)
+
+		failing := s3Dataset("cold")
+		failing.Spec.Preload = true
+		Expect(k8sClient.Create(ctx, failing)).To(Succeed())
+		preloaded(failing, ReasonPreloading, datav1alpha1.DatasetLoading)
+		endJob(failing, false)
+		cond = preloaded(failing, ReasonPreloadFailed, datav1alpha1.DatasetReady)
+		Expect(cond.Message).To(And(ContainSubstring("BackoffLimitExceeded"), ContainSubstring("delete the Job to try again")))
 	})
 
 	It("refuses a file:// source outside the TierPool's fileSourceRoots", func() {

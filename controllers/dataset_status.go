@@ -13,7 +13,7 @@ import (
 // setDatasetStatus writes the conditions and phase of a Dataset: a problem with what it refers
 // to, or else whether its claim can be served. It is the only place that sets them on the
 // normal path.
-func setDatasetStatus(ds *datav1alpha1.Dataset, p *problem, serving *metav1.Condition) {
+func setDatasetStatus(ds *datav1alpha1.Dataset, p *problem, serving, preloaded *metav1.Condition) {
 	ds.Status.ObservedGeneration = ds.Generation
 	ready := metav1.Condition{Type: datav1alpha1.ConditionReady, ObservedGeneration: ds.Generation}
 	switch {
@@ -27,10 +27,20 @@ func setDatasetStatus(ds *datav1alpha1.Dataset, p *problem, serving *metav1.Cond
 
 	// Loading, Degraded, Lost and Recomputing come from the cache workers and the master, which
 	// report cached and lost blocks; the operator alone knows only Pending or Ready.
-	if ready.Status == metav1.ConditionTrue {
-		ds.Status.Phase = datav1alpha1.DatasetReady
-	} else {
+	if preloaded != nil {
+		meta.SetStatusCondition(&ds.Status.Conditions, *preloaded)
+	} else if ready.Status == metav1.ConditionTrue {
+		// No preload asked for (any more); a Dataset not yet servable keeps what it had.
+		meta.RemoveStatusCondition(&ds.Status.Conditions, ConditionPreloaded)
+	}
+	switch {
+	case ready.Status != metav1.ConditionTrue:
 		ds.Status.Phase = datav1alpha1.DatasetPending
+	case preloaded != nil && preloaded.Reason == ReasonPreloading:
+		// Servable already, and being read once so that pods find it warm.
+		ds.Status.Phase = datav1alpha1.DatasetLoading
+	default:
+		ds.Status.Phase = datav1alpha1.DatasetReady
 	}
 }
 

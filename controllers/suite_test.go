@@ -87,6 +87,7 @@ var _ = BeforeSuite(func() {
 	Expect((&DatasetReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor("strata-operator"),
+		Preload:  PreloadSpec{Image: testWorkerSpec.Image, ImagePullPolicy: corev1.PullIfNotPresent},
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 

@@ -88,6 +88,7 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
 				},
 				TierPoolName: pool,
+				Preload:      true,
 			},
 		}
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
@@ -102,6 +103,19 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
 		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset corpus to be Ready")
+	})
+
+	It("preloads the Dataset: all of it is cached before any pod reads it", func(ctx SpecContext) {
+		Eventually(func(g Gomega) {
+			var ds datav1alpha1.Dataset
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "corpus"}, &ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, "Preloaded")
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).NotTo(Equal("PreloadFailed"), "%s", c.Message)
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+			g.Expect(ds.Status.Phase).To(Equal(datav1alpha1.DatasetReady))
+			g.Expect(ds.Status.CachedPercentage).To(Equal("100%"), "cached %d of %d bytes", ds.Status.CachedBytes, ds.Status.TotalBytes)
+		}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for the preload of Dataset corpus")
 	})
 
 	It("serves every byte, name and size of the source to pods on both nodes", func(ctx SpecContext) {

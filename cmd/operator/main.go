@@ -185,6 +185,8 @@ func run(opts options) error {
 	datasets := &controllers.DatasetReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor(eventSource),
+		// The preload Job runs the worker binary's preload command.
+		Preload: controllers.PreloadSpec{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
 	}
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {

@@ -8,12 +8,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -31,6 +35,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/warmup"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/daemon"
 	"github.com/strata-cache/strata/internal/unixsock"
@@ -38,6 +43,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "preload" {
+		os.Exit(preload(os.Args[2:]))
+	}
 	var opts options
 	opts.bind(flag.CommandLine)
 	flag.Parse()
@@ -221,6 +229,35 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// preload is `worker preload [--concurrency N] DIR`: the Dataset preload the operator runs as a
+// Job that mounts the Dataset's claim at DIR. It reads every file once, so the worker of its node
+// caches all of it, prints the totals as JSON, and exits 1 with the failing file named otherwise
+// (on stderr, which the Job's FallbackToLogsOnError makes the pod's termination message, which
+// the operator reports).
+func preload(args []string) int {
+	fs := flag.NewFlagSet("preload", flag.ContinueOnError)
+	concurrency := fs.Int("concurrency", 4, "files read at once")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: worker preload [--concurrency N] DIR")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	res, err := warmup.Run(ctx, fs.Arg(0), *concurrency, nil)
+	if err != nil {
+		msg := fmt.Sprintf("preload read %d files (%d bytes) before failing: %v", res.Files, res.Bytes, err)
+		fmt.Fprintln(os.Stderr, msg)
+		return 1
+	}
+	out, _ := json.Marshal(struct {
+		warmup.Result
+		Seconds float64 `json:"seconds"`
+	}{res, time.Since(start).Seconds()})
+	fmt.Println(string(out))
+	return 0
 }
 
 // stopGRPC lets streams under way finish until ctx ends, then cuts them.

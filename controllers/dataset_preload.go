@@ -1,0 +1,155 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+// ConditionPreloaded says whether a Dataset with spec.preload has been read once, so that its
+// node's worker holds all of it.
+const ConditionPreloaded = "Preloaded"
+
+// Reasons of the Preloaded condition.
+const (
+	ReasonPreloading          = "Preloading"
+	ReasonPreloaded           = "Preloaded"
+	ReasonPreloadFailed       = "PreloadFailed"
+	ReasonPreloadNotAvailable = "PreloadNotAvailable"
+)
+
+// PreloadSpec is how the operator preloads Datasets: a Job that mounts the Dataset's claim and
+// reads every file with `worker preload`, so the read goes through the same mount and cache as
+// a user's pod would.
+type PreloadSpec struct {
+	// Image has the worker binary; empty means the operator cannot preload.
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+}
+
+// preloadJobName is the name of a Dataset's preload Job: within the 63 characters a Job's pods
+// carry in their job-name label.
+func preloadJobName(ds *datav1alpha1.Dataset) string {
+	name := ds.Name
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	return name + "-preload"
+}
+
+// preloadCondition runs a Dataset's preload once per generation and says how it went; nil when
+// the Dataset asks for none. It is called once the Dataset's claim can be served.
+func (r *DatasetReconciler) preloadCondition(ctx context.Context, ds *datav1alpha1.Dataset) (*metav1.Condition, error) {
+	if !ds.Spec.Preload {
+		return nil, nil
+	}
+	cond := &metav1.Condition{Type: ConditionPreloaded, Status: metav1.ConditionFalse, ObservedGeneration: ds.Generation}
+	if done := meta.FindStatusCondition(ds.Status.Conditions, ConditionPreloaded); done != nil &&
+		done.Status == metav1.ConditionTrue && done.ObservedGeneration == ds.Generation {
+		// Read once already: nothing to do, even if its Job has gone since.
+		return done.DeepCopy(), nil
+	}
+	if r.Preload.Image == "" {
+		cond.Reason = ReasonPreloadNotAvailable
+		cond.Message = "the operator was started without a worker image (--worker-image), so it cannot preload: pods still read the Dataset, cold"
+		return cond, nil
+	}
+	job := &batchv1.Job{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: preloadJobName(ds)}, job)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := r.createPreloadJob(ctx, ds); err != nil {
+			return nil, err
+		}
+		cond.Reason = ReasonPreloading
+		cond.Message = fmt.Sprintf("reading every file of the Dataset once through its claim: see `kubectl -n %s logs job/%s`", ds.Namespace, preloadJobName(ds))
+		return cond, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading preload Job %s/%s: %w", ds.Namespace, preloadJobName(ds), err)
+	}
+	for _, c := range job.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete:
+			cond.Status, cond.Reason = metav1.ConditionTrue, ReasonPreloaded
+			cond.Message = "every file was read once through the Dataset's claim; the workers hold it (see status.cachedPercentage)"
+			return cond, nil
+		case batchv1.JobFailed:
+			cond.Reason = ReasonPreloadFailed
+			cond.Message = fmt.Sprintf("the preload Job %s failed (%s: %s): see `kubectl -n %s logs job/%s`; delete the Job to try again",
+				job.Name, c.Reason, c.Message, ds.Namespace, job.Name)
+			return cond, nil
+		}
+	}
+	cond.Reason = ReasonPreloading
+	cond.Message = fmt.Sprintf("reading every file of the Dataset once through its claim: see `kubectl -n %s logs job/%s`", ds.Namespace, job.Name)
+	return cond, nil
+}
+
+// createPreloadJob creates the Job that reads a Dataset once. It runs as a tenant's pod would:
+// in the Dataset's namespace, with the claim read-only, as a user without privileges.
+func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alpha1.Dataset) error {
+	labels := datasetLabels(ds)
+	labels["app.kubernetes.io/component"] = "preload"
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: preloadJobName(ds), Namespace: ds.Namespace, Labels: labels},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptr.To[int32](2),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					RestartPolicy:                corev1.RestartPolicyNever,
+					AutomountServiceAccountToken: ptr.To(false),
+					EnableServiceLinks:           ptr.To(false),
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:            "preload",
+						Image:           r.Preload.Image,
+						ImagePullPolicy: r.Preload.ImagePullPolicy,
+						Args:            []string{"preload", "/data"},
+						// The worker binary writes why it failed on stderr; this makes it the
+						// pod's termination message.
+						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false),
+							ReadOnlyRootFilesystem:   ptr.To(true),
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						Resources: corev1.ResourceRequirements{
+							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+							Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+						},
+						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data", ReadOnly: true}},
+					}},
+					Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: ds.Name, ReadOnly: true},
+					}}},
+				},
+			},
+		},
+	}
+	if err := controllerutil.SetControllerReference(ds, job, r.Client.Scheme()); err != nil {
+		return fmt.Errorf("owning preload Job %s/%s: %w", job.Namespace, job.Name, err)
+	}
+	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating preload Job %s/%s: %w", job.Namespace, job.Name, err)
+	}
+	r.Recorder.Eventf(ds, corev1.EventTypeNormal, ReasonPreloading, "created Job %s to read the Dataset once", job.Name)
+	return nil
+}
