@@ -101,6 +101,8 @@ echo "$read"
 strip() { jq -c '{key, bytes, sha256}' | sort; }
 if [ "$(echo "$written" | strip)" = "$(echo "$read" | strip)" ]; then
   say "Every byte the pod read matches what was written to S3."
+  say "6. The Dataset, as kubectl shows it (preloaded, so cached before the pod read it)"
+  kubectl -n "$ns" get dataset pictures
 else
   echo "MISMATCH between the objects written and the files the pod read" >&2
   exit 1
