@@ -85,3 +85,28 @@ func TestADeletedDatasetIsForgottenByTheMaster(t *testing.T) {
 	err = (&DatasetReconciler{Master: gone}).forgetMetadata(ctx, ds)
 	g.Expect(err).To(MatchError(ContainSubstring("waiting for the master to forget the Dataset's files (team-a/pictures/3f6c)")))
 }
+
+// TestTierPoolUsageSumsWhatItsLiveWorkersHold: a pool's tiers hold what its live workers report,
+// not other pools' workers nor lost ones.
+func TestTierPoolUsageSumsWhatItsLiveWorkersHold(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true})
+	master := masters.Client()
+	for id, tiers := range map[string][]*masterpb.TierUsage{
+		"fast/node-a":  {{Tier: "mem", UsedBytes: 100}},
+		"fast/node-b":  {{Tier: "mem", UsedBytes: 50}, {Tier: "nvme", UsedBytes: 10}},
+		"fast/node-c":  {{Tier: "mem", UsedBytes: 7}},
+		"other/node-a": {{Tier: "mem", UsedBytes: 1000}},
+	} {
+		_, err := master.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: id, Node: id, Tiers: tiers})
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	_, err := master.MarkWorkerLost(ctx, "fast/node-c", "test: node deleted")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	used, err := (&TierPoolReconciler{Master: master}).tierUsage(ctx, "fast")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(used).To(Equal(map[string]int64{"mem": 150, "nvme": 10}))
+}

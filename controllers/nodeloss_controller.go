@@ -20,8 +20,13 @@ const DefaultNodeLossGrace = time.Minute
 
 // WorkerRegistry is the part of the master the node-loss reconciler talks to.
 type WorkerRegistry interface {
-	ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error)
+	WorkerLister
 	MarkWorkerLost(ctx context.Context, worker, reason string) (*masterpb.MarkWorkerLostResponse, error)
+}
+
+// WorkerLister lists the workers the master knows, with what their tiers hold.
+type WorkerLister interface {
+	ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error)
 }
 
 // NodeLossReconciler tells the master when a Node is gone or has been NotReady for longer than

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 // Reasons of the Events the TierPool reconciler records.
@@ -38,6 +40,8 @@ type TierPoolReconciler struct {
 	Recorder record.EventRecorder
 	// Workers says where the pools' DaemonSets are, or that the operator deploys none.
 	Workers WorkerSpec
+	// Master, when the operator runs one, tells what the workers' tiers hold.
+	Master WorkerLister
 }
 
 // The recorder of controller-runtime v0.20 writes core/v1 Events (group ""), not events.k8s.io
@@ -75,10 +79,21 @@ func (r *TierPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 
 	before := pool.DeepCopy()
-	setTierPoolStatus(pool, sel, workers)
+	var result ctrl.Result
+	used := usedBytes(before)
+	if r.Master != nil {
+		// Polled: the workers report their tiers to the master, not to the API server.
+		result.RequeueAfter = usageRefresh
+		if u, err := r.tierUsage(ctx, pool.Name); err != nil {
+			log.Info("cannot read the workers' tier usage from the master; keeping the last figures", "error", err.Error())
+		} else {
+			used = u
+		}
+	}
+	setTierPoolStatus(pool, sel, workers, used)
 	if apiequality.Semantic.DeepEqual(before.Status, pool.Status) {
 		log.V(1).Info("TierPool status is up to date", "nodes", pool.Status.Nodes)
-		return ctrl.Result{}, nil
+		return result, nil
 	}
 	if err := r.Client.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("patching status of TierPool %s: %w", pool.Name, err)
@@ -96,7 +111,37 @@ func (r *TierPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		r.Recorder.Eventf(pool, eventType, EventReasonNodesChanged,
 			"TierPool selects %d node(s), was %d", pool.Status.Nodes, before.Status.Nodes)
 	}
-	return ctrl.Result{}, nil
+	return result, nil
+}
+
+// tierUsage sums, per tier, what the pool's live workers report to the master they hold. Worker
+// ids are "<pool>/<node>" (see the worker DaemonSet).
+func (r *TierPoolReconciler) tierUsage(ctx context.Context, pool string) (map[string]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+	defer cancel()
+	resp, err := r.Master.ListWorkers(ctx, &masterpb.ListWorkersRequest{StaleOk: true})
+	if err != nil {
+		return nil, fmt.Errorf("listing the master's workers: %w", err)
+	}
+	used := map[string]int64{}
+	for _, w := range resp.GetWorkers() {
+		if !strings.HasPrefix(w.GetId(), pool+"/") || w.GetState() != masterpb.WorkerState_WORKER_STATE_ALIVE {
+			continue
+		}
+		for _, t := range w.GetTiers() {
+			used[t.GetTier()] += t.GetUsedBytes()
+		}
+	}
+	return used, nil
+}
+
+// usedBytes is what a pool's status last said its tiers hold.
+func usedBytes(pool *datav1alpha1.TierPool) map[string]int64 {
+	used := map[string]int64{}
+	for _, t := range pool.Status.Tiers {
+		used[t.Name] = t.UsedBytes
+	}
+	return used
 }
 
 // nodeSelection is what a TierPool's selector and tolerations pick among the cluster's Nodes.

@@ -82,7 +82,7 @@ func tolerates(tolerations []corev1.Toleration, taint *corev1.Taint) bool {
 
 // setTierPoolStatus writes into pool.Status what sel says about the cluster and workers about
 // the pool's DaemonSet. It is the only place that sets the pool's conditions.
-func setTierPoolStatus(pool *datav1alpha1.TierPool, sel nodeSelection, workers workerObservation) {
+func setTierPoolStatus(pool *datav1alpha1.TierPool, sel nodeSelection, workers workerObservation, used map[string]int64) {
 	nodes := int32(len(sel.schedulable))
 	pool.Status.Nodes = nodes
 	pool.Status.ReadyWorkers = workers.ready
@@ -94,8 +94,8 @@ func setTierPoolStatus(pool *datav1alpha1.TierPool, sel nodeSelection, workers w
 			Name:          t.Name,
 			Medium:        t.Medium,
 			CapacityBytes: multiplySaturating(t.Quota.Value(), int64(nodes)),
-			// Workers report what their tiers hold; until they run, nothing is cached.
-			UsedBytes: 0,
+			// What the pool's workers report to the master; nothing before they run.
+			UsedBytes: used[t.Name],
 		})
 	}
 	pool.Status.Tiers = tiers

@@ -6,6 +6,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -22,7 +23,7 @@ var _ = Describe("The Ready condition of a pool that selects two nodes", func() 
 			pool := &datav1alpha1.TierPool{}
 			pool.Name = name
 			pool.Generation = 4
-			setTierPoolStatus(pool, twoNodes, workers)
+			setTierPoolStatus(pool, twoNodes, workers, nil)
 
 			Expect(pool.Status.Nodes).To(BeEquivalentTo(2))
 			Expect(pool.Status.ReadyWorkers).To(Equal(workers.ready))
@@ -69,3 +70,18 @@ func withWorkers(obs workerObservation, desired, ready int32) workerObservation 
 	obs.desired, obs.ready = desired, ready
 	return obs
 }
+
+var _ = Describe("The tiers of a pool's status", func() {
+	It("show each tier's capacity over the pool's nodes and what its workers hold", func() {
+		pool := &datav1alpha1.TierPool{Spec: datav1alpha1.TierPoolSpec{Tiers: []datav1alpha1.Tier{
+			{Name: "mem", Medium: datav1alpha1.MediumMemory, Quota: resource.MustParse("1Gi")},
+			{Name: "nvme", Medium: datav1alpha1.MediumNVMe, Quota: resource.MustParse("10Gi")},
+		}}}
+		setTierPoolStatus(pool, nodeSelection{matching: 2, schedulable: []string{"a", "b"}}, workerObservation{},
+			map[string]int64{"mem": 42})
+		Expect(pool.Status.Tiers).To(Equal([]datav1alpha1.TierStatus{
+			{Name: "mem", Medium: datav1alpha1.MediumMemory, CapacityBytes: 2 << 30, UsedBytes: 42},
+			{Name: "nvme", Medium: datav1alpha1.MediumNVMe, CapacityBytes: 20 << 30, UsedBytes: 0},
+		}))
+	})
+})

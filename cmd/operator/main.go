@@ -161,12 +161,10 @@ func run(opts options) error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 
-	if err := (&controllers.TierPoolReconciler{
+	pools := &controllers.TierPoolReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor(eventSource),
 		Workers:  workerSpec,
-	}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the TierPool controller: %w", err)
 	}
 
 	if workerSpec.Deployed() {
@@ -210,6 +208,10 @@ func run(opts options) error {
 			return fmt.Errorf("setting up the node-loss controller: %w", err)
 		}
 		datasets.Master = masters
+		pools.Master = masters
+	}
+	if err := pools.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the TierPool controller: %w", err)
 	}
 	if err := datasets.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Dataset controller: %w", err)
