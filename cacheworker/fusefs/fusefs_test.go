@@ -21,6 +21,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/internal/fusetest"
 )
 
 // walk returns every file of the mount with its bytes, and every folder, by path relative to dir.
@@ -53,7 +54,7 @@ func walk(t *testing.T, dir string) (files map[string][]byte, folders []string) 
 }
 
 func TestAMountedDatasetShowsEveryObjectWithItsBytes(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	g := NewWithT(t)
 	f := newFixture(t, testDataset())
 	s := mount(t, f.config(nil))
@@ -159,7 +160,7 @@ func mapsKeys[V any](m map[string]V) iter.Seq[string] {
 }
 
 func TestASecondReadIsServedWithoutTheUnderStore(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	g := NewWithT(t)
 	f := newFixture(t, testDataset())
 	want := f.data.files["big.bin"]
@@ -217,7 +218,7 @@ func TestASecondReadIsServedWithoutTheUnderStore(t *testing.T) {
 }
 
 func TestConcurrentReadersOfOneLargeFileGetTheRightBytes(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	data := testDataset()
 	data.files["large.bin"] = randomBytes(40*testBlockSize+777, 42)
 	f := newFixture(t, data)
@@ -274,7 +275,7 @@ type failingBlocks struct{ err error }
 func (b failingBlocks) ReadBlock(context.Context, string, int64) ([]byte, error) { return nil, b.err }
 
 func TestReadFailuresBecomeErrnos(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	f := newFixture(t, testDataset())
 
 	t.Run("a cache failure is EIO, logged once per block", func(t *testing.T) {
@@ -307,7 +308,7 @@ func TestReadFailuresBecomeErrnos(t *testing.T) {
 }
 
 func TestPassthroughServesLocalOneBlockFiles(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	g := NewWithT(t)
 	f := newFixture(t, testDataset())
 	s := mount(t, f.config(func(c *Config) { c.Local = localBlocks{f.store} }))
@@ -395,7 +396,7 @@ func TestPassthroughServesLocalOneBlockFiles(t *testing.T) {
 }
 
 func TestUnmountWaitsForBindMountsToGo(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	g := NewWithT(t)
 	f := newFixture(t, testDataset())
 	s := mount(t, f.config(nil))
@@ -417,7 +418,7 @@ func TestUnmountWaitsForBindMountsToGo(t *testing.T) {
 }
 
 func TestUnmountOfABusyMountSaysSo(t *testing.T) {
-	requireFUSE(t)
+	fusetest.Require(t)
 	g := NewWithT(t)
 	f := newFixture(t, testDataset())
 	s := mount(t, f.config(nil))

@@ -30,17 +30,6 @@ const (
 	prefix        = "sets/v1/"
 )
 
-// requireFUSE skips a test that needs to mount FUSE where it cannot.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting FUSE needs root (CAP_SYS_ADMIN): run the tests as root, as the worker runs privileged")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("mounting FUSE needs /dev/fuse: %v", err)
-	}
-}
-
 func randomBytes(n int, seed uint64) []byte {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	b := make([]byte, n)

@@ -24,6 +24,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/miniotest"
 )
 
@@ -32,17 +33,6 @@ const (
 	bucket    = "data"
 	uid       = "0b9c2f1e-6f2d-4a57-9c4e-2b1f0a7d3c11"
 )
-
-// requireFUSE skips a test that needs to mount FUSE where it cannot.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting FUSE needs root (CAP_SYS_ADMIN): run the tests as root, as the worker runs privileged")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("mounting FUSE needs /dev/fuse: %v", err)
-	}
-}
 
 func randomBytes(n int, seed uint64) []byte {
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -68,7 +58,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, change func(*Config)) *fixture {
 	t.Helper()
-	requireFUSE(t)
+	fusetest.Require(t)
 	f := &fixture{srv: miniotest.Start(t), files: map[string][]byte{
 		"a.txt":                []byte("hello"),
 		"dir/b.bin":            randomBytes(3*blockSize+17, 1),

@@ -124,7 +124,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), cfg.shutdownTimeout)
 		defer cancel()
-		stopGRPC(sctx, grpcSrv)
+		daemon.StopGRPC(sctx, grpcSrv)
 		if httpSrv != nil {
 			return httpSrv.Shutdown(sctx)
 		}
@@ -149,16 +149,4 @@ func observability(reg *prometheus.Registry, regSrv *registration.Server) http.H
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
-}
-
-// stopGRPC lets calls under way finish until ctx ends, then cuts them.
-func stopGRPC(ctx context.Context, s *grpc.Server) {
-	done := make(chan struct{})
-	go func() { s.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		s.Stop()
-		<-done
-	}
 }

@@ -180,7 +180,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		})
 		g.Go(func() error {
 			<-gctx.Done()
-			mountSrv.GracefulStop()
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), opts.shutdownTimeout)
+			defer cancel()
+			daemon.StopGRPC(sctx, mountSrv)
 			return nil
 		})
 	}
@@ -212,7 +214,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), opts.shutdownTimeout)
 		defer cancel()
-		stopGRPC(sctx, grpcSrv)
+		daemon.StopGRPC(sctx, grpcSrv)
 		return srv.Shutdown(sctx)
 	})
 	log.Info("worker running", "tiers", store.Tiers(), "data", dataLis.Addr().String(), "metrics", lis.Addr().String(),
@@ -258,16 +260,4 @@ func preload(args []string) int {
 	}{res, time.Since(start).Seconds()})
 	fmt.Println(string(out))
 	return 0
-}
-
-// stopGRPC lets streams under way finish until ctx ends, then cuts them.
-func stopGRPC(ctx context.Context, s *grpc.Server) {
-	done := make(chan struct{})
-	go func() { s.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		s.Stop()
-		<-done
-	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/mastertest"
 )
@@ -176,7 +177,7 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		masterAddrs: strings.Join(masters.APIAddrs(), ","), pool: "default", nodeName: "node-a", heartbeat: 100 * time.Millisecond}
 	o.advertiseAddr = o.dataAddr
 	o.shortCircuit = filepath.Join(dir, "run", "worker.sock")
-	fuse := canMountFUSE()
+	fuse := fusetest.Available() == nil
 	source := filepath.Join(dir, "source")
 	g.Expect(os.MkdirAll(filepath.Join(source, "images"), 0o750)).To(Succeed())
 	g.Expect(os.WriteFile(filepath.Join(source, "images", "cat.jpg"), []byte("a cat, in bytes"), 0o600)).To(Succeed())
@@ -255,10 +256,4 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(mounts).To(BeEmpty(), "a stopping worker unmounts its Datasets")
 	}
-}
-
-// canMountFUSE reports whether this test may mount FUSE file systems: as root, with /dev/fuse.
-func canMountFUSE() bool {
-	_, err := os.Stat("/dev/fuse")
-	return err == nil && os.Geteuid() == 0
 }
