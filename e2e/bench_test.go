@@ -32,20 +32,14 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-bench-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
-		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
-		copyMinioCredentials(ctx, namespace)
+		namespace = testNamespace(ctx, "e2e-bench-")
 
 		// The cache node without MinIO, so that a cold read and a direct read both cross the
 		// pod network.
 		minioNode := runningPodNode(ctx, minioNamespace, "app.kubernetes.io/name=minio")
-		var list corev1.NodeList
-		Expect(k8sClient.List(ctx, &list, client.MatchingLabels{cacheNodeLabel: "true"})).To(Succeed())
-		for _, n := range list.Items {
-			if n.Name != minioNode {
-				node = n.Name
+		for _, n := range cacheNodes(ctx) {
+			if n != minioNode {
+				node = n
 			}
 		}
 		Expect(node).NotTo(BeEmpty())

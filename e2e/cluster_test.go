@@ -146,6 +146,30 @@ func copyMinioCredentials(ctx context.Context, namespace string) {
 	Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, secret))).To(Succeed())
 }
 
+// testNamespace creates a namespace for a suite, with MinIO's credentials in it, deleted when
+// the suite ends.
+func testNamespace(ctx context.Context, prefix string) string {
+	GinkgoHelper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix}}
+	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
+	copyMinioCredentials(ctx, ns.Name)
+	return ns.Name
+}
+
+// cacheNodes are the names of the cluster's two cache nodes.
+func cacheNodes(ctx context.Context) []string {
+	GinkgoHelper()
+	var list corev1.NodeList
+	Expect(k8sClient.List(ctx, &list, client.MatchingLabels{cacheNodeLabel: "true"})).To(Succeed())
+	var nodes []string
+	for _, n := range list.Items {
+		nodes = append(nodes, n.Name)
+	}
+	Expect(nodes).To(HaveLen(2), "the e2e cluster has two cache nodes")
+	return nodes
+}
+
 // runTestkit runs testkit with args in a pod on node, waits for it to succeed and decodes the
 // one line it prints.
 func runTestkit(ctx context.Context, namespace, node string, args ...string) object {

@@ -38,18 +38,8 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 	const bucket = "e2e-csi"
 
 	BeforeAll(func(ctx SpecContext) {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-csi-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
-		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
-		copyMinioCredentials(ctx, namespace)
-
-		var list corev1.NodeList
-		Expect(k8sClient.List(ctx, &list, client.MatchingLabels{cacheNodeLabel: "true"})).To(Succeed())
-		for _, n := range list.Items {
-			nodes = append(nodes, n.Name)
-		}
-		Expect(nodes).To(HaveLen(2))
+		namespace = testNamespace(ctx, "e2e-csi-")
+		nodes = cacheNodes(ctx)
 
 		// A small block size, so that the large file spans several blocks.
 		pool = uniqueName("csi")

@@ -26,18 +26,8 @@ var _ = Describe("The cache workers", Ordered, Label("smoke", "worker"), func() 
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-worker-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
-		DeferCleanup(func(ctx SpecContext) { Expect(k8sClient.Delete(ctx, ns)).To(Succeed()) })
-		copyMinioCredentials(ctx, namespace)
-
-		var list corev1.NodeList
-		Expect(k8sClient.List(ctx, &list, client.MatchingLabels{cacheNodeLabel: "true"})).To(Succeed())
-		for _, n := range list.Items {
-			nodes = append(nodes, n.Name)
-		}
-		Expect(nodes).To(HaveLen(2), "the e2e cluster has two cache nodes")
+		namespace = testNamespace(ctx, "e2e-worker-")
+		nodes = cacheNodes(ctx)
 
 		// The tier folders hack/kind/up.sh makes on every cache node: a tmpfs for memory, a
 		// folder for NVMe.
