@@ -32,6 +32,7 @@ type Master interface {
 	RegisterDataset(ctx context.Context, req *masterpb.RegisterDatasetRequest) (*masterpb.Dataset, error)
 	CreateFile(ctx context.Context, req *masterpb.CreateFileRequest) (*masterpb.File, error)
 	CommitBlock(ctx context.Context, req *masterpb.CommitBlockRequest) (*masterpb.Block, error)
+	RemoveBlockCopy(ctx context.Context, req *masterpb.RemoveBlockCopyRequest) (*masterpb.Block, error)
 	GetBlockLocations(ctx context.Context, req *masterpb.GetBlockLocationsRequest) (*masterpb.GetBlockLocationsResponse, error)
 	ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error)
 }
@@ -61,7 +62,7 @@ type Directory struct {
 	log    logr.Logger
 	now    func() time.Time
 
-	queue chan tierstore.BlockInfo
+	queue chan change
 
 	// files remembers the files created at the master, so that each costs one CreateFile.
 	files sync.Map
@@ -74,33 +75,69 @@ type Directory struct {
 // NewDirectory returns the directory of the worker whose master id is self.
 func NewDirectory(master Master, peers BlockReader, self string, log logr.Logger) *Directory {
 	return &Directory{master: master, peers: peers, self: self, log: log, now: time.Now,
-		queue: make(chan tierstore.BlockInfo, queueLength)}
+		queue: make(chan change, queueLength)}
+}
+
+// change is a block this worker now holds, or (gone) no longer holds.
+type change struct {
+	info tierstore.BlockInfo
+	gone bool
 }
 
 // Enqueue reports a block in the background (see Run): the read path that stored it never
 // waits for the master.
 func (d *Directory) Enqueue(_ context.Context, info tierstore.BlockInfo) {
+	d.push(change{info: info})
+}
+
+// Forget tells the master, in the background, that this worker no longer holds a block it may
+// have reported: readers stop asking for it, and usage stops counting it. It never blocks, so
+// the tier store may call it while it holds its lock.
+func (d *Directory) Forget(info tierstore.BlockInfo) {
+	d.push(change{info: info, gone: true})
+}
+
+func (d *Directory) push(c change) {
 	select {
-	case d.queue <- info:
+	case d.queue <- c:
 	default:
-		d.log.Info("too many blocks waiting to be reported; this one is reported at the next registration", "block", info.ID)
+		// Dropped: a report is made again at the next registration; a stale copy costs one failed
+		// peer read (the reader then goes to the under-store) and an overstated usage until then.
+		d.log.Info("too many block changes waiting for the master; this one waits for the next registration",
+			"block", c.info.ID, "gone", c.gone)
 	}
 }
 
-// Run reports the enqueued blocks until ctx ends.
+// Run sends the queued changes to the master until ctx ends.
 func (d *Directory) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case info := <-d.queue:
+		case c := <-d.queue:
 			rctx, cancel := context.WithTimeout(ctx, reportTimeout)
-			if err := d.Report(rctx, info); err != nil && ctx.Err() == nil {
-				d.log.Error(err, "reporting a block to the master; peers read it from the under-store until the next registration")
+			var err error
+			if c.gone {
+				err = d.forget(rctx, c.info.ID)
+			} else {
+				err = d.Report(rctx, c.info)
+			}
+			if err != nil && ctx.Err() == nil {
+				d.log.Error(err, "telling the master about a block; it stays stale there until the next registration", "gone", c.gone)
 			}
 			cancel()
 		}
 	}
+}
+
+// forget removes this worker's copy of block id at the master; a block the master does not know
+// is forgotten already.
+func (d *Directory) forget(ctx context.Context, id string) error {
+	_, err := d.master.RemoveBlockCopy(ctx, &masterpb.RemoveBlockCopyRequest{BlockId: MasterBlockID(id), Worker: d.self})
+	if err != nil && status.Code(err) != codes.NotFound {
+		return fmt.Errorf("forgetting this worker's copy of block %s at the master: %w", id, err)
+	}
+	return nil
 }
 
 // MasterBlockID is the master's id of a worker's block: the master numbers blocks, the worker

@@ -64,10 +64,13 @@ func startNode(t *testing.T, id string, master *client.Client, under understore.
 	t.Helper()
 	tmp := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
+	peers := dataplane.NewPeers()
+	dir := locations.NewDirectory(master, peers, id, logr.Discard())
 	store, err := tierstore.Open(ctx, tierstore.Config{
 		Tiers: []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory,
 			Dirs: []string{filepath.Join(tmp, "mem")}, Quota: 64 << 20}},
 		IndexDir: filepath.Join(tmp, "index"),
+		OnRemove: dir.Forget, // as cmd/worker wires it
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -76,10 +79,8 @@ func startNode(t *testing.T, id string, master *client.Client, under understore.
 	if err != nil {
 		t.Fatal(err)
 	}
-	peers := dataplane.NewPeers()
 	n := &node{id: id, store: store, srv: grpc.NewServer(), source: &countingSource{RangeReader: under},
-		reg: prometheus.NewRegistry(), cancel: cancel}
-	n.dir = locations.NewDirectory(master, peers, id, logr.Discard())
+		reg: prometheus.NewRegistry(), cancel: cancel, dir: dir}
 	workerpb.RegisterWorkerServer(n.srv, dataplane.NewServer(store, n.dir.Enqueue, nil, logr.Discard()))
 	go func() { _ = n.srv.Serve(lis) }()
 
@@ -164,6 +165,11 @@ func TestPeersServeWhatTheyHold(t *testing.T) {
 		WithTimeout(10*time.Second).Should(Equal(2.0), "worker a registers a second time")
 	g.Eventually(func() ([]string, error) { return holders(ctx, master, id) }).WithTimeout(10*time.Second).
 		Should(ConsistOf("pool/a", "pool/b"), "worker a's copy is live again at the master")
+
+	By("a block worker a deletes (as eviction would drop it) is forgotten at the master")
+	g.Expect(a.store.Delete(ctx, id)).To(Succeed())
+	g.Eventually(func() ([]string, error) { return holders(ctx, master, id) }).WithTimeout(10*time.Second).
+		Should(ConsistOf("pool/b"), "only worker b still holds the block")
 
 	By("a peer that is gone costs a fallback to the under-store")
 	c := startNode(t, "pool/c", master, under)

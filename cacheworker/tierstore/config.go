@@ -79,6 +79,10 @@ type Config struct {
 	// means such blocks are never dropped. It runs while the store is making room, so it must
 	// not write blocks to the store itself.
 	Persist func(ctx context.Context, b BlockInfo, r io.Reader) error
+	// OnRemove, when set, is told of every block that leaves the store (dropped from the last
+	// tier, deleted, or found corrupt), so that the worker can tell the master it no longer holds
+	// it. It runs with the store's lock held: it must return at once and not call the store.
+	OnRemove func(BlockInfo)
 	// VerifyConcurrency is how many blocks are checksummed at once when the store starts; 0
 	// means DefaultVerifyConcurrency.
 	VerifyConcurrency int

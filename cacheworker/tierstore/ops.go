@@ -239,6 +239,9 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 
 // forgetLocked drops b from the in-memory state and frees its space. mu must be held.
 func (s *Store) forgetLocked(b *block) {
+	if s.cfg.OnRemove != nil {
+		s.cfg.OnRemove(b.info())
+	}
 	delete(s.blocks, b.id)
 	delete(s.queue, b.id)
 	b.tier.policy.Remove(b.id)

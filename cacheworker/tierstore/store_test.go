@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -702,5 +703,44 @@ func TestConfigValidation(t *testing.T) {
 			}
 			g.Expect(err).To(MatchError(ContainSubstring(tc.wantErr)))
 		})
+	}
+}
+
+func TestOnRemoveIsToldOfEveryBlockThatLeaves(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var removed []string
+	s := newStore(t, []tierSpec{memTier}, func(c *Config) {
+		c.OnRemove = func(b BlockInfo) {
+			mu.Lock()
+			defer mu.Unlock()
+			removed = append(removed, b.ID)
+		}
+	})
+	gone := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(removed)
+	}
+
+	s.put("deleted", PutOptions{Clean: true})
+	g.Expect(s.Delete(ctx, "deleted")).To(Succeed())
+	g.Expect(gone()).To(Equal([]string{"deleted"}), "a deleted block")
+
+	s.put("rotten", PutOptions{Clean: true})
+	s.flipByte("rotten")
+	_, _, err := s.Get(ctx, "rotten")
+	g.Expect(err).To(MatchError(ErrCorrupt))
+	g.Expect(gone()).To(ContainElement("rotten"), "a block found corrupt")
+
+	// The only tier is the last: past its high watermark it drops clean blocks, oldest first.
+	for i := range 10 {
+		s.put(fmt.Sprintf("b%d", i), PutOptions{Clean: true})
+	}
+	g.Expect(gone()).To(ContainElement("b0"), "a block dropped from the last tier")
+	for _, id := range gone() {
+		_, err := s.Info(id)
+		g.Expect(err).To(MatchError(ErrNotFound), "only blocks that left are reported: %s", id)
 	}
 }

@@ -68,6 +68,26 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			return err
 		}
 	}
+	// Without a master the worker serves its blocks but reports nothing: enough for a single
+	// node, and for tests. With one, the directory exists before the store opens, so that the
+	// store can tell it of every block that leaves.
+	var dir *locations.Directory
+	var masters *masterclient.Client
+	if len(id.masters) > 0 {
+		if masters, err = masterclient.New(id.masters, masterclient.Options{Logger: log.WithName("master-client")}); err != nil {
+			return fmt.Errorf("creating the master client: %w", err)
+		}
+		defer func() { _ = masters.Close() }()
+		peers := dataplane.NewPeers()
+		defer func() { _ = peers.Close() }()
+		dir = locations.NewDirectory(masters, peers, id.id, log.WithName("locations"))
+		cfg.OnRemove = func(info tierstore.BlockInfo) {
+			if len(info.Origin) > 0 { // only blocks with an origin were reported
+				dir.Forget(info)
+			}
+		}
+	}
+
 	cfg.Log = log.WithName("tierstore")
 	store, err := tierstore.Open(ctx, cfg)
 	if err != nil {
@@ -93,20 +113,17 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return store.Run(gctx) })
 
-	// Without a master the worker serves its blocks but reports nothing: enough for a single
-	// node, and for tests.
 	var stored dataplane.StoredFunc
 	var peerReader cache.PeerReader
 	ready := func() bool { return true }
-	if len(id.masters) > 0 {
-		masters, err := masterclient.New(id.masters, masterclient.Options{Logger: log.WithName("master-client")})
-		if err != nil {
-			return fmt.Errorf("creating the master client: %w", err)
+	if dir != nil {
+		// Blocks the start-up check dropped (torn, corrupt, gone with a rebooted memory tier)
+		// may still be listed at the master from before.
+		for _, f := range store.Recovery().Findings {
+			if f.ID != "" {
+				dir.Forget(tierstore.BlockInfo{ID: f.ID})
+			}
 		}
-		defer func() { _ = masters.Close() }()
-		peers := dataplane.NewPeers()
-		defer func() { _ = peers.Close() }()
-		dir := locations.NewDirectory(masters, peers, id.id, log.WithName("locations"))
 		member, err := membership.New(membership.Config{
 			ID: id.id, Address: id.advertise, Node: id.node, Interval: opts.heartbeat,
 			Report: dir.ReportAll, Log: log.WithName("membership"),

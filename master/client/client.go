@@ -309,6 +309,12 @@ func (c *Client) CommitBlock(ctx context.Context, req *masterpb.CommitBlockReque
 	return b, err
 }
 
+// RemoveBlockCopy forgets a worker's copy of a block (idempotent).
+func (c *Client) RemoveBlockCopy(ctx context.Context, req *masterpb.RemoveBlockCopyRequest) (*masterpb.Block, error) {
+	b, _, err := call(ctx, c, "RemoveBlockCopy", req, masterpb.MasterClient.RemoveBlockCopy)
+	return b, err
+}
+
 // GetBlockLocations returns blocks and their copies.
 func (c *Client) GetBlockLocations(ctx context.Context, req *masterpb.GetBlockLocationsRequest) (*masterpb.GetBlockLocationsResponse, error) {
 	resp, _, err := call(ctx, c, "GetBlockLocations", req, masterpb.MasterClient.GetBlockLocations)

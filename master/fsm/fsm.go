@@ -205,6 +205,8 @@ func apply(txn *badger.Txn, cmd *masterpb.Command) (proto.Message, error) {
 		return recordAccess(txn, at, op.RecordAccess)
 	case *masterpb.Command_SetPeer:
 		return setPeer(txn, op.SetPeer)
+	case *masterpb.Command_RemoveBlockCopy:
+		return removeBlockCopy(txn, op.RemoveBlockCopy)
 	case *masterpb.Command_RemovePeer:
 		return removePeer(txn, op.RemovePeer)
 	default:

@@ -493,6 +493,39 @@ func commitBlock(txn *badger.Txn, at int64, req *masterpb.CommitBlockRequest) (p
 	return b, nil
 }
 
+// removeBlockCopy forgets one worker's copy of a block; a copy the master does not list is
+// forgotten already. The block itself stays: other copies, its checkpoint or its under-store
+// still serve it.
+func removeBlockCopy(txn *badger.Txn, req *masterpb.RemoveBlockCopyRequest) (proto.Message, error) {
+	if req.BlockId == 0 {
+		return nil, invalid("block id 0 is reserved")
+	}
+	if err := validID("worker", req.Worker); err != nil {
+		return nil, err
+	}
+	b, err := getBlock(txn, req.BlockId)
+	if err != nil {
+		return nil, err
+	}
+	kept := b.Locations[:0]
+	for _, l := range b.Locations {
+		if l.Worker != req.Worker {
+			kept = append(kept, l)
+		}
+	}
+	if len(kept) == len(b.Locations) {
+		return b, nil
+	}
+	b.Locations = kept
+	if err := putProto(txn, blockKey(b.Id), b); err != nil {
+		return nil, err
+	}
+	if err := del(txn, workerBlockKey(req.Worker, b.Id)); err != nil {
+		return nil, fmt.Errorf("unindexing block %d on worker %s: %w", b.Id, req.Worker, err)
+	}
+	return b, nil
+}
+
 // insertBlock adds b to f's block list in offset order (a binary search that reads the blocks it
 // compares against; writers append, so the common case reads one block).
 func insertBlock(txn *badger.Txn, f *masterpb.File, b *masterpb.Block) error {

@@ -49,3 +49,39 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	_, err = h.fsm.DatasetUsage("ns/nothing/uid")
 	g.Expect(errors.Is(err, ErrNotFound)).To(BeTrue(), "an unknown dataset: %v", err)
 }
+
+func TestRemovingACopyForgetsItOnly(t *testing.T) {
+	g := NewWithT(t)
+	h := newHarness(t)
+	remove := func(id uint64, w string) *masterpb.Command {
+		return &masterpb.Command{Op: &masterpb.Command_RemoveBlockCopy{RemoveBlockCopy: &masterpb.RemoveBlockCopyRequest{BlockId: id, Worker: w}}}
+	}
+	for _, cmd := range []*masterpb.Command{
+		dataset("ns/d/uid", "/datasets/ns/d/uid"), worker("a"), worker("b"),
+		createReq(&masterpb.CreateFileRequest{Path: "/datasets/ns/d/uid/x", Dataset: "ns/d/uid"}),
+		commit(1, "/datasets/ns/d/uid/x", 0, "a", "mem"),
+		commit(1, "/datasets/ns/d/uid/x", 0, "b", "nvme"),
+	} {
+		h.must(cmd)
+	}
+
+	b := h.must(remove(1, "a")).(*masterpb.Block)
+	g.Expect(b.Locations).To(HaveExactElements(HaveField("Worker", "b")), "a's copy is forgotten, b's stays")
+	b = h.must(remove(1, "a")).(*masterpb.Block)
+	g.Expect(b.Locations).To(HaveLen(1), "forgetting it again changes nothing")
+	usage, err := h.fsm.DatasetUsage("ns/d/uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.Tiers).To(HaveExactElements(HaveField("Tier", "nvme")))
+
+	// Worker a's index no longer lists the block: declaring a lost marks nothing of it.
+	resp := h.must(lost("a", 100)).(*masterpb.MarkWorkerLostStepResult)
+	g.Expect(resp.GetCounts().GetBlocksLost()).To(BeZero())
+
+	h.must(remove(1, "b"))
+	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.CachedBytes).To(BeZero(), "a block no worker holds is not cached")
+
+	_, err = h.apply(0, remove(99, "a"))
+	g.Expect(errors.Is(err, ErrNotFound)).To(BeTrue(), "an unknown block: %v", err)
+}

@@ -2008,6 +2008,58 @@ func (x *CommitBlockRequest) GetTier() string {
 	return ""
 }
 
+type RemoveBlockCopyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BlockId       uint64                 `protobuf:"varint,1,opt,name=block_id,json=blockId,proto3" json:"block_id,omitempty"`
+	Worker        string                 `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveBlockCopyRequest) Reset() {
+	*x = RemoveBlockCopyRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveBlockCopyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveBlockCopyRequest) ProtoMessage() {}
+
+func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
+func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
+	if x != nil {
+		return x.BlockId
+	}
+	return 0
+}
+
+func (x *RemoveBlockCopyRequest) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
 type GetBlockLocationsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Either path (every block of the file) or block_ids.
@@ -2021,7 +2073,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2085,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2098,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -2079,7 +2131,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2143,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2156,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2126,7 +2178,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2190,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2203,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -2192,7 +2244,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2204,7 +2256,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2217,7 +2269,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -2243,7 +2295,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2307,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2320,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -2288,7 +2340,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2352,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2365,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -2344,7 +2396,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2408,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2421,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2409,7 +2461,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2473,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2486,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -2453,7 +2505,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2465,7 +2517,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2478,7 +2530,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -2499,7 +2551,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +2563,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +2576,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -2556,7 +2608,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2568,7 +2620,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2581,7 +2633,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 type LeaderRequest struct {
@@ -2592,7 +2644,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2656,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2669,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 type LeaderResponse struct {
@@ -2639,7 +2691,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2703,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2716,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -2755,6 +2807,7 @@ type Command struct {
 	//	*Command_RecordAccess
 	//	*Command_SetPeer
 	//	*Command_RemovePeer
+	//	*Command_RemoveBlockCopy
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2762,7 +2815,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +2827,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +2840,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -2928,6 +2981,15 @@ func (x *Command) GetRemovePeer() *RemovePeer {
 	return nil
 }
 
+func (x *Command) GetRemoveBlockCopy() *RemoveBlockCopyRequest {
+	if x != nil {
+		if x, ok := x.Op.(*Command_RemoveBlockCopy); ok {
+			return x.RemoveBlockCopy
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -2984,6 +3046,10 @@ type Command_RemovePeer struct {
 	RemovePeer *RemovePeer `protobuf:"bytes,22,opt,name=remove_peer,json=removePeer,proto3,oneof"`
 }
 
+type Command_RemoveBlockCopy struct {
+	RemoveBlockCopy *RemoveBlockCopyRequest `protobuf:"bytes,23,opt,name=remove_block_copy,json=removeBlockCopy,proto3,oneof"`
+}
+
 func (*Command_CreateFile) isCommand_Op() {}
 
 func (*Command_RenameFile) isCommand_Op() {}
@@ -3010,6 +3076,8 @@ func (*Command_SetPeer) isCommand_Op() {}
 
 func (*Command_RemovePeer) isCommand_Op() {}
 
+func (*Command_RemoveBlockCopy) isCommand_Op() {}
+
 // DeleteDatasetStep deletes at most limit keys' worth of the dataset's files; the dataset record
 // goes with the last step. Large datasets take several steps because one step is one Badger
 // transaction, whose size is bounded.
@@ -3023,7 +3091,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3103,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3116,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -3075,7 +3143,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3087,7 +3155,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3100,7 +3168,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3130,7 +3198,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3142,7 +3210,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3155,7 +3223,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3189,7 +3257,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3201,7 +3269,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,7 +3282,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3240,7 +3308,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3252,7 +3320,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3265,7 +3333,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3284,7 +3352,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3364,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3377,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -3457,7 +3525,10 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x1a\n" +
 	"\bchecksum\x18\x05 \x01(\tR\bchecksum\x12\x16\n" +
 	"\x06worker\x18\x06 \x01(\tR\x06worker\x12\x12\n" +
-	"\x04tier\x18\a \x01(\tR\x04tier\"f\n" +
+	"\x04tier\x18\a \x01(\tR\x04tier\"K\n" +
+	"\x16RemoveBlockCopyRequest\x12\x19\n" +
+	"\bblock_id\x18\x01 \x01(\x04R\ablockId\x12\x16\n" +
+	"\x06worker\x18\x02 \x01(\tR\x06worker\"f\n" +
 	"\x18GetBlockLocationsRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
 	"\tblock_ids\x18\x02 \x03(\x04R\bblockIds\x12\x19\n" +
@@ -3503,7 +3574,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12\x12\n" +
 	"\x04term\x18\a \x01(\x04R\x04term\x12#\n" +
 	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12,\n" +
-	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\x98\b\n" +
+	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\xf0\b\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12 \n" +
 	"\fat_unix_nano\x18\x02 \x01(\x03R\n" +
@@ -3525,7 +3596,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rrecord_access\x18\x14 \x01(\v2%.strata.master.v1.RecordAccessRequestH\x00R\frecordAccess\x126\n" +
 	"\bset_peer\x18\x15 \x01(\v2\x19.strata.master.v1.SetPeerH\x00R\asetPeer\x12?\n" +
 	"\vremove_peer\x18\x16 \x01(\v2\x1c.strata.master.v1.RemovePeerH\x00R\n" +
-	"removePeerB\x04\n" +
+	"removePeer\x12V\n" +
+	"\x11remove_block_copy\x18\x17 \x01(\v2(.strata.master.v1.RemoveBlockCopyRequestH\x00R\x0fremoveBlockCopyB\x04\n" +
 	"\x02op\"=\n" +
 	"\x11DeleteDatasetStep\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -3555,7 +3627,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xa2\r\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xf8\r\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -3574,7 +3646,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rDeleteDataset\x12&.strata.master.v1.DeleteDatasetRequest\x1a'.strata.master.v1.DeleteDatasetResponse\x12[\n" +
 	"\x0fGetDatasetUsage\x12(.strata.master.v1.GetDatasetUsageRequest\x1a\x1e.strata.master.v1.DatasetUsage\x12L\n" +
 	"\vCommitBlock\x12$.strata.master.v1.CommitBlockRequest\x1a\x17.strata.master.v1.Block\x12l\n" +
-	"\x11GetBlockLocations\x12*.strata.master.v1.GetBlockLocationsRequest\x1a+.strata.master.v1.GetBlockLocationsResponse\x12S\n" +
+	"\x11GetBlockLocations\x12*.strata.master.v1.GetBlockLocationsRequest\x1a+.strata.master.v1.GetBlockLocationsResponse\x12T\n" +
+	"\x0fRemoveBlockCopy\x12(.strata.master.v1.RemoveBlockCopyRequest\x1a\x17.strata.master.v1.Block\x12S\n" +
 	"\x0eRegisterWorker\x12'.strata.master.v1.RegisterWorkerRequest\x1a\x18.strata.master.v1.Worker\x12T\n" +
 	"\tHeartbeat\x12\".strata.master.v1.HeartbeatRequest\x1a#.strata.master.v1.HeartbeatResponse\x12c\n" +
 	"\x0eMarkWorkerLost\x12'.strata.master.v1.MarkWorkerLostRequest\x1a(.strata.master.v1.MarkWorkerLostResponse\x12Z\n" +
@@ -3595,7 +3668,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -3628,26 +3701,27 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*GetDatasetUsageRequest)(nil),    // 28: strata.master.v1.GetDatasetUsageRequest
 	(*DatasetUsage)(nil),              // 29: strata.master.v1.DatasetUsage
 	(*CommitBlockRequest)(nil),        // 30: strata.master.v1.CommitBlockRequest
-	(*GetBlockLocationsRequest)(nil),  // 31: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 32: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 33: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 34: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 35: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 36: strata.master.v1.MarkWorkerLostRequest
-	(*MarkWorkerLostResponse)(nil),    // 37: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 38: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 39: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 40: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 41: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 42: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 43: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 44: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 45: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 46: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 47: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 48: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 49: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 50: strata.master.v1.RemovePeer
+	(*RemoveBlockCopyRequest)(nil),    // 31: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 32: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 33: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 34: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 35: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 36: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 37: strata.master.v1.MarkWorkerLostRequest
+	(*MarkWorkerLostResponse)(nil),    // 38: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 39: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 40: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 41: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 42: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 43: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 44: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 45: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 46: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 47: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 48: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 49: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 50: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 51: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	0,  // 0: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
@@ -3670,62 +3744,65 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	16, // 17: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
 	17, // 18: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
 	24, // 19: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	45, // 20: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	46, // 20: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
 	30, // 21: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	33, // 22: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	34, // 23: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	47, // 24: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	34, // 22: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	35, // 23: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	48, // 24: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
 	22, // 25: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
 	23, // 26: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	49, // 27: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	50, // 28: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	37, // 29: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	11, // 30: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	12, // 31: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	13, // 32: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	14, // 33: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	16, // 34: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	17, // 35: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	19, // 36: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	22, // 37: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	23, // 38: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	24, // 39: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	25, // 40: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	26, // 41: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	28, // 42: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	30, // 43: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	31, // 44: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	33, // 45: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	34, // 46: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	36, // 47: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	38, // 48: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	40, // 49: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	42, // 50: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	5,  // 51: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	5,  // 52: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	15, // 53: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	5,  // 54: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	18, // 55: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	21, // 56: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	5,  // 57: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	5,  // 58: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 59: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 60: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	27, // 61: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	29, // 62: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	8,  // 63: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	32, // 64: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	10, // 65: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	35, // 66: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	37, // 67: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	39, // 68: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	41, // 69: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	43, // 70: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	51, // [51:71] is the sub-list for method output_type
-	31, // [31:51] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	50, // 27: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	51, // 28: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	31, // 29: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	38, // 30: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	11, // 31: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	12, // 32: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	13, // 33: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	14, // 34: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	16, // 35: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	17, // 36: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	19, // 37: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	22, // 38: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	23, // 39: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	24, // 40: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	25, // 41: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	26, // 42: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	28, // 43: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	30, // 44: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	32, // 45: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	31, // 46: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	34, // 47: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	35, // 48: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	37, // 49: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	39, // 50: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	41, // 51: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	43, // 52: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	5,  // 53: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	5,  // 54: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	15, // 55: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	5,  // 56: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	18, // 57: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	21, // 58: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	5,  // 59: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	5,  // 60: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 61: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 62: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	27, // 63: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	29, // 64: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 65: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	33, // 66: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	8,  // 67: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	10, // 68: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	36, // 69: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	38, // 70: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	40, // 71: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	42, // 72: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	44, // 73: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	53, // [53:74] is the sub-list for method output_type
+	32, // [32:53] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -3733,7 +3810,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[41].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[42].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -3747,6 +3824,7 @@ func file_master_masterpb_master_proto_init() {
 		(*Command_RecordAccess)(nil),
 		(*Command_SetPeer)(nil),
 		(*Command_RemovePeer)(nil),
+		(*Command_RemoveBlockCopy)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3754,7 +3832,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,7 @@ const (
 	Master_GetDatasetUsage_FullMethodName   = "/strata.master.v1.Master/GetDatasetUsage"
 	Master_CommitBlock_FullMethodName       = "/strata.master.v1.Master/CommitBlock"
 	Master_GetBlockLocations_FullMethodName = "/strata.master.v1.Master/GetBlockLocations"
+	Master_RemoveBlockCopy_FullMethodName   = "/strata.master.v1.Master/RemoveBlockCopy"
 	Master_RegisterWorker_FullMethodName    = "/strata.master.v1.Master/RegisterWorker"
 	Master_Heartbeat_FullMethodName         = "/strata.master.v1.Master/Heartbeat"
 	Master_MarkWorkerLost_FullMethodName    = "/strata.master.v1.Master/MarkWorkerLost"
@@ -68,6 +69,9 @@ type MasterClient interface {
 	GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error)
 	CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error)
 	GetBlockLocations(ctx context.Context, in *GetBlockLocationsRequest, opts ...grpc.CallOption) (*GetBlockLocationsResponse, error)
+	// RemoveBlockCopy records that a worker no longer holds a block (it evicted or deleted it):
+	// readers stop asking it, and usage stops counting it.
+	RemoveBlockCopy(ctx context.Context, in *RemoveBlockCopyRequest, opts ...grpc.CallOption) (*Block, error)
 	RegisterWorker(ctx context.Context, in *RegisterWorkerRequest, opts ...grpc.CallOption) (*Worker, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	MarkWorkerLost(ctx context.Context, in *MarkWorkerLostRequest, opts ...grpc.CallOption) (*MarkWorkerLostResponse, error)
@@ -224,6 +228,16 @@ func (c *masterClient) GetBlockLocations(ctx context.Context, in *GetBlockLocati
 	return out, nil
 }
 
+func (c *masterClient) RemoveBlockCopy(ctx context.Context, in *RemoveBlockCopyRequest, opts ...grpc.CallOption) (*Block, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Block)
+	err := c.cc.Invoke(ctx, Master_RemoveBlockCopy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) RegisterWorker(ctx context.Context, in *RegisterWorkerRequest, opts ...grpc.CallOption) (*Worker, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Worker)
@@ -307,6 +321,9 @@ type MasterServer interface {
 	GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error)
 	CommitBlock(context.Context, *CommitBlockRequest) (*Block, error)
 	GetBlockLocations(context.Context, *GetBlockLocationsRequest) (*GetBlockLocationsResponse, error)
+	// RemoveBlockCopy records that a worker no longer holds a block (it evicted or deleted it):
+	// readers stop asking it, and usage stops counting it.
+	RemoveBlockCopy(context.Context, *RemoveBlockCopyRequest) (*Block, error)
 	RegisterWorker(context.Context, *RegisterWorkerRequest) (*Worker, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	MarkWorkerLost(context.Context, *MarkWorkerLostRequest) (*MarkWorkerLostResponse, error)
@@ -364,6 +381,9 @@ func (UnimplementedMasterServer) CommitBlock(context.Context, *CommitBlockReques
 }
 func (UnimplementedMasterServer) GetBlockLocations(context.Context, *GetBlockLocationsRequest) (*GetBlockLocationsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetBlockLocations not implemented")
+}
+func (UnimplementedMasterServer) RemoveBlockCopy(context.Context, *RemoveBlockCopyRequest) (*Block, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveBlockCopy not implemented")
 }
 func (UnimplementedMasterServer) RegisterWorker(context.Context, *RegisterWorkerRequest) (*Worker, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RegisterWorker not implemented")
@@ -656,6 +676,24 @@ func _Master_GetBlockLocations_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_RemoveBlockCopy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveBlockCopyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).RemoveBlockCopy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_RemoveBlockCopy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).RemoveBlockCopy(ctx, req.(*RemoveBlockCopyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_RegisterWorker_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RegisterWorkerRequest)
 	if err := dec(in); err != nil {
@@ -826,6 +864,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetBlockLocations",
 			Handler:    _Master_GetBlockLocations_Handler,
+		},
+		{
+			MethodName: "RemoveBlockCopy",
+			Handler:    _Master_RemoveBlockCopy_Handler,
 		},
 		{
 			MethodName: "RegisterWorker",

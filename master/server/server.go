@@ -202,6 +202,14 @@ func (s *Server) GetBlockLocations(ctx context.Context, req *masterpb.GetBlockLo
 	return resp, nil
 }
 
+// RemoveBlockCopy forgets a worker's copy of a block.
+func (s *Server) RemoveBlockCopy(ctx context.Context, req *masterpb.RemoveBlockCopyRequest) (*masterpb.Block, error) {
+	if err := required("worker", req.Worker); err != nil {
+		return nil, err
+	}
+	return apply[*masterpb.Block](ctx, s, &masterpb.Command{Op: &masterpb.Command_RemoveBlockCopy{RemoveBlockCopy: req}})
+}
+
 // RegisterWorker registers a worker, or registers it again after it was lost.
 func (s *Server) RegisterWorker(ctx context.Context, req *masterpb.RegisterWorkerRequest) (*masterpb.Worker, error) {
 	if err := required("id", req.Id); err != nil {
