@@ -5,6 +5,7 @@ package e2e
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -120,3 +121,74 @@ func one(objs []object) object {
 	Expect(objs).To(HaveLen(1))
 	return objs[0]
 }
+
+// The time from `kubectl apply` of a TierPool, a CachePolicy and a preloaded Dataset to a pod's
+// first read through the Dataset's claim, recorded in docs/benchmarks.md.
+var _ = Describe("A Dataset applied with its pool and policy", Ordered, Label("bench"), func() {
+	const bucket = "e2e-first-read"
+
+	It("is read by a pod created with it, and is all cached once preloaded", func(ctx SpecContext) {
+		namespace := testNamespace(ctx, "e2e-first-read-")
+		node := cacheNodes(ctx)[0]
+		var keys []string
+		for i := range 64 {
+			keys = append(keys, fmt.Sprintf("%s/shard-%02d.bin", namespace, i))
+		}
+		putObjects(ctx, namespace, node, bucket, keys, 1<<20, 11)
+
+		By("applying a TierPool, a CachePolicy, a Dataset with preload and a pod that reads it, at once")
+		start := time.Now()
+		pool := uniqueName("first")
+		tp := &datav1alpha1.TierPool{
+			ObjectMeta: metav1.ObjectMeta{Name: pool},
+			Spec: datav1alpha1.TierPoolSpec{
+				NodeSelector: map[string]string{cacheNodeLabel: "true"},
+				Tiers: []datav1alpha1.Tier{
+					{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("256Mi")},
+				},
+			},
+		}
+		Expect(k8sClient.Create(ctx, tp)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+		policy := &datav1alpha1.CachePolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "lru", Namespace: namespace},
+			Spec:       datav1alpha1.CachePolicySpec{Eviction: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictLRU}},
+		}
+		Expect(k8sClient.Create(ctx, policy)).To(Succeed())
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "shards", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source: &datav1alpha1.DatasetSource{
+					URI: "s3://" + bucket + "/" + namespace + "/", Endpoint: minioEndpoint,
+					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
+				},
+				TierPoolName:    pool,
+				CachePolicyName: "lru",
+				Preload:         true,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		reader := claimPod(namespace, "", "shards", "sum", "--summary", "/data")
+		Expect(k8sClient.Create(ctx, reader)).To(Succeed())
+
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(reader), reader)).To(Succeed())
+			g.Expect(reader.Status.Phase).NotTo(Equal(corev1.PodFailed), "the reader failed: %s", podLogs(ctx, reader))
+			g.Expect(reader.Status.Phase).To(Equal(corev1.PodSucceeded))
+		}).WithContext(ctx).WithTimeout(5*minute).Should(Succeed(), "waiting for the pod to read the Dataset")
+		firstRead := time.Since(start)
+		Expect(one(runLogs(ctx, reader)).Bytes).To(BeEquivalentTo(64 << 20))
+
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(ds.Status.Conditions, "Preloaded")).To(BeTrue())
+			g.Expect(ds.Status.CachedPercentage).To(Equal("100%"))
+		}).WithContext(ctx).WithTimeout(5*minute).Should(Succeed(), "waiting for the preload")
+		preloaded := time.Since(start)
+
+		GinkgoWriter.Printf("apply to a pod's read of 64 MiB through the claim: %.1f s; to 100%% cached by the preload: %.1f s\n",
+			firstRead.Seconds(), preloaded.Seconds())
+		AddReportEntry("apply to first read", firstRead.String())
+		AddReportEntry("apply to preloaded", preloaded.String())
+	})
+})

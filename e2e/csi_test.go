@@ -257,6 +257,11 @@ func runPod(ctx context.Context, pod *corev1.Pod) []object {
 		g.Expect(pod.Status.Phase).NotTo(Equal(corev1.PodFailed), "testkit %v failed: %s", pod.Spec.Containers[0].Args, podLogs(ctx, pod))
 		g.Expect(pod.Status.Phase).To(Equal(corev1.PodSucceeded))
 	}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for testkit %v on %s", pod.Spec.Containers[0].Args, pod.Spec.NodeName)
+	return runLogs(ctx, pod)
+}
+
+// runLogs decodes the JSON lines a finished testkit pod printed.
+func runLogs(ctx context.Context, pod *corev1.Pod) []object {
 	var out []object
 	for _, line := range strings.Split(strings.TrimSpace(podLogs(ctx, pod)), "\n") {
 		var o object
