@@ -11,7 +11,6 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,21 +44,9 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 		}
 		Expect(node).NotTo(BeEmpty())
 
-		pool := uniqueName("bench")
-		tp := &datav1alpha1.TierPool{
-			ObjectMeta: metav1.ObjectMeta{Name: pool},
-			Spec: datav1alpha1.TierPoolSpec{
-				NodeSelector: map[string]string{cacheNodeLabel: "true"},
-				Tiers: []datav1alpha1.Tier{
-					{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("256Mi")},
-				},
-				// Files of four blocks each: every read goes through the worker's block
-				// lookup (passthrough applies only to one-block files).
-				BlockSize: resource.MustParse("8Mi"),
-			},
-		}
-		Expect(k8sClient.Create(ctx, tp)).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+		// Files of four blocks each: every read goes through the worker's block lookup (passthrough
+		// applies only to one-block files).
+		pool := memoryPool(ctx, "bench", "8Mi")
 
 		for i := range files {
 			keys = append(keys, fmt.Sprintf("%s/part-%d.bin", namespace, i))
@@ -138,18 +125,7 @@ var _ = Describe("A Dataset applied with its pool and policy", Ordered, Label("b
 
 		By("applying a TierPool, a CachePolicy, a Dataset with preload and a pod that reads it, at once")
 		start := time.Now()
-		pool := uniqueName("first")
-		tp := &datav1alpha1.TierPool{
-			ObjectMeta: metav1.ObjectMeta{Name: pool},
-			Spec: datav1alpha1.TierPoolSpec{
-				NodeSelector: map[string]string{cacheNodeLabel: "true"},
-				Tiers: []datav1alpha1.Tier{
-					{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("256Mi")},
-				},
-			},
-		}
-		Expect(k8sClient.Create(ctx, tp)).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+		pool := memoryPool(ctx, "first", "")
 		policy := &datav1alpha1.CachePolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: "lru", Namespace: namespace},
 			Spec:       datav1alpha1.CachePolicySpec{Eviction: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictLRU}},

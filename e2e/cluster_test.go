@@ -11,9 +11,11 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/internal/samples"
 )
 
@@ -168,6 +170,28 @@ func cacheNodes(ctx context.Context) []string {
 	}
 	Expect(nodes).To(HaveLen(2), "the e2e cluster has two cache nodes")
 	return nodes
+}
+
+// memoryPool creates a TierPool of the cache nodes with one 256 MiB memory tier (the tmpfs
+// hack/kind/up.sh mounts) and the given block size (empty: the API's default), deleted when the
+// suite ends, and returns its name.
+func memoryPool(ctx context.Context, prefix, blockSize string) string {
+	GinkgoHelper()
+	tp := &datav1alpha1.TierPool{
+		ObjectMeta: metav1.ObjectMeta{Name: uniqueName(prefix)},
+		Spec: datav1alpha1.TierPoolSpec{
+			NodeSelector: map[string]string{cacheNodeLabel: "true"},
+			Tiers: []datav1alpha1.Tier{
+				{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("256Mi")},
+			},
+		},
+	}
+	if blockSize != "" {
+		tp.Spec.BlockSize = resource.MustParse(blockSize)
+	}
+	Expect(k8sClient.Create(ctx, tp)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+	return tp.Name
 }
 
 // runTestkit runs testkit with args in a pod on node, waits for it to succeed and decodes the

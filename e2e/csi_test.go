@@ -13,7 +13,6 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -42,19 +41,7 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		nodes = cacheNodes(ctx)
 
 		// A small block size, so that the large file spans several blocks.
-		pool = uniqueName("csi")
-		tp := &datav1alpha1.TierPool{
-			ObjectMeta: metav1.ObjectMeta{Name: pool},
-			Spec: datav1alpha1.TierPoolSpec{
-				NodeSelector: map[string]string{cacheNodeLabel: "true"},
-				Tiers: []datav1alpha1.Tier{
-					{Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("256Mi")},
-				},
-				BlockSize: resource.MustParse("4Mi"),
-			},
-		}
-		Expect(k8sClient.Create(ctx, tp)).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+		pool = memoryPool(ctx, "csi", "4Mi")
 
 		By("writing nested folders, a 21 MiB file, a thousand small files and names with spaces and accents to MinIO")
 		prefix := namespace + "/"
