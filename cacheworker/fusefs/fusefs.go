@@ -12,11 +12,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
@@ -86,18 +86,22 @@ var ErrStillMounted = errors.New("still mounted elsewhere, such as a pod's volum
 
 // Server is a mounted Dataset.
 type Server struct {
-	dir         string
-	server      *fuse.Server
-	served      chan struct{}
-	conn        string
-	passthrough bool
-	files       int
-	bytes       int64
+	dir    string
+	name   string
+	fsys   *fileSystem
+	dev    *device
+	init   []byte // the kernel's INIT request, replayed by a process taking over
+	served chan struct{}
+	conn   string
+	m      *Metrics
+
+	mu    sync.Mutex
+	state *os.File // the encoded state, made at the first Handover
 }
 
 // Mount lists the Dataset's objects and mounts them read-only at dir, an existing empty
-// folder. It mounts with mount(2) directly, which needs CAP_SYS_ADMIN, and falls back to the
-// fusermount helper. The file system is served until Unmount, or until the kernel ends it.
+// folder, with mount(2), which needs CAP_SYS_ADMIN. The file system is served until Unmount,
+// until the kernel ends it, or until Suspend hands it to another process (Resume).
 func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 	switch {
 	case cfg.Objects == nil || cfg.Blocks == nil:
@@ -107,6 +111,84 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 	case !filepath.IsAbs(dir):
 		return nil, fmt.Errorf("mount point %q is not an absolute path", dir)
 	}
+	lg, m := logAndMetrics(cfg)
+	t, err := buildTree(ctx, cfg.Objects, lg)
+	if err != nil {
+		return nil, err
+	}
+	rootTime := t.root.mtime
+	if rootTime.IsZero() {
+		rootTime = time.Now()
+	}
+	name := cfg.Name
+	if name == "" {
+		name = "strata"
+	}
+	fsys := newFileSystem(t.flatten(rootTime), cfg, m, lg)
+	fd, err := openDevice()
+	if err != nil {
+		return nil, err
+	}
+	// ro: the kernel refuses every change before it reaches us. default_permissions: the
+	// kernel checks the modes, as for any file system. allow_other: pods run as any user.
+	opts := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,allow_other,default_permissions,max_read=%d",
+		fd, syscall.S_IFDIR, os.Getuid(), os.Getgid(), maxRead)
+	if err := unix.Mount(name, dir, "fuse.strata", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		_ = unix.Close(fd)
+		if errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("mounting FUSE at %s: %w (the worker needs CAP_SYS_ADMIN: run it privileged)", dir, err)
+		}
+		return nil, fmt.Errorf("mounting FUSE at %s: %w", dir, err)
+	}
+	file := deviceFile(fd)
+	s := &Server{dir: dir, name: name, fsys: fsys, served: make(chan struct{}), m: m}
+	s.dev = &device{file: file, ps: fuse.NewProtocolServer(fsys, mountOptions(cfg, lg)), log: lg}
+	fail := func(err error) (*Server, error) {
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		_ = file.Close()
+		if fsys.opens != nil {
+			_ = fsys.opens.close()
+		}
+		return nil, fmt.Errorf("serving FUSE at %s: %w", dir, err)
+	}
+	if s.init, err = s.dev.readInit(10 * time.Second); err != nil {
+		return fail(err)
+	}
+	agreed, err := s.dev.init(s.init, true)
+	if err != nil {
+		return fail(err)
+	}
+	if fsys.opens, err = newOpensTable(len(fsys.nodes)); err != nil {
+		return fail(err)
+	}
+	s.start(agreed, cfg)
+	if err := disableFilePolling(dir); err != nil {
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		return nil, fmt.Errorf("serving FUSE at %s: %w", dir, err)
+	}
+	lg.V(1).Info("mounted", "dir", dir, "files", fsys.files, "bytes", fsys.bytes, "passthrough", fsys.passthrough)
+	return s, nil
+}
+
+// pollHackName is the name go-fuse's protocol server answers for itself, whatever the file
+// system: a file whose POLL it answers ENOSYS.
+const pollHackName = ".go-fuse-epoll-hack"
+
+// disableFilePolling makes the kernel learn, once per connection, that the file system does
+// not support poll(2) on its files. Until it has, adding a file of the mount to an epoll set,
+// which Go's os.Open does for every file, sends a POLL request from inside epoll_wait; in this
+// very process the reader of /dev/fuse waits on that same epoll_wait, and would never read it.
+func disableFilePolling(dir string) error {
+	fd, err := unix.Open(filepath.Join(dir, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("turning off polling of the mount's files: %w", err)
+	}
+	defer func() { _ = unix.Close(fd) }()
+	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	return nil
+}
+
+func logAndMetrics(cfg Config) (logr.Logger, *Metrics) {
 	lg := cfg.Log
 	if lg.GetSink() == nil {
 		lg = logr.Discard()
@@ -115,92 +197,54 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 	if m == nil {
 		m = newMetrics()
 	}
-	t, err := buildTree(ctx, cfg.Objects, lg)
-	if err != nil {
-		return nil, err
-	}
-	fsys := &fileSystem{blocks: cfg.Blocks, local: cfg.Local, blockSize: cfg.BlockSize, m: m, log: lg, files: t.files, bytes: t.bytes}
-	rootTime := t.root.mtime
-	if rootTime.IsZero() {
-		rootTime = time.Now()
-	}
-	root := &rootNode{dirNode: dirNode{fsys: fsys, mtime: rootTime}, tree: t, files: map[uint64]*fileNode{}}
+	return lg, m
+}
 
-	timeout := cacheTimeout
-	goFuseLog := log.New(logWriter{lg.WithName("go-fuse")}, "", 0)
-	name := cfg.Name
-	if name == "" {
-		name = "strata"
-	}
-	opts := &fs.Options{
-		MountOptions: fuse.MountOptions{
-			// Pods run as any user; the modes (0444, 0555) say what they may do.
-			AllowOther: true,
-			// ro: the kernel refuses every change before it reaches us. default_permissions:
-			// the kernel checks the modes, as for any file system.
-			Options:          []string{"ro", "default_permissions"},
-			DirectMount:      true,
-			DirectMountFlags: syscall.MS_RDONLY | syscall.MS_NOSUID | syscall.MS_NODEV,
-			FsName:           name,
-			Name:             "strata",
-			MaxWrite:         maxRead,
-			// No extended attributes: saves the kernel asking for security labels on every lookup.
-			DisableXAttrs: true,
-			Logger:        goFuseLog,
-		},
-		EntryTimeout:    &timeout,
-		AttrTimeout:     &timeout,
-		NegativeTimeout: &timeout,
-		// Inode numbers are ours (from the listing), and double as FUSE node ids so that
-		// rawFS can find a file node from an OPEN request.
-		ExternalNodeID: true,
-		RootStableAttr: &fs.StableAttr{Ino: fuse.FUSE_ROOT_ID},
-		Logger:         goFuseLog,
-	}
-	if cfg.DisablePassthrough {
-		opts.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
-	}
-	raw := &rawFS{RawFileSystem: fs.NewNodeFS(root, opts), fsys: fsys, files: root.files}
-	server, err := fuse.NewServer(raw, dir, &opts.MountOptions)
-	if err != nil {
-		return nil, fmt.Errorf("mounting FUSE at %s: %w", dir, err)
-	}
-	raw.enabled = !cfg.DisablePassthrough && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
-	s := &Server{dir: dir, server: server, served: make(chan struct{}), passthrough: raw.enabled, files: t.files, bytes: t.bytes}
-	m.mounts.Inc()
-	go func() {
-		defer close(s.served)
-		defer m.mounts.Dec()
-		server.Serve() // returns once the kernel ends the connection
-	}()
-	if err := server.WaitMount(); err != nil {
-		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Unmount(uctx) // the error that matters is the one returned
-		return nil, fmt.Errorf("serving FUSE at %s: %w", dir, err)
-	}
+// start serves the connection once INIT is settled, by this process or the one before.
+func (s *Server) start(agreed *fuse.InitOut, cfg Config) {
+	fsys := s.fsys
+	fsys.dev = s.dev
+	fsys.passthrough = !cfg.DisablePassthrough && agreed.Flags64()&fuse.CAP_PASSTHROUGH != 0
+	fsys.generation = fsys.opens.nextGeneration()
+	s.m.mounts.Inc()
+	s.dev.serve(func(ended bool) {
+		s.m.mounts.Dec()
+		// This process no longer serves the connection: if suspended, another process may;
+		// its own descriptors stay with it (Handover duplicated them).
+		_ = s.dev.close()
+		_ = fsys.opens.close()
+		s.mu.Lock()
+		if s.state != nil {
+			_ = s.state.Close()
+			s.state = nil
+		}
+		s.mu.Unlock()
+		if ended {
+			close(s.served)
+		}
+	})
+	// Only once served: the kernel asks the server for the root's attributes.
 	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err == nil {
+	if err := unix.Stat(s.dir, &st); err == nil {
 		// fusectl names a connection by the kernel's device number (major<<20 | minor).
 		s.conn = strconv.FormatUint(uint64(unix.Major(st.Dev))<<20|uint64(unix.Minor(st.Dev)), 10)
 	}
-	lg.V(1).Info("mounted", "dir", dir, "files", t.files, "bytes", t.bytes, "passthrough", raw.enabled)
-	return s, nil
 }
 
 // Dir is the mount point.
 func (s *Server) Dir() string { return s.dir }
 
 // Passthrough reports whether the kernel agreed to FUSE passthrough for this mount.
-func (s *Server) Passthrough() bool { return s.passthrough }
+func (s *Server) Passthrough() bool { return s.fsys.passthrough }
 
 // Files is the number of files mounted.
-func (s *Server) Files() int { return s.files }
+func (s *Server) Files() int { return s.fsys.files }
 
 // Bytes is the total size of the files mounted.
-func (s *Server) Bytes() int64 { return s.bytes }
+func (s *Server) Bytes() int64 { return s.fsys.bytes }
 
-// Done is closed once the file system is no longer served: every mount of it is gone.
+// Done is closed once the kernel has ended the file system: every mount of it is gone. It is
+// not closed by Suspend.
 func (s *Server) Done() <-chan struct{} { return s.served }
 
 // Unmount unmounts the folder, retrying a while if it is busy (ErrBusy after that), and waits
@@ -286,3 +330,7 @@ func (w logWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = logWriter{}
+
+func goFuseLogger(lg logr.Logger) *log.Logger {
+	return log.New(logWriter{lg.WithName("go-fuse")}, "", 0)
+}

@@ -1,0 +1,498 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/strata-cache/strata/cacheworker/understore"
+)
+
+// Modes of what the file systems show: read-only for everyone, since pods run as any user.
+const (
+	fileMode = 0o444
+	dirMode  = 0o555
+	// ioSize is the st_blksize the files report: the largest FUSE request the mounts ask for,
+	// so that tools which size their reads by it make one request per read.
+	ioSize = maxRead
+)
+
+// Handle numbers: the server generation in the high bits, so that a process taking over never
+// hands out the number of an open made before it; a bit saying whether the open is passed
+// through, so that its RELEASE is counted right whichever process receives it; and a counter.
+const (
+	fhPassthrough    = 1 << 31
+	fhCounterMask    = fhPassthrough - 1
+	fhGenerationBits = 32
+)
+
+// fileSystem answers the kernel's requests for one mounted Dataset (go-fuse's raw API). It
+// keeps no state the kernel refers to that a new process could not rebuild: node ids are
+// positions in the node list (the same list is handed over), directory handles are unused,
+// and a file handle's state is only a cache of the block it read last, made afresh when a
+// handle of an earlier process turns up.
+type fileSystem struct {
+	fuse.RawFileSystem // ENOSYS for everything not answered here; the mount is read-only anyway
+
+	nodes     []node
+	blocks    BlockReader
+	local     LocalBlocks
+	blockSize int64
+	m         *Metrics
+	log       logr.Logger
+	files     int
+	bytes     int64
+
+	// dev registers backing files for passthrough; set once the kernel agreed to it.
+	dev         *device
+	passthrough bool
+	opens       *opensTable
+	generation  uint32
+	nextFh      atomic.Uint32
+
+	mu      sync.Mutex
+	handles map[uint64]*handle
+	// logged holds the (file, block) pairs whose failure was logged, so a reader retrying a
+	// failing block does not flood the log.
+	logged map[blockKey]bool
+	// locks guard each file's openCounts.
+	locks []sync.Mutex
+	// warned is set once a failed passthrough registration has been logged.
+	warned atomic.Bool
+}
+
+type blockKey struct {
+	node  uint64
+	index int64
+}
+
+func newFileSystem(nodes []node, cfg Config, m *Metrics, log logr.Logger) *fileSystem {
+	fsys := &fileSystem{
+		RawFileSystem: fuse.NewDefaultRawFileSystem(),
+		nodes:         nodes, blocks: cfg.Blocks, local: cfg.Local, blockSize: cfg.BlockSize, m: m, log: log,
+		handles: map[uint64]*handle{}, logged: map[blockKey]bool{}, locks: make([]sync.Mutex, len(nodes)),
+	}
+	for _, n := range nodes[1:] {
+		if !n.dir {
+			fsys.files++
+			fsys.bytes += n.size
+		}
+	}
+	return fsys
+}
+
+func (fsys *fileSystem) String() string { return "strata" }
+
+// node returns the node of a FUSE node id, or nil for an id this tree never gave out.
+func (fsys *fileSystem) node(id uint64) *node {
+	if id == 0 || id >= uint64(len(fsys.nodes)) {
+		return nil
+	}
+	return &fsys.nodes[id]
+}
+
+func (fsys *fileSystem) fillAttr(id uint64, a *fuse.Attr) {
+	n := &fsys.nodes[id]
+	*a = fuse.Attr{Ino: id, Blksize: ioSize}
+	if n.dir {
+		a.Mode = syscall.S_IFDIR | dirMode
+		a.Nlink = 2
+	} else {
+		a.Mode = syscall.S_IFREG | fileMode
+		a.Nlink = 1
+		a.Size = uint64(n.size)
+		a.Blocks = uint64((n.size + 511) / 512)
+	}
+	a.SetTimes(&n.mtime, &n.mtime, &n.mtime)
+}
+
+// fillEntry answers a lookup of id. The tree cannot change while mounted, so the kernel may
+// trust names and attributes for a long time (see doc.go).
+func (fsys *fileSystem) fillEntry(id uint64, out *fuse.EntryOut) {
+	out.NodeId = id
+	out.Generation = 1
+	out.SetEntryTimeout(cacheTimeout)
+	out.SetAttrTimeout(cacheTimeout)
+	fsys.fillAttr(id, &out.Attr)
+}
+
+// Lookup implements fuse.RawFileSystem.
+func (fsys *fileSystem) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	dir := fsys.node(h.NodeId)
+	if dir == nil || !dir.dir {
+		return fuse.ENOTDIR
+	}
+	i, found := slices.BinarySearchFunc(dir.children, name, func(id uint64, name string) int {
+		return strings.Compare(fsys.nodes[id].name, name)
+	})
+	if !found {
+		// A negative entry with a timeout: the kernel stops asking for a name that is not there.
+		out.NodeId = 0
+		out.SetEntryTimeout(cacheTimeout)
+		return fuse.OK
+	}
+	fsys.fillEntry(dir.children[i], out)
+	return fuse.OK
+}
+
+// Forget implements fuse.RawFileSystem: nodes live as long as the mount, whatever the kernel
+// holds of them.
+func (fsys *fileSystem) Forget(uint64, uint64) {}
+
+// GetAttr implements fuse.RawFileSystem.
+func (fsys *fileSystem) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	if fsys.node(in.NodeId) == nil {
+		return fuse.ENOENT
+	}
+	out.SetTimeout(cacheTimeout)
+	fsys.fillAttr(in.NodeId, &out.Attr)
+	return fuse.OK
+}
+
+// SetAttr implements fuse.RawFileSystem. The mount is read-only ("ro"), so the kernel refuses
+// changes before they get here; they fail here too so that the tree never changes, whatever
+// the mount options.
+func (fsys *fileSystem) SetAttr(<-chan struct{}, *fuse.SetAttrIn, *fuse.AttrOut) fuse.Status {
+	return fuse.EROFS
+}
+
+// StatFs implements fuse.RawFileSystem: the Dataset's size and file count, nothing free.
+func (fsys *fileSystem) StatFs(_ <-chan struct{}, _ *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
+	const bsize = 4096
+	*out = fuse.StatfsOut{}
+	out.Bsize, out.Frsize = bsize, bsize
+	out.Blocks = uint64((fsys.bytes + bsize - 1) / bsize)
+	out.Files = uint64(fsys.files)
+	out.NameLen = maxNameLen
+	return fuse.OK
+}
+
+// OpenDir implements fuse.RawFileSystem. Listings are stateless (the offset is a position in
+// the folder), so directory handles are unused, and the kernel may cache them.
+func (fsys *fileSystem) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	n := fsys.node(in.NodeId)
+	switch {
+	case n == nil:
+		return fuse.ENOENT
+	case !n.dir:
+		return fuse.ENOTDIR
+	}
+	out.OpenFlags = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_CACHE_DIR
+	return fuse.OK
+}
+
+// ReleaseDir implements fuse.RawFileSystem.
+func (fsys *fileSystem) ReleaseDir(*fuse.ReleaseIn) {}
+
+// ReadDir implements fuse.RawFileSystem.
+func (fsys *fileSystem) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return fsys.readDir(in, out, false)
+}
+
+// ReadDirPlus implements fuse.RawFileSystem.
+func (fsys *fileSystem) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return fsys.readDir(in, out, true)
+}
+
+// readDir lists a folder from position in.Offset: "." and ".." first, then the children in
+// name order. With plus, each entry carries its lookup answer (the kernel ignores it for the
+// dot entries).
+func (fsys *fileSystem) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.Status {
+	dir := fsys.node(in.NodeId)
+	if dir == nil || !dir.dir {
+		return fuse.ENOTDIR
+	}
+	for pos := in.Offset; pos < uint64(len(dir.children))+2; pos++ {
+		e := fuse.DirEntry{Mode: syscall.S_IFDIR, Off: pos + 1}
+		var id uint64
+		switch pos {
+		case 0:
+			e.Name, e.Ino = ".", in.NodeId
+		case 1:
+			e.Name, e.Ino = "..", dir.parent
+		default:
+			id = dir.children[pos-2]
+			n := &fsys.nodes[id]
+			e.Name, e.Ino = n.name, id
+			if !n.dir {
+				e.Mode = syscall.S_IFREG
+			}
+		}
+		if !plus {
+			if !out.AddDirEntry(e) {
+				break
+			}
+			continue
+		}
+		entry := out.AddDirLookupEntry(e)
+		if entry == nil {
+			break
+		}
+		if id != 0 {
+			fsys.fillEntry(id, entry)
+		}
+	}
+	return fuse.OK
+}
+
+// Open implements fuse.RawFileSystem. Files open read-only only.
+//
+// FOPEN_KEEP_CACHE lets the kernel keep the file's pages in its page cache from one open to
+// the next. Without it the kernel drops them at every open, because a FUSE file system may
+// change under it; ours cannot while mounted (the tree is listed once and every block is
+// immutable), so keeping them turns every re-read by any pod of the node into a page-cache
+// hit that never reaches the worker. One-block files held locally may be passed through
+// instead (see passthrough.go).
+func (fsys *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	n := fsys.node(in.NodeId)
+	switch {
+	case n == nil:
+		return fuse.ENOENT
+	case n.dir:
+		return fuse.EISDIR
+	case in.Flags&syscall.O_ACCMODE != syscall.O_RDONLY || in.Flags&(syscall.O_TRUNC|syscall.O_APPEND|syscall.O_CREAT) != 0:
+		return fuse.EROFS
+	}
+	out.OpenFlags = fuse.FOPEN_KEEP_CACHE
+	passthrough := fsys.openMode(in.NodeId, out)
+	out.Fh = fsys.newHandleNumber(passthrough)
+	if !passthrough {
+		fsys.mu.Lock()
+		fsys.handles[out.Fh] = &handle{node: in.NodeId}
+		fsys.mu.Unlock()
+	}
+	return fuse.OK
+}
+
+func (fsys *fileSystem) newHandleNumber(passthrough bool) uint64 {
+	fh := uint64(fsys.generation)<<fhGenerationBits | uint64(fsys.nextFh.Add(1)&fhCounterMask)
+	if passthrough {
+		fh |= fhPassthrough
+	}
+	return fh
+}
+
+// Release implements fuse.RawFileSystem.
+func (fsys *fileSystem) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
+	fsys.mu.Lock()
+	h := fsys.handles[in.Fh]
+	delete(fsys.handles, in.Fh)
+	fsys.mu.Unlock()
+	if h != nil {
+		h.release()
+	}
+	if fsys.node(in.NodeId) != nil {
+		fsys.released(in.NodeId, in.Fh&fhPassthrough != 0)
+	}
+}
+
+// Read implements fuse.RawFileSystem: the range [off, off+len(dest)) is cut into blocks of
+// the cache's block size, each read through the cache (or from the local tier directly), and
+// the needed slice of each copied. Reads that reach past the end return what there is.
+func (fsys *fileSystem) Read(cancel <-chan struct{}, in *fuse.ReadIn, dest []byte) (fuse.ReadResult, fuse.Status) {
+	n := fsys.node(in.NodeId)
+	if n == nil || n.dir {
+		return nil, fuse.EBADF
+	}
+	fsys.m.reads.Inc()
+	off := int64(in.Offset)
+	if off >= n.size || len(dest) == 0 {
+		return fuse.ReadResultData(nil), fuse.OK
+	}
+	h := fsys.handle(in.Fh, in.NodeId)
+	ctx, stop := cancelContext(cancel)
+	defer stop()
+	end := min(off+int64(len(dest)), n.size)
+	bs := fsys.blockSize
+	done := 0
+	for pos := off; pos < end; {
+		index := pos / bs
+		start := index * bs
+		// want is the length this block must have for the read: all of it unless it is the last.
+		want := min(bs, n.size-start)
+		b, err := h.block(ctx, fsys, n, index)
+		if err != nil {
+			return nil, fsys.fail(ctx, in.NodeId, index, err)
+		}
+		k := int(min(end, start+want) - pos)
+		err = b.readAt(dest[done:done+k], pos-start, want)
+		h.put(b)
+		if err != nil {
+			return nil, fsys.fail(ctx, in.NodeId, index, err)
+		}
+		done += k
+		pos += int64(k)
+	}
+	fsys.m.readBytes.Add(float64(done))
+	return fuse.ReadResultData(dest[:done]), fuse.OK
+}
+
+// handle returns the state of open fh, making it if the open was made by an earlier process
+// (or was passed through, and is read by the worker after all, as when the kernel reads it
+// for an mmap made before passthrough began).
+func (fsys *fileSystem) handle(fh, id uint64) *handle {
+	fsys.mu.Lock()
+	defer fsys.mu.Unlock()
+	h := fsys.handles[fh]
+	if h == nil || h.node != id {
+		h = &handle{node: id}
+		fsys.handles[fh] = h
+	}
+	return h
+}
+
+// cancelContext is a context that ends when the kernel interrupts the request (cancel closes).
+func cancelContext(cancel <-chan struct{}) (context.Context, func()) {
+	ctx, stop := context.WithCancel(context.Background())
+	if cancel == nil {
+		return ctx, stop
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-cancel:
+			stop()
+		case <-done:
+		}
+	}()
+	return ctx, func() { close(done); stop() }
+}
+
+// errChanged means a block is shorter than the listing said: the object changed in the
+// under-store after the Dataset was mounted.
+var errChanged = errors.New("the object is shorter than when the Dataset was mounted: it changed in the under-store")
+
+// fail maps a read failure to an errno, logs it once per block, and counts it.
+func (fsys *fileSystem) fail(ctx context.Context, id uint64, index int64, err error) fuse.Status {
+	fsys.m.readErrors.Inc()
+	errno := syscall.EIO
+	switch {
+	case ctx.Err() != nil:
+		// The reader was interrupted; that is the reader's doing, not worth a log line.
+		return fuse.Status(syscall.EINTR)
+	case errors.Is(err, understore.ErrNotFound):
+		errno = syscall.ENOENT
+	}
+	key := blockKey{id, index}
+	fsys.mu.Lock()
+	first := !fsys.logged[key]
+	fsys.logged[key] = true
+	fsys.mu.Unlock()
+	if first {
+		fsys.log.Error(err, "read failed", "file", fsys.nodes[id].path, "block", index, "errno", errno.Error())
+	}
+	return fuse.Status(errno)
+}
+
+// handle is an open file. It keeps the block it read last, so that a sequential reader, whose
+// FUSE reads are far smaller than a block, opens or fetches each block once rather than once
+// per request: the local copy as an open file (pread, no copy of the whole block), or the
+// bytes the cache just fetched.
+type handle struct {
+	node uint64
+	mu   sync.Mutex
+	cur  *blockRef
+}
+
+// blockRef is one block of a file, held by a handle and by the reads using it.
+type blockRef struct {
+	index int64
+	file  *os.File // the block in a local tier, or
+	data  []byte   // the block's bytes
+	refs  int      // guarded by handle.mu; the file is closed when it drops to 0
+}
+
+// readAt fills p from offset off of the block, which must be want bytes long.
+func (b *blockRef) readAt(p []byte, off, want int64) error {
+	if b.file != nil {
+		n, err := b.file.ReadAt(p, off)
+		if errors.Is(err, io.EOF) && n < len(p) {
+			return fmt.Errorf("local copy of block %d: %w", b.index, errChanged)
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("reading the local copy of block %d: %w", b.index, err)
+		}
+		return nil
+	}
+	if int64(len(b.data)) < want {
+		return fmt.Errorf("block %d has %d bytes, want %d: %w", b.index, len(b.data), want, errChanged)
+	}
+	copy(p, b.data[off:])
+	return nil
+}
+
+// block returns block index of file n, from the handle if it holds it. The caller puts it back.
+func (h *handle) block(ctx context.Context, fsys *fileSystem, n *node, index int64) (*blockRef, error) {
+	h.mu.Lock()
+	if c := h.cur; c != nil && c.index == index {
+		c.refs++
+		h.mu.Unlock()
+		return c, nil
+	}
+	h.mu.Unlock()
+
+	b, err := fsys.load(ctx, n.path, index)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b.refs = 2 // the caller's and the handle's
+	if old := h.cur; old != nil {
+		h.unref(old)
+	}
+	h.cur = b
+	return b, nil
+}
+
+// put gives back a block returned by block.
+func (h *handle) put(b *blockRef) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.unref(b)
+}
+
+// unref drops a reference; h.mu is held.
+func (h *handle) unref(b *blockRef) {
+	b.refs--
+	if b.refs == 0 && b.file != nil {
+		_ = b.file.Close() // opened read-only: nothing to lose
+	}
+}
+
+// release drops the handle's block when the file is closed.
+func (h *handle) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cur != nil {
+		h.unref(h.cur)
+		h.cur = nil
+	}
+}
+
+// load opens the block's local copy if a tier holds it, and otherwise reads it through the
+// cache, which fetches it from a peer or the under-store and stores it.
+func (fsys *fileSystem) load(ctx context.Context, path string, index int64) (*blockRef, error) {
+	if fsys.local != nil {
+		// Any failure here (not held, moved away, unreadable) leaves it to the cache, which
+		// copes with all of them.
+		if file, err := fsys.local.OpenBlock(ctx, path, index); err == nil {
+			return &blockRef{index: index, file: file}, nil
+		}
+	}
+	data, err := fsys.blocks.ReadBlock(ctx, path, index)
+	if err != nil {
+		return nil, err
+	}
+	return &blockRef{index: index, data: data}, nil
+}
