@@ -64,7 +64,7 @@ func TestAHandedOverMountGoesOnServingOpenFiles(t *testing.T) {
 		}
 		rest <- b
 	}()
-	g.Consistently(rest).WithTimeout(300 * time.Millisecond).ShouldNot(Receive(), "nothing serves the mount between the two servers")
+	g.Consistently(rest).WithTimeout(300*time.Millisecond).ShouldNot(Receive(), "nothing serves the mount between the two servers")
 
 	second, err := Resume(context.Background(), h, cfg)
 	g.Expect(err).NotTo(HaveOccurred())

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 // Info describes a block whose descriptor a client received.
@@ -174,14 +176,14 @@ func ioError(ctx context.Context, what string, err error) error {
 func (c *Client) readResponse(conn *net.UnixConn) (header, []int, error) {
 	var fds []int
 	fail := func(err error) (header, []int, error) {
-		closeFDs(fds)
+		unixsock.CloseFDs(fds)
 		return header{}, nil, err
 	}
 	n := 0
 	for {
 		got, oobn, flags, _, err := conn.ReadMsgUnix(c.buf[n:], c.oob)
 		if oobn > 0 {
-			rights, perr := parseRights(c.oob[:oobn])
+			rights, perr := unixsock.ParseRights(c.oob[:oobn])
 			fds = append(fds, rights...)
 			if perr != nil {
 				return fail(perr)
@@ -219,12 +221,12 @@ func (c *Client) readResponse(conn *net.UnixConn) (header, []int, error) {
 // every descriptor it does not return.
 func (c *Client) accept(id string, h header, fds []int) (*os.File, Info, error) {
 	if h.V != Version {
-		closeFDs(fds)
+		unixsock.CloseFDs(fds)
 		return nil, Info{}, fmt.Errorf("the worker answered in protocol version %d, this client speaks %d", h.V, Version)
 	}
 	if h.failed() {
 		// An error response carries no descriptor; one that does anyway is not used.
-		closeFDs(fds)
+		unixsock.CloseFDs(fds)
 		code := h.Code
 		if code != codeNotFound && code != codeInvalid {
 			code = codeInternal
@@ -232,7 +234,7 @@ func (c *Client) accept(id string, h header, fds []int) (*os.File, Info, error) 
 		return nil, Info{}, &serverError{code: code, msg: h.Error}
 	}
 	if len(fds) != 1 {
-		closeFDs(fds)
+		unixsock.CloseFDs(fds)
 		return nil, Info{}, fmt.Errorf("the response carried %d descriptors, not one", len(fds))
 	}
 	f := os.NewFile(uintptr(fds[0]), "short-circuit block "+id)
@@ -252,39 +254,6 @@ func (c *Client) accept(id string, h header, fds []int) (*os.File, Info, error) 
 		return nil, Info{}, fmt.Errorf("the received file has %d bytes, the response announced %d", fi.Size(), h.Size)
 	}
 	return f, Info{Size: h.Size, Checksum: h.CRC32C, Tier: h.Tier}, nil
-}
-
-// parseRights returns every descriptor in the control messages, even when some message is
-// not SCM_RIGHTS, so that the caller can close them all.
-func parseRights(oob []byte) ([]int, error) {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		// The kernel installed the descriptors whether or not their headers parse; without
-		// the headers there is no knowing which numbers they are, so this cannot happen
-		// without a kernel bug.
-		return nil, fmt.Errorf("parsing control messages: %w", err)
-	}
-	var fds []int
-	var errs []error
-	for i := range msgs {
-		if msgs[i].Header.Level != unix.SOL_SOCKET || msgs[i].Header.Type != unix.SCM_RIGHTS {
-			errs = append(errs, fmt.Errorf("unexpected control message of level %d, type %d", msgs[i].Header.Level, msgs[i].Header.Type))
-			continue
-		}
-		rights, err := unix.ParseUnixRights(&msgs[i])
-		if err != nil {
-			errs = append(errs, fmt.Errorf("parsing descriptors: %w", err))
-			continue
-		}
-		fds = append(fds, rights...)
-	}
-	return fds, errors.Join(errs...)
-}
-
-func closeFDs(fds []int) {
-	for _, fd := range fds {
-		_ = unix.Close(fd)
-	}
 }
 
 // Close closes the connection. Files already opened stay open. An Open under way finishes

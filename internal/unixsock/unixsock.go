@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -82,4 +84,38 @@ func removeStale(path string) error {
 		return fmt.Errorf("removing stale socket %s: %w", path, err)
 	}
 	return nil
+}
+
+// ParseRights returns every descriptor in the control messages of a received message, even
+// when some message is not SCM_RIGHTS, so that the caller can close them all.
+func ParseRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		// The kernel installed the descriptors whether or not their headers parse; without
+		// the headers there is no knowing which numbers they are, so this cannot happen
+		// without a kernel bug.
+		return nil, fmt.Errorf("parsing control messages: %w", err)
+	}
+	var fds []int
+	var errs []error
+	for i := range msgs {
+		if msgs[i].Header.Level != unix.SOL_SOCKET || msgs[i].Header.Type != unix.SCM_RIGHTS {
+			errs = append(errs, fmt.Errorf("unexpected control message of level %d, type %d", msgs[i].Header.Level, msgs[i].Header.Type))
+			continue
+		}
+		rights, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("parsing descriptors: %w", err))
+			continue
+		}
+		fds = append(fds, rights...)
+	}
+	return fds, errors.Join(errs...)
+}
+
+// CloseFDs closes descriptors received and not kept.
+func CloseFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
 }

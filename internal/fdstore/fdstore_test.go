@@ -1,0 +1,91 @@
+package fdstore
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+
+	"github.com/strata-cache/strata/internal/unixsock"
+)
+
+func startStore(t *testing.T) (*Server, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fdstore.sock")
+	l, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(logr.Discard())
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(func() { _ = l.Close(); s.Close() })
+	return s, path
+}
+
+// TestFilesOutliveTheProcessThatPutThem puts the write end of a pipe, closes the putter's own
+// copy (as a process that exits would), and gets it back: writes through the descriptor the
+// store kept reach the read end, so it is the same open file, not a new one.
+func TestFilesOutliveTheProcessThatPutThem(t *testing.T) {
+	g := NewWithT(t)
+	store, path := startStore(t)
+	ctx := context.Background()
+	pool, err := NewClient(path, "pool-a")
+	g.Expect(err).NotTo(HaveOccurred())
+	other, err := NewClient(path, "pool-b")
+	g.Expect(err).NotTo(HaveOccurred())
+
+	r, w, err := os.Pipe()
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = r.Close() }()
+	g.Expect(pool.Put(ctx, "uid-1", []byte("how to use it"), []*os.File{w})).To(Succeed())
+	g.Expect(w.Close()).To(Succeed())
+	g.Expect(store.Len()).To(Equal(1))
+
+	g.Expect(pool.Keys(ctx)).To(ConsistOf("uid-1"))
+	g.Expect(other.Keys(ctx)).To(BeEmpty(), "owners do not see each other's entries")
+	_, _, err = other.Get(ctx, "uid-1")
+	g.Expect(err).To(MatchError(ErrNotFound))
+
+	data, files, err := pool.Get(ctx, "uid-1")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data).To(Equal([]byte("how to use it")))
+	g.Expect(files).To(HaveLen(1))
+	_, err = files[0].Write([]byte("still open"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(files[0].Close()).To(Succeed())
+	buf := make([]byte, 10)
+	_, err = io.ReadFull(r, buf)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(buf)).To(Equal("still open"))
+
+	// Dropping closes the store's copy: the pipe's last writer is gone, so the reader sees EOF.
+	g.Expect(pool.Drop(ctx, "uid-1")).To(Succeed())
+	g.Expect(pool.Drop(ctx, "uid-1")).To(Succeed(), "dropping twice is fine")
+	_, err = r.Read(buf)
+	g.Expect(err).To(MatchError(io.EOF))
+	g.Expect(store.Len()).To(BeZero())
+}
+
+func TestBadRequestsAreRefusedWithTheReason(t *testing.T) {
+	g := NewWithT(t)
+	_, path := startStore(t)
+	ctx := context.Background()
+	_, err := NewClient(path, "../etc")
+	g.Expect(err).To(MatchError(ContainSubstring("owner")))
+	c, err := NewClient(path, "pool")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(c.Put(ctx, "k", nil, nil)).To(MatchError(ContainSubstring("1 to 16 files")))
+	r, w, err := os.Pipe()
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = r.Close(); _ = w.Close() }()
+	g.Expect(c.Put(ctx, "a/b", nil, []*os.File{w})).To(MatchError(ContainSubstring(`key "a/b"`)))
+
+	absent, err := NewClient(filepath.Join(t.TempDir(), "none.sock"), "pool")
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = absent.Keys(ctx)
+	g.Expect(err).To(MatchError(ContainSubstring("is the CSI node plugin running?")))
+}
