@@ -124,6 +124,7 @@ var _ = Describe("The worker reconciler", func() {
 				"--metrics-addr=:8080",
 				"--short-circuit-socket=/run/strata/" + pool.Name + "/worker.sock",
 				"--mount-socket=/run/strata/" + pool.Name + "/mount.sock",
+				"--fd-store-socket=/run/strata/fdstore/fdstore.sock",
 				"--mounts-dir=/var/lib/strata-worker/" + pool.Name + "/mounts",
 				"--block-size=67108864",
 				"--file-source-roots=/srv/datasets",

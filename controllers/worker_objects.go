@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/strata-cache/strata/internal/fdstore"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -163,6 +165,7 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		fmt.Sprintf("--metrics-addr=:%d", WorkerMetricsPort),
 		"--short-circuit-socket="+socketDir+"/worker.sock",
 		"--mount-socket="+socketDir+"/mount.sock",
+		"--fd-store-socket="+fdstore.SocketPath(workerSocketRoot),
 		"--mounts-dir="+mountsDir,
 		"--block-size="+strconv.FormatInt(blockSize(pool), 10),
 	)
@@ -177,12 +180,16 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		}}},
 		hostPathVolume("index", workerHostIndexRoot+"/"+name+"/index"),
 		hostPathVolume("socket", socketDir),
+		hostPathVolume("fdstore", filepath.Dir(fdstore.SocketPath(workerSocketRoot))),
 		hostPathVolume("mounts", mountsDir),
 	}
 	mounts := []corev1.VolumeMount{
 		{Name: "tiers", MountPath: workerConfigDir, ReadOnly: true},
 		{Name: "index", MountPath: workerIndexDir},
 		{Name: "socket", MountPath: socketDir},
+		// The CSI node plugin's file descriptor store, which keeps the worker's FUSE mounts up
+		// across its restarts.
+		{Name: "fdstore", MountPath: filepath.Dir(fdstore.SocketPath(workerSocketRoot))},
 		// The worker mounts each Dataset of its node here over FUSE; Bidirectional puts those
 		// mounts on the host, where the CSI node plugin bind-mounts them into pods.
 		{Name: "mounts", MountPath: mountsDir, MountPropagation: ptr.To(corev1.MountPropagationBidirectional)},

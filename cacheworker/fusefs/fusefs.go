@@ -92,8 +92,11 @@ type Server struct {
 	dev    *device
 	init   []byte // the kernel's INIT request, replayed by a process taking over
 	served chan struct{}
-	conn   string
-	m      *Metrics
+	// stopped is closed once this process no longer serves the file system: it ended, or
+	// Suspend stopped it.
+	stopped chan struct{}
+	conn    string
+	m       *Metrics
 
 	mu    sync.Mutex
 	state *os.File // the encoded state, made at the first Handover
@@ -141,7 +144,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("mounting FUSE at %s: %w", dir, err)
 	}
 	file := deviceFile(fd)
-	s := &Server{dir: dir, name: name, fsys: fsys, served: make(chan struct{}), m: m}
+	s := &Server{dir: dir, name: name, fsys: fsys, served: make(chan struct{}), stopped: make(chan struct{}), m: m}
 	s.dev = &device{file: file, ps: fuse.NewProtocolServer(fsys, mountOptions(cfg, lg)), log: lg}
 	fail := func(err error) (*Server, error) {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
@@ -222,6 +225,7 @@ func (s *Server) start(agreed *fuse.InitOut, cfg Config) {
 		if ended {
 			close(s.served)
 		}
+		close(s.stopped)
 	})
 	// Only once served: the kernel asks the server for the root's attributes.
 	var st unix.Stat_t
@@ -230,6 +234,10 @@ func (s *Server) start(agreed *fuse.InitOut, cfg Config) {
 		s.conn = strconv.FormatUint(uint64(unix.Major(st.Dev))<<20|uint64(unix.Minor(st.Dev)), 10)
 	}
 }
+
+// Stopped is closed once this process no longer serves the file system: the kernel ended it
+// (Done), or Suspend stopped serving it.
+func (s *Server) Stopped() <-chan struct{} { return s.stopped }
 
 // Dir is the mount point.
 func (s *Server) Dir() string { return s.dir }

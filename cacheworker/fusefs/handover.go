@@ -125,7 +125,7 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 		_ = fsys.opens.close()
 		return nil, err
 	}
-	s := &Server{dir: st.Dir, name: st.Name, fsys: fsys, init: st.Init, served: make(chan struct{}), m: m}
+	s := &Server{dir: st.Dir, name: st.Name, fsys: fsys, init: st.Init, served: make(chan struct{}), stopped: make(chan struct{}), m: m}
 	s.dev = &device{file: file, ps: fuse.NewProtocolServer(fsys, mountOptions(cfg, lg)), log: lg}
 	agreed, err := s.dev.init(st.Init, false)
 	if err != nil {

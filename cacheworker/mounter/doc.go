@@ -26,6 +26,9 @@
 // and concurrent MountDataset calls idempotent); calls for different UIDs run in parallel,
 // and no lock shared by all UIDs is held across I/O.
 //
-// Recover, at start, detaches what an earlier worker process left in MountsDir; Close, at
-// shutdown, unmounts everything. A worker restart breaks the mounts pods hold (see Recover).
+// With Config.Handovers (the CSI node plugin's file descriptor store), every mount's FUSE
+// connection is also held outside the worker, so the mounts pods hold outlive a worker
+// restart: Close, at shutdown, stops serving them without unmounting, and Recover, at start,
+// takes them over (see handover.go) and detaches whatever else an earlier worker left in
+// MountsDir. Without it, Close unmounts everything and a worker restart breaks pods' mounts.
 package mounter

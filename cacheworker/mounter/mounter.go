@@ -55,6 +55,9 @@ type Config struct {
 	FileRoots []string
 	// DisablePassthrough keeps every read going through the worker (see fusefs).
 	DisablePassthrough bool
+	// Handovers, when set, holds every mount's FUSE connection for the worker that comes next
+	// (see handover.go); without it, a worker restart ends the mounts pods hold.
+	Handovers Handovers
 	// DrainTimeout is how long UnmountDataset waits for the kernel to end a file system once
 	// its folder is unmounted; 0 means DefaultDrainTimeout.
 	DrainTimeout time.Duration
@@ -100,6 +103,10 @@ type mount struct {
 	cache                 *cache.Cache
 	store                 understore.Store
 	released              sync.Once
+	// req is the request that made the mount, for putting it back in a restarted store.
+	req *workerpb.MountDatasetRequest
+	// held is set once Config.Handovers holds the mount's connection; Mounter.mu guards it.
+	held bool
 }
 
 func (mnt *mount) dataset() string { return mnt.namespace + "/" + mnt.name }
@@ -251,8 +258,9 @@ func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRe
 		}
 		return nil, status.Error(codes.Unavailable, "the worker is shutting down")
 	}
+	m.hold(ctx, mnt, req)
 	m.log.Info("mounted Dataset", "dataset", dataset, "uid", uid, "source", mnt.store.String(), "path", mnt.path,
-		"files", mnt.fs.Files(), "bytes", mnt.fs.Bytes(), "passthrough", mnt.fs.Passthrough())
+		"files", mnt.fs.Files(), "bytes", mnt.fs.Bytes(), "passthrough", mnt.fs.Passthrough(), "outlivesWorker", mnt.held)
 	return &workerpb.MountDatasetResponse{Path: mnt.path}, nil
 }
 
@@ -286,13 +294,8 @@ func sameMount(old *mount, req *workerpb.MountDatasetRequest) error {
 
 // mount opens the under-store, lists it and mounts it; the caller holds uid's lock.
 func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) (_ *mount, err error) {
-	uid, src := req.GetUid(), req.GetSource()
-	mnt := &mount{
-		uid: uid, namespace: req.GetNamespace(), name: req.GetName(),
-		uri: src.GetUri(), endpoint: src.GetEndpoint(), region: src.GetRegion(), readOnly: req.GetReadOnly(),
-		path: filepath.Join(m.cfg.MountsDir, uid),
-	}
-	log := m.log.WithValues("dataset", mnt.dataset(), "uid", uid)
+	mnt := m.newMount(req)
+	log := m.log.WithValues("dataset", mnt.dataset(), "uid", mnt.uid)
 	if err := m.clearPath(mnt.path, log); err != nil {
 		return nil, status.Errorf(codes.Internal, "preparing the mount point of Dataset %s: %v", mnt.dataset(), err)
 	}
@@ -308,35 +311,10 @@ func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) 
 		}
 	}()
 
-	mnt.store, err = understore.Open(ctx, understore.Source{
-		URI: src.GetUri(), Endpoint: src.GetEndpoint(), Region: src.GetRegion(),
-		Credentials: src.GetCredentials(), FileRoots: m.cfg.FileRoots,
-	})
-	if err != nil {
-		return nil, storeError(mnt.dataset(), err)
+	if err := m.openCache(ctx, mnt, req, log); err != nil {
+		return nil, err
 	}
-	cfg := cache.Config{
-		Store: m.cfg.Store, Source: mnt.store, SourceID: uid, BlockSize: m.cfg.BlockSize, Fetch: m.cfg.Fetch,
-		Peers: m.cfg.Peers, Metrics: m.cfg.CacheMetrics, Log: log,
-	}
-	if m.cfg.Stored != nil {
-		cfg.Dataset = datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid)
-		cfg.Root = datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid)
-		cfg.Stored = m.cfg.Stored
-	}
-	if mnt.cache, err = cache.New(cfg); err != nil {
-		return nil, status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)
-	}
-	mnt.fs, err = fusefs.Mount(ctx, mnt.path, fusefs.Config{
-		Objects:            mnt.store,
-		Blocks:             mnt.cache,
-		BlockSize:          m.cfg.BlockSize,
-		Local:              localBlocks{store: m.cfg.Store, sourceID: uid},
-		DisablePassthrough: m.cfg.DisablePassthrough,
-		Name:               "strata:" + mnt.dataset(),
-		Metrics:            m.fm,
-		Log:                log,
-	})
+	mnt.fs, err = fusefs.Mount(ctx, mnt.path, m.fsConfig(mnt, log))
 	if err != nil {
 		var uerr *understore.Error
 		if errors.As(err, &uerr) {
@@ -345,6 +323,56 @@ func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) 
 		return nil, status.Errorf(codes.Internal, "mounting Dataset %s: %v", mnt.dataset(), err)
 	}
 	return mnt, nil
+}
+
+// newMount is the mount req asks for, before anything is opened.
+func (m *Mounter) newMount(req *workerpb.MountDatasetRequest) *mount {
+	src := req.GetSource()
+	return &mount{
+		uid: req.GetUid(), namespace: req.GetNamespace(), name: req.GetName(),
+		uri: src.GetUri(), endpoint: src.GetEndpoint(), region: src.GetRegion(), readOnly: req.GetReadOnly(),
+		path: filepath.Join(m.cfg.MountsDir, req.GetUid()), req: req,
+	}
+}
+
+// openCache opens the under-store of req and the Dataset's read-through cache over it.
+func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.MountDatasetRequest, log logr.Logger) error {
+	src := req.GetSource()
+	var err error
+	mnt.store, err = understore.Open(ctx, understore.Source{
+		URI: src.GetUri(), Endpoint: src.GetEndpoint(), Region: src.GetRegion(),
+		Credentials: src.GetCredentials(), FileRoots: m.cfg.FileRoots,
+	})
+	if err != nil {
+		return storeError(mnt.dataset(), err)
+	}
+	cfg := cache.Config{
+		Store: m.cfg.Store, Source: mnt.store, SourceID: mnt.uid, BlockSize: m.cfg.BlockSize, Fetch: m.cfg.Fetch,
+		Peers: m.cfg.Peers, Metrics: m.cfg.CacheMetrics, Log: log,
+	}
+	if m.cfg.Stored != nil {
+		cfg.Dataset = datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid)
+		cfg.Root = datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid)
+		cfg.Stored = m.cfg.Stored
+	}
+	if mnt.cache, err = cache.New(cfg); err != nil {
+		return status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)
+	}
+	return nil
+}
+
+// fsConfig is the file system's configuration for mnt, whose cache is open.
+func (m *Mounter) fsConfig(mnt *mount, log logr.Logger) fusefs.Config {
+	return fusefs.Config{
+		Objects:            mnt.store,
+		Blocks:             mnt.cache,
+		BlockSize:          m.cfg.BlockSize,
+		Local:              localBlocks{store: m.cfg.Store, sourceID: mnt.uid},
+		DisablePassthrough: m.cfg.DisablePassthrough,
+		Name:               "strata:" + mnt.dataset(),
+		Metrics:            m.fm,
+		Log:                log,
+	}
 }
 
 // storeError turns an under-store failure into a status that says what to fix.
@@ -406,6 +434,7 @@ func (m *Mounter) forget(mnt *mount) {
 	}
 	m.mu.Unlock()
 	mnt.release(m.log)
+	m.unhold(mnt)
 	_ = os.Remove(mnt.path) // a mount point left behind is cleared at the next mount
 }
 
@@ -479,18 +508,26 @@ func (m *Mounter) unmount(ctx context.Context, mnt *mount) error {
 // drain waits until the kernel ends a file system that pods still mounted, then releases it.
 func (m *Mounter) drain(mnt *mount, log logr.Logger) {
 	defer m.wg.Done()
-	<-mnt.fs.Done()
+	<-mnt.fs.Stopped()
 	mnt.release(log)
 	m.mu.Lock()
 	delete(m.draining, mnt)
 	m.mu.Unlock()
-	log.Info("the last mount of the Dataset is gone; released it")
+	select {
+	case <-mnt.fs.Done():
+		m.unhold(mnt)
+		log.Info("the last mount of the Dataset is gone; released it")
+	default:
+		log.Info("left a Dataset that pods still mount to the next worker")
+	}
 }
 
-// Close unmounts every Dataset, for a worker that stops. Mounts still busy or held by pods
-// are detached and their connections aborted: the process that serves them is going away,
-// so they would fail anyway (with ENOTCONN), and detaching leaves the mount points free for
-// the next worker. Close waits for the file systems to end.
+// Close stops serving every Dataset, for a worker that stops. Mounts the file descriptor
+// store holds (Config.Handovers) stay mounted, their requests waiting in the kernel for the
+// next worker. The others are unmounted; those still busy or held by pods are detached and
+// their connections aborted: the process that serves them is going away, so they would fail
+// anyway (with ENOTCONN), and detaching leaves the mount points free for the next worker.
+// Close waits for the file systems to end.
 func (m *Mounter) Close() error {
 	m.mu.Lock()
 	m.closed = true
@@ -518,6 +555,11 @@ func (m *Mounter) Close() error {
 			cancel()
 			continue
 		}
+		if m.suspendHeld(mnt) {
+			unlock()
+			cancel()
+			continue
+		}
 		if err := m.unmount(ctx, mnt); err != nil {
 			m.log.Info("could not unmount a Dataset cleanly at shutdown; detaching it", "dataset", mnt.dataset(), "reason", err.Error())
 			if err := detach(mnt.path); err != nil {
@@ -537,7 +579,9 @@ func (m *Mounter) Close() error {
 	}
 	m.mu.Unlock()
 	for _, mnt := range draining {
-		m.abort(mnt)
+		if !m.suspendHeld(mnt) {
+			m.abort(mnt)
+		}
 	}
 	if len(draining) > 0 {
 		// The drains end with their file systems, which abort has ended unless fusectl is
@@ -551,6 +595,24 @@ func (m *Mounter) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// suspendHeld stops serving a mount the store holds, leaving it mounted for the next worker
+// (whose Recover takes it over), and reports whether it did.
+func (m *Mounter) suspendHeld(mnt *mount) bool {
+	m.mu.Lock()
+	held := mnt.held
+	if held && m.mounts[mnt.uid] == mnt {
+		delete(m.mounts, mnt.uid)
+	}
+	m.mu.Unlock()
+	if !held {
+		return false
+	}
+	mnt.fs.Suspend()
+	mnt.release(m.log)
+	m.log.Info("left the Dataset mounted for the next worker", "dataset", mnt.dataset(), "uid", mnt.uid, "path", mnt.path)
+	return true
 }
 
 // abort ends a file system's connection, so that its goroutines end; best effort.

@@ -50,6 +50,7 @@ type fixture struct {
 	files     map[string][]byte
 	mountsDir string
 	m         *Mounter
+	cfg       Config
 	client    workerpb.MounterClient
 
 	mu     sync.Mutex
@@ -89,6 +90,7 @@ func newFixture(t *testing.T, change func(*Config)) *fixture {
 	if change != nil {
 		change(&cfg)
 	}
+	f.cfg = cfg
 	if f.m, err = New(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +430,7 @@ func TestRecoverDetachesWhatAnEarlierWorkerLeft(t *testing.T) {
 	keep := filepath.Join(f.mountsDir, "not-ours.txt")
 	g.Expect(os.WriteFile(keep, []byte("x"), 0o600)).To(Succeed())
 
-	g.Expect(f.m.Recover()).To(Succeed())
+	g.Expect(f.m.Recover(context.Background())).To(Succeed())
 	for _, d := range []string{stale, tmpfs, empty} {
 		g.Expect(mounted(t, d)).To(BeFalse(), d)
 		g.Expect(d).NotTo(BeADirectory(), d)

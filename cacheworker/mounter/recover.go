@@ -1,6 +1,7 @@
 package mounter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,19 +13,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Recover clears MountsDir of what an earlier worker process left: mount points whose FUSE
-// server died with it ("transport endpoint is not connected"), and empty folders. It detaches
-// them lazily (MNT_DETACH), which needs no answer from the dead server and succeeds even if a
-// process still has a file open there; the CSI plugin's next MountDataset then mounts the
-// Dataset afresh. Call it once, before serving.
-//
-// Pods that mounted a Dataset through the earlier worker keep a dead mount: their bind mount
-// holds the old connection, which nothing serves any more. Keeping them alive across a worker
-// restart would need the /dev/fuse descriptors handed over to the new process (kept by a
-// helper or in a file-descriptor store and passed over a Unix socket), with the kernel's node
-// ids and open handles of every mount restored; that is not done yet, so such pods must be
-// restarted.
-func (m *Mounter) Recover() error {
+// Recover takes over the mounts an earlier worker process left in the file descriptor store
+// (see Handovers), so that pods holding them go on reading, then clears MountsDir of the rest:
+// mount points whose FUSE server died with that process ("transport endpoint is not
+// connected"), and empty folders. It detaches those lazily (MNT_DETACH), which needs no
+// answer from the dead server and succeeds even if a process still has a file open there; the
+// CSI plugin's next MountDataset then mounts the Dataset afresh. Call it once, before serving.
+func (m *Mounter) Recover(ctx context.Context) error {
+	if err := m.resumeHeld(ctx); err != nil {
+		m.log.Error(err, "ending mounts that could not be taken over")
+	}
 	dir, err := filepath.EvalSymlinks(m.cfg.MountsDir)
 	if err != nil {
 		return fmt.Errorf("recovering the mounts folder: %w", err)

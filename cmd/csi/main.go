@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -27,6 +29,8 @@ import (
 	"github.com/strata-cache/strata/csi/endpoint"
 	"github.com/strata-cache/strata/csi/registration"
 	"github.com/strata-cache/strata/internal/daemon"
+	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 func main() {
@@ -56,6 +60,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	grpcSrv := grpc.NewServer(grpc.UnaryInterceptor(metrics.UnaryInterceptor(log.WithName("calls"))))
 
 	var regSrv *registration.Server
+	var fds *fdstore.Server
 	switch cfg.mode {
 	case modeNode:
 		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir}
@@ -68,6 +73,10 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		}
 		csi.RegisterIdentityServer(grpcSrv, driver.NewIdentity(cfg.vendorVersion, workers.AnyAnswering))
 		csi.RegisterNodeServer(grpcSrv, node)
+		// The workers' FUSE connections are held here, so that pods' mounts outlive a worker
+		// restart; this plugin never touches a pod's mount, so its own restarts are harmless
+		// (the workers put their mounts back).
+		fds = fdstore.NewServer(log.WithName("fdstore"))
 		if regSrv, err = registration.New(registration.Config{
 			DriverName: driver.DriverName, Endpoint: cfg.registrationPath, Log: log.WithName("registration"),
 		}); err != nil {
@@ -99,6 +108,18 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
+	if fds != nil {
+		path := fdstore.SocketPath(cfg.workerSocketDir)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fmt.Errorf("creating the file descriptor store's folder: %w", err)
+		}
+		fdsLis, err := unixsock.Listen(path)
+		if err != nil {
+			return fmt.Errorf("listening for the file descriptor store: %w", err)
+		}
+		g.Go(func() error { return fds.Serve(fdsLis) })
+		g.Go(func() error { <-gctx.Done(); return fdsLis.Close() })
+	}
 	g.Go(func() error {
 		if err := grpcSrv.Serve(csiLis); err != nil {
 			return fmt.Errorf("serving CSI on %s: %w", cfg.csiEndpoint, err)

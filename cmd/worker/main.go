@@ -38,6 +38,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/warmup"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/daemon"
+	"github.com/strata-cache/strata/internal/fdstore"
 	"github.com/strata-cache/strata/internal/unixsock"
 	masterclient "github.com/strata-cache/strata/master/client"
 )
@@ -53,6 +54,10 @@ func main() {
 		return run(ctx, opts, log)
 	})
 }
+
+// handoverRefillInterval is how often the worker checks that the file descriptor store still
+// holds its mounts, putting back what a restarted store lost.
+const handoverRefillInterval = 10 * time.Second
 
 func run(ctx context.Context, opts options, log logr.Logger) error {
 	cfg, err := opts.resolve()
@@ -165,19 +170,26 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	}
 
 	if opts.mountSocket != "" {
-		mounts, err := mounter.New(mounter.Config{
+		mcfg := mounter.Config{
 			MountsDir: opts.mountsDir, Store: store, BlockSize: opts.blockSize, CacheMetrics: cacheMetrics,
 			Peers: peerReader, Stored: stored, FileRoots: splitList(opts.fileRoots),
 			Log: log.WithName("mounter"), Registerer: reg,
-		})
+		}
+		if opts.fdStoreSocket != "" {
+			if mcfg.Handovers, err = fdstore.NewClient(opts.fdStoreSocket, opts.pool); err != nil {
+				return err
+			}
+		}
+		mounts, err := mounter.New(mcfg)
 		if err != nil {
 			return err
 		}
-		// Mount points left by an earlier worker process are dead (their FUSE server died with
-		// it); detach them so that the CSI plugin's next publish mounts them afresh.
-		if err := mounts.Recover(); err != nil {
+		// Take over the mounts an earlier worker process left in the file descriptor store, and
+		// detach the dead ones, so that the CSI plugin's next publish mounts them afresh.
+		if err := mounts.Recover(ctx); err != nil {
 			return err
 		}
+		g.Go(func() error { mounts.RefillHandovers(gctx, handoverRefillInterval); return nil })
 		defer func() {
 			if err := mounts.Close(); err != nil {
 				log.Error(err, "unmounting the Datasets")

@@ -29,6 +29,7 @@ type options struct {
 	heartbeat     time.Duration
 	mountMemory   bool
 	mountSocket   string
+	fdStoreSocket string
 	mountsDir     string
 	blockSize     int64
 	fileRoots     string
@@ -58,6 +59,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 3*time.Second, "How often the worker reports its tiers to the master.")
 	fs.StringVar(&o.mountSocket, "mount-socket", "",
 		"Unix socket of the Mounter service, through which the node's CSI plugin asks the worker to serve Datasets; empty disables it.")
+	fs.StringVar(&o.fdStoreSocket, "fd-store-socket", "",
+		"Unix socket of the CSI node plugin's file descriptor store, which holds the Datasets' FUSE connections so that pods' mounts outlive a worker restart; empty ends them with the worker.")
 	fs.StringVar(&o.mountsDir, "mounts-dir", "/var/lib/strata-worker/mounts",
 		"Folder of the Datasets' FUSE mount points (one per Dataset UID); a host folder with bidirectional mount propagation.")
 	fs.Int64Var(&o.blockSize, "block-size", 64<<20, "The TierPool's block size in bytes: the unit of caching and transfer.")

@@ -1,0 +1,114 @@
+package mounter
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/unixsock"
+)
+
+func startFDStore(t *testing.T) (*fdstore.Server, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fdstore.sock")
+	l, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := fdstore.NewServer(logr.Discard())
+	go func() { _ = s.Serve(l) }()
+	t.Cleanup(func() { _ = l.Close(); s.Close() })
+	return s, path
+}
+
+// TestPodsMountsOutliveTheWorker stands for a worker restart with a pod reading: the worker
+// stops (Close) while a pod's bind mount of a Dataset has a file open, and a new worker takes
+// the mount over (Recover) from the CSI plugin's file descriptor store. The pod's read goes on
+// with the right bytes, the mount never ends, and once the new worker unmounts it the store
+// lets it go.
+func TestPodsMountsOutliveTheWorker(t *testing.T) {
+	g := NewWithT(t)
+	store, sock := startFDStore(t)
+	handovers, err := fdstore.NewClient(sock, "pool-a")
+	g.Expect(err).NotTo(HaveOccurred())
+	f := newFixture(t, func(c *Config) { c.Handovers = handovers })
+	ctx := context.Background()
+
+	path := f.mount(t, f.request(uid))
+	g.Expect(store.Len()).To(Equal(1), "the store holds the mount")
+	pod := filepath.Join(t.TempDir(), "pod-volume")
+	g.Expect(os.Mkdir(pod, 0o755)).To(Succeed())
+	g.Expect(unix.Mount(path, pod, "", unix.MS_BIND, "")).To(Succeed())
+	t.Cleanup(func() { _ = unix.Unmount(pod, unix.MNT_DETACH) })
+
+	want := f.files["dir/b.bin"]
+	open, err := os.Open(filepath.Join(pod, "dir/b.bin"))
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = open.Close() }()
+	head := make([]byte, blockSize/2)
+	_, err = io.ReadFull(open, head)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	g.Expect(f.m.Close()).To(Succeed())
+	g.Expect(mounted(t, path)).To(BeTrue(), "a held mount stays mounted when the worker stops")
+	rest := make(chan []byte, 1)
+	go func() {
+		b, err := io.ReadAll(open)
+		if err != nil {
+			t.Errorf("reading on across the restart: %v", err)
+		}
+		rest <- b
+	}()
+
+	cfg := f.cfg
+	cfg.Registerer = prometheus.NewRegistry()
+	next, err := New(cfg)
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = next.Close() })
+	g.Expect(next.Recover(ctx)).To(Succeed())
+	var got []byte
+	g.Eventually(rest).WithTimeout(10 * time.Second).Should(Receive(&got))
+	g.Expect(append(head, got...)).To(Equal(want), "the pod's read completes with the right bytes")
+	b, err := os.ReadFile(filepath.Join(pod, "données/été 2024.csv"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(b).To(Equal(f.files["données/été 2024.csv"]))
+
+	// The new worker knows the mount: a publish finds it, and an unmount ends it.
+	resp, err := next.MountDataset(ctx, f.request(uid))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetPath()).To(Equal(path))
+	g.Expect(open.Close()).To(Succeed())
+	g.Expect(unix.Unmount(pod, 0)).To(Succeed())
+	_, err = next.UnmountDataset(ctx, &workerpb.UnmountDatasetRequest{Uid: uid})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(mounted(t, path)).To(BeFalse())
+	g.Eventually(store.Len).Should(BeZero(), "an ended mount is dropped from the store")
+}
+
+// TestAStoreThatRestartedIsRefilled checks that mounts a restarted store lost are put back.
+func TestAStoreThatRestartedIsRefilled(t *testing.T) {
+	g := NewWithT(t)
+	store, sock := startFDStore(t)
+	handovers, err := fdstore.NewClient(sock, "pool-a")
+	g.Expect(err).NotTo(HaveOccurred())
+	f := newFixture(t, func(c *Config) { c.Handovers = handovers })
+	f.mount(t, f.request(uid))
+	g.Expect(store.Len()).To(Equal(1))
+	store.Close() // as a restarted store: empty
+	g.Expect(store.Len()).To(BeZero())
+	f.m.refill(context.Background(), logr.Discard())
+	g.Expect(store.Len()).To(Equal(1))
+	_, err = f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(store.Len()).To(BeZero())
+}
