@@ -117,8 +117,10 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the Dataset's status to show it cached")
 	})
 
-	It("keeps a pod reading while the node plugin is replaced, and mounts again with the new one", func(ctx SpecContext) {
-		node := nodes[0]
+	// readWhileReplacing streams the large file through the claim on node while the pod that
+	// current finds is deleted and its DaemonSet replaces it; the read must complete with the
+	// right bytes, and a new pod must mount the Dataset through the replacement.
+	readWhileReplacing := func(ctx SpecContext, node, what string, current func(ctx context.Context) *corev1.Pod) {
 		var big object
 		for _, o := range written {
 			if o.Key == "big/train.bin" {
@@ -133,16 +135,16 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			g.Expect(reader.Status.Phase).To(Equal(corev1.PodRunning))
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the reader to start")
 
-		By("deleting the node plugin's pod on " + node + " while the reader streams")
-		plugin := csiNodePod(ctx, node)
-		Expect(plugin).NotTo(BeNil(), "no node plugin on %s", node)
-		Expect(k8sClient.Delete(ctx, plugin)).To(Succeed())
+		By("deleting the " + what + " pod on " + node + " while the reader streams")
+		old := current(ctx)
+		Expect(old).NotTo(BeNil(), "no %s on %s", what, node)
+		Expect(k8sClient.Delete(ctx, old)).To(Succeed())
 		Eventually(func(g Gomega) {
-			p := csiNodePod(ctx, node)
+			p := current(ctx)
 			g.Expect(p).NotTo(BeNil())
-			g.Expect(p.UID).NotTo(Equal(plugin.UID))
+			g.Expect(p.UID).NotTo(Equal(old.UID))
 			g.Expect(podReady(p)).To(BeTrue())
-		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for a new node plugin on %s", node)
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for a new %s on %s", what, node)
 
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(reader), reader)).To(Succeed())
@@ -151,10 +153,20 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the reader to finish")
 		var got object
 		Expect(json.Unmarshal([]byte(strings.TrimSpace(podLogs(ctx, reader))), &got)).To(Succeed())
-		Expect(got.SHA256).To(Equal(big.SHA256), "the read that outlived the node plugin returned other bytes")
+		Expect(got.SHA256).To(Equal(big.SHA256), "the read that outlived the %s returned other bytes", what)
 
-		By("mounting the Dataset in a new pod on " + node + " through the new node plugin")
+		By("mounting the Dataset in a new pod on " + node + " through the new " + what)
 		Expect(sumClaim(ctx, namespace, node, "corpus")).To(Equal(contents(written)))
+	}
+
+	It("keeps a pod reading while the node plugin is replaced, and mounts again with the new one", func(ctx SpecContext) {
+		node := nodes[0]
+		readWhileReplacing(ctx, node, "CSI node plugin", func(ctx context.Context) *corev1.Pod { return csiNodePod(ctx, node) })
+	})
+
+	It("keeps a pod reading while the worker that serves its mount is replaced", func(ctx SpecContext) {
+		node := nodes[0]
+		readWhileReplacing(ctx, node, "worker", func(ctx context.Context) *corev1.Pod { return workerPod(ctx, pool, node) })
 	})
 
 	It("refuses a pod of another namespace that names the Dataset's volume", func(ctx SpecContext) {
