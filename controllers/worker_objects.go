@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"github.com/strata-cache/strata/internal/fdstore"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/fdstore"
 )
 
 // Ports of a worker pod.

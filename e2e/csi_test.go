@@ -128,7 +128,8 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			}
 		}
 		// 21 MiB at 2 MiB/s: a read that lasts about ten seconds.
-		reader := claimPod(namespace, node, "corpus", "sum", "--rate", "2097152", "/data/big")
+		// Uncached: the bytes must come through the worker, not the page cache of earlier reads.
+		reader := claimPod(namespace, node, "corpus", "sum", "--rate", "2097152", "--uncached", "/data/big")
 		Expect(k8sClient.Create(ctx, reader)).To(Succeed())
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(reader), reader)).To(Succeed())
@@ -167,6 +168,8 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 	It("keeps a pod reading while the worker that serves its mount is replaced", func(ctx SpecContext) {
 		node := nodes[0]
 		readWhileReplacing(ctx, node, "worker", func(ctx context.Context) *corev1.Pod { return workerPod(ctx, pool, node) })
+		By("finding in the new worker's log that it took the mount over rather than mounting afresh")
+		Expect(podLogs(ctx, workerPod(ctx, pool, node))).To(ContainSubstring("took over the mount of an earlier worker"))
 	})
 
 	It("refuses a pod of another namespace that names the Dataset's volume", func(ctx SpecContext) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -27,16 +26,13 @@ const (
 	// refuses reads into a buffer smaller than that, or than 8 KiB).
 	requestBufferSize = maxRead + 64<<10
 	// replyBufferSize holds the largest reply: a header and a maxRead read.
-	replyBufferSize = maxRead + 64<<10
+	replyBufferSize = requestBufferSize
 	// notifyResend is FUSE_NOTIFY_RESEND (Linux 6.9): the kernel queues again the requests a
 	// server read but never answered, those a killed process took with it.
 	notifyResend = 7
 	// ioctls of /dev/fuse for passthrough backing files (linux/fuse.h).
 	devIocBackingOpen  = 0x4010e501
 	devIocBackingClose = 0x4004e502
-	// readers bounds the goroutines reading requests; as for go-fuse's server, one per CPU,
-	// between 2 and 16.
-	minReaders, maxReaders = 2, 16
 )
 
 // device is one FUSE connection: /dev/fuse opened non-blocking, so that reads wait in Go's
@@ -46,9 +42,12 @@ type device struct {
 	ps   *fuse.ProtocolServer
 	log  logr.Logger
 
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	ended bool // the kernel ended the connection (every mount of it is gone)
+	// wg counts the reader and the requests being answered.
+	wg sync.WaitGroup
+	// buffers recycles request and reply buffers (both of requestBufferSize).
+	buffers sync.Pool
+	mu      sync.Mutex
+	ended   bool // the kernel ended the connection (every mount of it is gone)
 }
 
 // openDevice opens /dev/fuse for a new connection. It is a bare descriptor until mounted:
@@ -119,7 +118,7 @@ func (d *device) init(req []byte, reply bool) (*fuse.InitOut, error) {
 	}
 	h := (*fuse.OutHeader)(unsafe.Pointer(&out[0]))
 	if h.Status != 0 {
-		return nil, fmt.Errorf("the kernel's INIT was refused: %v", syscall.Errno(-h.Status))
+		return nil, fmt.Errorf("the kernel's INIT was refused: %w", syscall.Errno(-h.Status))
 	}
 	if reply {
 		if _, err := d.file.Write(out[:n]); err != nil {
@@ -139,14 +138,11 @@ func (d *device) resend() error {
 	return err
 }
 
-// serve starts the readers; done is called once they have all stopped, with whether the
-// kernel ended the connection (rather than suspend stopping them).
+// serve starts reading requests; done is called once the reader and every request it
+// started have stopped, with whether the kernel ended the connection (rather than suspend).
 func (d *device) serve(done func(ended bool)) {
-	n := min(max(runtime.GOMAXPROCS(0), minReaders), maxReaders)
-	d.wg.Add(n)
-	for range n {
-		go d.loop()
-	}
+	d.wg.Add(1)
+	go d.loop()
 	go func() {
 		d.wg.Wait()
 		d.mu.Lock()
@@ -156,50 +152,71 @@ func (d *device) serve(done func(ended bool)) {
 	}()
 }
 
-// loop reads requests and answers them until the kernel ends the connection or suspend stops
-// it. A request once read is always answered before the loop looks at anything else, so that
-// stopping never strands one.
+// loop reads requests and answers each in a goroutine of its own until the kernel ends the
+// connection or suspend stops it. Requests run concurrently, as the kernel sends them (reads
+// ahead, up to max_background in the background, and any number of callers' own): a read that
+// waits for a block from the under-store must not hold up the reads of blocks already cached,
+// nor the read-ahead of the next block. One reader is enough: reads of one descriptor take
+// turns in Go anyway, and answering is what takes time. A request once read is always
+// answered, so stopping never strands one.
 func (d *device) loop() {
 	defer d.wg.Done()
-	in := make([]byte, requestBufferSize)
-	out := make([]byte, replyBufferSize)
 	for {
-		n, err := d.file.Read(in)
+		in := d.buffer()
+		n, err := d.file.Read(*in)
 		switch {
 		case err == nil:
+			d.wg.Add(1) // while this reader's own count is held, so never racing Wait
+			go d.answer(in, n)
+			continue
 		case errors.Is(err, os.ErrDeadlineExceeded):
+			d.buffers.Put(in)
 			return // suspended
 		case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.EINTR), errors.Is(err, syscall.EAGAIN):
+			d.buffers.Put(in)
 			continue // the request was interrupted before it could be read
 		case errors.Is(err, syscall.ENODEV):
-			d.mu.Lock()
-			d.ended = true
-			d.mu.Unlock()
-			return
 		default:
 			d.log.Error(err, "reading a FUSE request; the file system is no longer served")
-			d.mu.Lock()
-			d.ended = true
-			d.mu.Unlock()
-			return
 		}
-		w, st := d.ps.HandleRequest([][]byte{in[:n]}, [][]byte{out})
-		if !st.Ok() {
-			d.log.Error(syscall.Errno(st), "decoding a FUSE request")
-			continue
-		}
-		if w == 0 {
-			continue // FORGET and the like take no answer
-		}
-		if _, err := d.file.Write(out[:w]); err != nil && !errors.Is(err, syscall.ENOENT) {
-			// ENOENT: the request was interrupted meanwhile, and the kernel no longer waits.
-			d.log.Error(err, "answering a FUSE request")
-		}
+		d.buffers.Put(in)
+		d.mu.Lock()
+		d.ended = true
+		d.mu.Unlock()
+		return
 	}
 }
 
-// suspend stops serving without ending the connection: the readers stop at their next read,
-// after answering what they hold, and what the kernel queues waits for the next server.
+// answer answers the request in (n bytes of it) and gives the buffer back.
+func (d *device) answer(in *[]byte, n int) {
+	defer d.wg.Done()
+	out := d.buffer()
+	defer func() { d.buffers.Put(in); d.buffers.Put(out) }()
+	w, st := d.ps.HandleRequest([][]byte{(*in)[:n]}, [][]byte{*out})
+	if !st.Ok() {
+		d.log.Error(syscall.Errno(st), "decoding a FUSE request")
+		return
+	}
+	if w == 0 {
+		return // FORGET and the like take no answer
+	}
+	if _, err := d.file.Write((*out)[:w]); err != nil && !errors.Is(err, syscall.ENOENT) {
+		// ENOENT: the request was interrupted meanwhile, and the kernel no longer waits.
+		d.log.Error(err, "answering a FUSE request")
+	}
+}
+
+// buffer returns a buffer for a request or a reply, of requestBufferSize bytes.
+func (d *device) buffer() *[]byte {
+	if b, ok := d.buffers.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, requestBufferSize)
+	return &b
+}
+
+// suspend stops serving without ending the connection: the reader stops at its next read,
+// the requests it read are answered, and what the kernel queues waits for the next server.
 func (d *device) suspend() {
 	_ = d.file.SetReadDeadline(time.Unix(1, 0))
 	d.wg.Wait()

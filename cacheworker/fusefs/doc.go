@@ -1,5 +1,8 @@
-// Package fusefs serves one Dataset as a read-only FUSE file system (go-fuse's fs package):
-// the folder tree of its under-store objects, whose reads go through the worker's block cache.
+// Package fusefs serves one Dataset as a read-only FUSE file system: the folder tree of its
+// under-store objects, whose reads go through the worker's block cache. Requests are decoded
+// by go-fuse's protocol server and answered by a raw file system of our own (rawfs.go), over a
+// connection this package serves itself (device.go), so that another process can take a
+// mounted file system over (see "Handing over").
 //
 // # The tree
 //
@@ -7,14 +10,15 @@
 // folders; a key ending in "/" is a folder marker, so empty folders show. Sizes and mtimes
 // come from the listing (a folder's mtime is the newest of its content), modes are 0444 for
 // files and 0555 for folders, owned by root, so that pods running as any user can read and
-// none can write. Every inode is made at mount and never forgotten; keys that cannot be
+// none can write. Every node is numbered at mount, depth first in name order, and its number
+// is both its inode number and its FUSE node id; nodes are never forgotten. Keys that cannot be
 // paths ("a//b", "..", longer than NAME_MAX) are left out and logged, and so is an object
 // whose key is also a folder of other objects ("a" next to "a/b"), which S3 allows and a
 // file system cannot show.
 //
 // The tree does not follow later changes in the under-store. A refresh would list again,
-// compare with the tree by key, size and ETag, add and remove inodes (fs.Inode.AddChild and
-// RmChild) and tell the kernel what changed (NotifyEntry for names, NotifyContent for
+// compare with the tree by key, size and ETag, add nodes under new ids and retire removed
+// ones, and tell the kernel what changed (NotifyEntry for names, NotifyContent for
 // files whose bytes changed), so that the long entry and attribute timeouts stay correct.
 // Changed objects also need new block ids, since a block id names a file and an index but not
 // a version: the ETag would have to become part of the id (the cache's SourceID or the file
@@ -62,10 +66,34 @@
 // local yet is opened in cached mode; its read fetches the block, and later opens (once the
 // cached ones have closed) are passed through.
 //
+// # Handing over
+//
+// A FUSE mount stays up as long as some process holds its /dev/fuse descriptor; its requests
+// wait in the kernel while none reads them. Handover gives a process what another needs to go
+// on serving the mount: the connection, the state (mount point, node list, and the INIT
+// request the kernel sent at mount) and the table of open files (opens.go), all as files that
+// can cross a Unix socket and outlive their maker. Resume, in the other process, rebuilds the
+// node list, so that the kernel's node ids name the same files; replays the INIT through its
+// own protocol server, so that both agree on what was negotiated; and asks the kernel
+// (FUSE_NOTIFY_RESEND, Linux 6.9) to send again the requests the earlier process read but
+// never answered, those a killed process took with it. Handles need nothing handed over: a
+// read with a handle this process never made opens one, and a handle's number says whether
+// the open was passed through, so its RELEASE is counted right. Suspend stops serving without
+// ending the mount: requests being answered are answered, the reader stops at its next read,
+// and nothing the kernel queued is lost. The worker's mounter keeps the handover in the CSI
+// node plugin's file descriptor store (internal/fdstore), so that pods' mounts outlive worker
+// restarts and upgrades; see cacheworker/mounter.
+//
+// Go's os.Open adds every file to an epoll set, and for a FUSE file the kernel asks the
+// server whether it supports poll from inside epoll_ctl or epoll_wait. The connection's
+// reader waits on that same epoll_wait in this process, so Mount first makes the kernel learn
+// that the file system does not support poll (disableFilePolling); the kernel remembers it
+// for the connection, across handovers.
+//
 // # Mounting and unmounting
 //
-// Mount uses mount(2) directly (the worker runs privileged), falling back to the fusermount
-// helper, with "ro", allow_other and default_permissions. Unmount unmounts the folder and
+// Mount uses mount(2) directly (the worker runs privileged, CAP_SYS_ADMIN), with "ro",
+// allow_other and default_permissions. Unmount unmounts the folder and
 // waits for the kernel to end the file system; if a pod's bind mount of it remains, the
 // folder is unmounted but the file system is served until that goes (ErrStillMounted), so a
 // pod never sees its files vanish.

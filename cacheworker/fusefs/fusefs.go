@@ -8,7 +8,6 @@ import (
 	"iter"
 	"log"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -90,7 +89,8 @@ type Server struct {
 	name   string
 	fsys   *fileSystem
 	dev    *device
-	init   []byte // the kernel's INIT request, replayed by a process taking over
+	init   []byte       // the kernel's INIT request, replayed by a process taking over
+	agreed fuse.InitOut // what INIT settled, which a process taking over must settle too
 	served chan struct{}
 	// stopped is closed once this process no longer serves the file system: it ended, or
 	// Suspend stopped it.
@@ -161,6 +161,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return fail(err)
 	}
+	s.agreed = *agreed
 	if fsys.opens, err = newOpensTable(len(fsys.nodes)); err != nil {
 		return fail(err)
 	}
@@ -284,7 +285,7 @@ func (s *Server) Abort() error {
 	return nil
 }
 
-// unmount unmounts dir with umount(2), or through fusermount where that is not permitted.
+// unmount unmounts dir with umount(2).
 // A folder that is not mounted is fine.
 func unmount(ctx context.Context, dir string) error {
 	wait := unmountBackoff
@@ -295,7 +296,7 @@ func unmount(ctx context.Context, dir string) error {
 		case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
 			return nil
 		case errors.Is(err, unix.EPERM):
-			return fusermountUnmount(ctx, dir)
+			return fmt.Errorf("unmounting %s: %w (the worker needs CAP_SYS_ADMIN: run it privileged)", dir, err)
 		case !errors.Is(err, unix.EBUSY):
 			return fmt.Errorf("unmounting %s: %w", dir, err)
 		}
@@ -307,26 +308,6 @@ func unmount(ctx context.Context, dir string) error {
 		wait *= 2
 	}
 	return fmt.Errorf("unmounting %s: %w", dir, ErrBusy)
-}
-
-// fusermountUnmount unmounts dir with the setuid helper, for mounts made without privileges.
-func fusermountUnmount(ctx context.Context, dir string) error {
-	for _, bin := range []string{"fusermount3", "fusermount"} {
-		p, err := exec.LookPath(bin)
-		if err != nil {
-			continue
-		}
-		out, err := exec.CommandContext(ctx, p, "-u", dir).CombinedOutput()
-		if err != nil {
-			msg := strings.TrimSpace(string(out))
-			if strings.Contains(msg, "busy") {
-				return fmt.Errorf("unmounting %s: %w: %s", dir, ErrBusy, msg)
-			}
-			return fmt.Errorf("unmounting %s with %s: %w: %s", dir, bin, err, msg)
-		}
-		return nil
-	}
-	return fmt.Errorf("unmounting %s: not permitted, and no fusermount helper found", dir)
 }
 
 // logWriter passes go-fuse's log lines to logr.

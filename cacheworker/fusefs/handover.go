@@ -48,7 +48,9 @@ func (h Handover) Close() error {
 type state struct {
 	Dir, Name string
 	Init      []byte
-	Nodes     []snapNode
+	// Agreed is what INIT settled at mount: the flags and sizes the kernel works with.
+	Agreed fuse.InitOut
+	Nodes  []snapNode
 }
 
 // Handover returns new descriptors of the file system's connection, state and open-file
@@ -58,7 +60,7 @@ func (s *Server) Handover() (Handover, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state == nil {
-		f, err := encodeState(state{Dir: s.dir, Name: s.name, Init: s.init, Nodes: snapshotNodes(s.fsys.nodes)})
+		f, err := encodeState(state{Dir: s.dir, Name: s.name, Init: s.init, Agreed: s.agreed, Nodes: snapshotNodes(s.fsys.nodes)})
 		if err != nil {
 			return Handover{}, err
 		}
@@ -133,18 +135,35 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 		_ = fsys.opens.close()
 		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)
 	}
-	if agreed.Flags64()&fuse.CAP_PASSTHROUGH == 0 && !cfg.DisablePassthrough {
-		// The settings must be those the kernel agreed to at mount, whatever this process
-		// would ask for now; only passthrough depends on a setting here.
-		lg.V(1).Info("passthrough was not agreed at mount; it stays off")
+	if err := sameSettings(st.Agreed, *agreed); err != nil {
+		_ = file.Close()
+		_ = fsys.opens.close()
+		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)
 	}
+	s.agreed = *agreed
 	if err := s.dev.resend(); err != nil {
 		lg.Info("the kernel cannot send again the requests the earlier process took with it (Linux 6.9 or later can); a reader of one of them stays blocked until interrupted",
 			"dir", st.Dir, "reason", err.Error())
 	}
 	s.start(agreed, cfg)
+	m.takeovers.Inc()
 	lg.V(1).Info("took over a mount", "dir", st.Dir, "files", fsys.files, "bytes", fsys.bytes, "passthrough", fsys.passthrough)
 	return s, nil
+}
+
+// sameSettings checks that replaying INIT here settled what the kernel agreed to at mount: a
+// process built with another go-fuse, or configured otherwise (passthrough on or off), could
+// answer INIT differently, and would then misread requests or send replies the kernel does
+// not expect.
+func sameSettings(atMount, now fuse.InitOut) error {
+	if atMount.Flags64() != now.Flags64() || atMount.Minor != now.Minor || atMount.MaxWrite != now.MaxWrite ||
+		atMount.MaxPages != now.MaxPages || atMount.MaxReadAhead != now.MaxReadAhead {
+		return fmt.Errorf("this process would settle FUSE protocol 7.%d, flags %#x, max write %d, max pages %d, read-ahead %d, "+
+			"but the mount has 7.%d, flags %#x, max write %d, max pages %d, read-ahead %d: it was mounted by a worker of another version or configuration, and must be mounted afresh",
+			now.Minor, now.Flags64(), now.MaxWrite, now.MaxPages, now.MaxReadAhead,
+			atMount.Minor, atMount.Flags64(), atMount.MaxWrite, atMount.MaxPages, atMount.MaxReadAhead)
+	}
+	return nil
 }
 
 // encodeState writes st to a new memfd.

@@ -20,12 +20,13 @@ type Metrics struct {
 	readErrors       prometheus.Counter
 	passthroughOpens prometheus.Counter
 	mounts           prometheus.Gauge
+	takeovers        prometheus.Counter
 }
 
 // NewMetrics registers the FUSE metrics on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := newMetrics()
-	for _, c := range []prometheus.Collector{m.reads, m.readBytes, m.readErrors, m.passthroughOpens, m.mounts} {
+	for _, c := range []prometheus.Collector{m.reads, m.readBytes, m.readErrors, m.passthroughOpens, m.mounts, m.takeovers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering FUSE metrics: %w", err)
 		}
@@ -46,5 +47,7 @@ func newMetrics() *Metrics {
 			Help: "Opens of files the kernel reads straight from their block in a local tier (FUSE passthrough)."}),
 		mounts: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem, Name: "fuse_mounts",
 			Help: "Dataset file systems this worker serves, including those only pods still hold."}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "fuse_takeovers_total",
+			Help: "Dataset file systems this worker took over from an earlier worker process, their pods' mounts intact."}),
 	}
 }

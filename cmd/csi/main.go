@@ -77,6 +77,10 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		// restart; this plugin never touches a pod's mount, so its own restarts are harmless
 		// (the workers put their mounts back).
 		fds = fdstore.NewServer(log.WithName("fdstore"))
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "strata", Subsystem: "csi", Name: "fdstore_entries",
+			Help: "FUSE mounts of the node's workers whose connections the node plugin holds, so that they outlive a worker restart.",
+		}, func() float64 { return float64(fds.Len()) }))
 		if regSrv, err = registration.New(registration.Config{
 			DriverName: driver.DriverName, Endpoint: cfg.registrationPath, Log: log.WithName("registration"),
 		}); err != nil {

@@ -3,7 +3,7 @@
 //
 //	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
-//	testkit sum [--rate BYTES_PER_SECOND] [--summary] /data/imagenet
+//	testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] /data/imagenet
 //	testkit copy /data/imagenet /scratch/imagenet
 //	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
 //	testkit worker put --master m-0:7001 --worker default/node-a --block b1 --size 8388608 --seed 7 --dataset e2e
@@ -36,6 +36,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"golang.org/x/sys/unix"
 )
 
 // result is what every command prints.
@@ -134,15 +136,16 @@ func sumCommand(args []string, out *json.Encoder) error {
 	flags := flag.NewFlagSet("sum", flag.ContinueOnError)
 	rate := flags.Int64("rate", 0, "read at most this many bytes per second (0: as fast as possible), to keep a read going for a while")
 	summary := flags.Bool("summary", false, "print one line with the total bytes and seconds instead of a line per file")
+	uncached := flags.Bool("uncached", false, "drop each file's pages from the page cache before reading it, so that every byte comes through the file system")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
 	if flags.NArg() != 1 {
-		return errors.New("usage: testkit sum [--rate BYTES_PER_SECOND] [--summary] DIR")
+		return errors.New("usage: testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] DIR")
 	}
 	var total result
 	start := time.Now()
-	err := sum(flags.Arg(0), *rate, func(r result) error {
+	err := sum(flags.Arg(0), *rate, *uncached, func(r result) error {
 		total.Bytes += r.Bytes
 		if *summary {
 			return nil
@@ -157,7 +160,7 @@ func sumCommand(args []string, out *json.Encoder) error {
 }
 
 // sum reports the size, SHA-256 and read time of every regular file below dir, in walk order.
-func sum(dir string, rate int64, report func(result) error) error {
+func sum(dir string, rate int64, uncached bool, report func(result) error) error {
 	return filepath.WalkDir(dir, func(path string, entry fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("walking %s: %w", path, err)
@@ -170,6 +173,11 @@ func sum(dir string, rate int64, report func(result) error) error {
 			return fmt.Errorf("opening %s: %w", path, err)
 		}
 		defer func() { _ = f.Close() }()
+		if uncached {
+			if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+				return fmt.Errorf("dropping the cached pages of %s: %w", path, err)
+			}
+		}
 		start := time.Now()
 		hash := sha256.New()
 		var r io.Reader = f

@@ -60,7 +60,9 @@ type answer struct {
 
 // SocketPath is where the store listens, given the host folder of the node's worker sockets
 // (/run/strata): a folder of its own, so that workers mount only it, not each other's sockets.
-func SocketPath(socketRoot string) string { return filepath.Join(socketRoot, "fdstore", "fdstore.sock") }
+func SocketPath(socketRoot string) string {
+	return filepath.Join(socketRoot, "fdstore", "fdstore.sock")
+}
 
 // ErrNotFound is a get of a key the store does not hold.
 var ErrNotFound = errors.New("not in the file descriptor store")
