@@ -161,7 +161,7 @@ var _ = Describe("The worker reconciler", func() {
 					volumeOfHostPath[v.HostPath.Path] = v.Name
 				}
 			}
-			g.Expect(volumeOfHostPath).To(HaveLen(7), "three tier paths, the index, the socket and mounts directories, a source root")
+			g.Expect(volumeOfHostPath).To(HaveLen(8), "three tier paths, the index, the socket, fd store and mounts directories, a source root")
 			mountAt := map[string]corev1.VolumeMount{}
 			for _, m := range pod.Containers[0].VolumeMounts {
 				mountAt[m.MountPath] = m
@@ -180,6 +180,8 @@ var _ = Describe("The worker reconciler", func() {
 				"the block index survives the pod on the host")
 			socket := "/run/strata/" + pool.Name
 			g.Expect(mountAt).To(HaveKeyWithValue(socket, HaveField("Name", volumeOfHostPath[socket])))
+			g.Expect(mountAt).To(HaveKeyWithValue("/run/strata/fdstore", HaveField("Name", volumeOfHostPath["/run/strata/fdstore"])),
+				"the CSI node plugin's file descriptor store, which keeps the worker's mounts up across its restarts")
 			g.Expect(mountAt).To(HaveKeyWithValue("/etc/strata", And(HaveField("Name", "tiers"), HaveField("ReadOnly", BeTrue()))))
 			mountsDir := "/var/lib/strata-worker/" + pool.Name + "/mounts"
 			g.Expect(mountAt).To(HaveKeyWithValue(mountsDir, And(HaveField("Name", volumeOfHostPath[mountsDir]),
