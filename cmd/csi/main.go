@@ -123,6 +123,20 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		}
 		g.Go(func() error { return fds.Serve(fdsLis) })
 		g.Go(func() error { <-gctx.Done(); return fdsLis.Close() })
+		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir}
+		reaper := &fdstore.Reaper{Store: fds, Grace: abandonedMountsGrace, Log: log.WithName("fdstore"),
+			Alive: func(ctx context.Context, pool string) bool {
+				var d net.Dialer
+				dctx, cancel := context.WithTimeout(ctx, time.Second)
+				defer cancel()
+				c, err := d.DialContext(dctx, "unix", workers.Socket(pool))
+				if err != nil {
+					return false
+				}
+				_ = c.Close()
+				return true
+			}}
+		g.Go(func() error { reaper.Run(gctx, time.Minute); return nil })
 	}
 	g.Go(func() error {
 		if err := grpcSrv.Serve(csiLis); err != nil {
@@ -159,6 +173,11 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 		"endpoint", cfg.csiEndpoint.String(), "node", cfg.nodeName, "registration", cfg.registrationSock, "metrics", cfg.metricsAddr)
 	return g.Wait()
 }
+
+// abandonedMountsGrace is how long the node plugin keeps holding the mounts of a pool whose
+// worker does not answer: far longer than a restart or an upgrade takes, so that only a
+// deleted pool's mounts are dropped.
+const abandonedMountsGrace = 10 * time.Minute
 
 // observability serves /metrics, /healthz and /readyz. The node plugin is ready once the
 // kubelet has registered it; the controller as soon as it serves.

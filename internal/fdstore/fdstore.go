@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -390,4 +391,81 @@ func validName(what, s string) error {
 		return fmt.Errorf("%s %q: want letters, digits, '.', '_' and '-', at most 253", what, s)
 	}
 	return nil
+}
+
+// Reaper drops the entries of owners that are gone for good: a worker whose TierPool was
+// deleted never comes back for its mounts, and holding them would keep their pods' reads
+// waiting forever. An owner is gone once alive has said no for a whole grace period; dropping
+// its entries ends the mounts, so that their pods fail (ENOTCONN) rather than hang.
+type Reaper struct {
+	Store *Server
+	// Alive tells whether owner still has a process that may take its entries back.
+	Alive func(ctx context.Context, owner string) bool
+	// Grace is how long an owner may be away: longer than a worker takes to restart.
+	Grace time.Duration
+	Log   logr.Logger
+
+	lastSeen map[string]time.Time
+}
+
+// Run checks every interval until ctx ends.
+func (r *Reaper) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			r.Check(ctx, now)
+		}
+	}
+}
+
+// Check looks at every owner once, at time now, and drops those away for longer than Grace.
+func (r *Reaper) Check(ctx context.Context, now time.Time) {
+	if r.lastSeen == nil {
+		r.lastSeen = map[string]time.Time{}
+	}
+	owners := r.Store.owners()
+	for _, owner := range owners {
+		seen, known := r.lastSeen[owner]
+		switch {
+		case r.Alive(ctx, owner), !known:
+			r.lastSeen[owner] = now
+		case now.Sub(seen) > r.Grace:
+			n := r.Store.dropOwner(owner)
+			delete(r.lastSeen, owner)
+			r.Log.Info("dropped the mounts of a worker gone for good; their pods now fail instead of waiting",
+				"owner", owner, "entries", n, "away", now.Sub(seen).Round(time.Second).String())
+		}
+	}
+	for owner := range r.lastSeen {
+		if !slices.Contains(owners, owner) {
+			delete(r.lastSeen, owner)
+		}
+	}
+}
+
+func (s *Server) owners() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var owners []string
+	for o, byKey := range s.entries {
+		if len(byKey) > 0 {
+			owners = append(owners, o)
+		}
+	}
+	return owners
+}
+
+func (s *Server) dropOwner(owner string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	byKey := s.entries[owner]
+	for _, e := range byKey {
+		e.close()
+	}
+	delete(s.entries, owner)
+	return len(byKey)
 }

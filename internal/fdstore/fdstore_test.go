@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
@@ -88,4 +89,35 @@ func TestBadRequestsAreRefusedWithTheReason(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = absent.Keys(ctx)
 	g.Expect(err).To(MatchError(ContainSubstring("is the CSI node plugin running?")))
+}
+
+// TestTheEntriesOfAnOwnerGoneForGoodAreDropped runs the reaper on a clock of its own: an owner
+// away for less than the grace period keeps its entries, one away for longer loses them.
+func TestTheEntriesOfAnOwnerGoneForGoodAreDropped(t *testing.T) {
+	g := NewWithT(t)
+	store, path := startStore(t)
+	ctx := context.Background()
+	for _, owner := range []string{"restarting", "deleted"} {
+		c, err := NewClient(path, owner)
+		g.Expect(err).NotTo(HaveOccurred())
+		r, w, err := os.Pipe()
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(c.Put(ctx, "uid", nil, []*os.File{w})).To(Succeed())
+		_ = r.Close()
+		_ = w.Close()
+	}
+	alive := map[string]bool{"restarting": true, "deleted": true}
+	reaper := &Reaper{Store: store, Grace: 10 * time.Minute, Log: logr.Discard(),
+		Alive: func(_ context.Context, owner string) bool { return alive[owner] }}
+	start := time.Now()
+	reaper.Check(ctx, start)
+	alive["restarting"], alive["deleted"] = false, false
+	reaper.Check(ctx, start.Add(time.Minute))
+	g.Expect(store.Len()).To(Equal(2), "away for less than the grace period")
+	alive["restarting"] = true // its worker is back
+	reaper.Check(ctx, start.Add(11*time.Minute))
+	g.Expect(store.Len()).To(Equal(1))
+	g.Expect(store.owners()).To(ConsistOf("restarting"))
+	reaper.Check(ctx, start.Add(30*time.Minute))
+	g.Expect(store.owners()).To(ConsistOf("restarting"), "an owner that answers keeps its entries however long")
 }
