@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"sort"
 	"strings"
 
@@ -117,10 +118,10 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the Dataset's status to show it cached")
 	})
 
-	// readWhileReplacing streams the large file through the claim on node while the pod that
-	// current finds is deleted and its DaemonSet replaces it; the read must complete with the
-	// right bytes, and a new pod must mount the Dataset through the replacement.
-	readWhileReplacing := func(ctx SpecContext, node, what string, current func(ctx context.Context) *corev1.Pod) {
+	// readWhile streams the large file through the claim on node while disrupt upsets the
+	// node's Strata (and waits for it to recover); the read must complete with the right
+	// bytes, and a new pod must mount the Dataset afterwards.
+	readWhile := func(ctx SpecContext, node, what string, disrupt func(ctx SpecContext)) {
 		var big object
 		for _, o := range written {
 			if o.Key == "big/train.bin" {
@@ -136,16 +137,8 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			g.Expect(reader.Status.Phase).To(Equal(corev1.PodRunning))
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the reader to start")
 
-		By("deleting the " + what + " pod on " + node + " while the reader streams")
-		old := current(ctx)
-		Expect(old).NotTo(BeNil(), "no %s on %s", what, node)
-		Expect(k8sClient.Delete(ctx, old)).To(Succeed())
-		Eventually(func(g Gomega) {
-			p := current(ctx)
-			g.Expect(p).NotTo(BeNil())
-			g.Expect(p.UID).NotTo(Equal(old.UID))
-			g.Expect(podReady(p)).To(BeTrue())
-		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for a new %s on %s", what, node)
+		By(what + " on " + node + " while the reader streams")
+		disrupt(ctx)
 
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(reader), reader)).To(Succeed())
@@ -154,21 +147,57 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the reader to finish")
 		var got object
 		Expect(json.Unmarshal([]byte(strings.TrimSpace(podLogs(ctx, reader))), &got)).To(Succeed())
-		Expect(got.SHA256).To(Equal(big.SHA256), "the read that outlived the %s returned other bytes", what)
+		Expect(got.SHA256).To(Equal(big.SHA256), "the read that outlived it (%s) returned other bytes", what)
 
-		By("mounting the Dataset in a new pod on " + node + " through the new " + what)
+		By("mounting the Dataset in a new pod on " + node)
 		Expect(sumClaim(ctx, namespace, node, "corpus")).To(Equal(contents(written)))
+	}
+
+	// replacing deletes the pod that current finds and waits for its DaemonSet's replacement.
+	replacing := func(node string, current func(ctx context.Context) *corev1.Pod) func(ctx SpecContext) {
+		return func(ctx SpecContext) {
+			old := current(ctx)
+			Expect(old).NotTo(BeNil(), "no pod to delete on %s", node)
+			Expect(k8sClient.Delete(ctx, old)).To(Succeed())
+			Eventually(func(g Gomega) {
+				p := current(ctx)
+				g.Expect(p).NotTo(BeNil())
+				g.Expect(p.UID).NotTo(Equal(old.UID))
+				g.Expect(podReady(p)).To(BeTrue())
+			}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for a new pod on %s", node)
+		}
 	}
 
 	It("keeps a pod reading while the node plugin is replaced, and mounts again with the new one", func(ctx SpecContext) {
 		node := nodes[0]
-		readWhileReplacing(ctx, node, "CSI node plugin", func(ctx context.Context) *corev1.Pod { return csiNodePod(ctx, node) })
+		readWhile(ctx, node, "deleting the CSI node plugin's pod", replacing(node, func(ctx context.Context) *corev1.Pod { return csiNodePod(ctx, node) }))
 	})
 
 	It("keeps a pod reading while the worker that serves its mount is replaced", func(ctx SpecContext) {
 		node := nodes[0]
-		readWhileReplacing(ctx, node, "worker", func(ctx context.Context) *corev1.Pod { return workerPod(ctx, pool, node) })
+		readWhile(ctx, node, "deleting the worker's pod", replacing(node, func(ctx context.Context) *corev1.Pod { return workerPod(ctx, pool, node) }))
 		By("finding in the new worker's log that it took the mount over rather than mounting afresh")
+		Expect(podLogs(ctx, workerPod(ctx, pool, node))).To(ContainSubstring("took over the mount of an earlier worker"))
+	})
+
+	It("keeps a pod reading while the worker that serves its mount is killed", func(ctx SpecContext) {
+		node := nodes[0]
+		readWhile(ctx, node, "killing the worker (SIGKILL)", func(ctx SpecContext) {
+			before := workerPod(ctx, pool, node)
+			Expect(before).NotTo(BeNil())
+			restarts := before.Status.ContainerStatuses[0].RestartCount
+			// A Kind node is a container named after the node; the worker is a process in it.
+			out, err := exec.CommandContext(ctx, "docker", "exec", node, "pkill", "--signal", "KILL", "-f", "--", "--pool="+pool+" ").CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), "killing the worker of pool %s on %s: %s", pool, node, out)
+			Eventually(func(g Gomega) {
+				p := workerPod(ctx, pool, node)
+				g.Expect(p).NotTo(BeNil())
+				g.Expect(p.UID).To(Equal(before.UID), "the kubelet restarts the container in the same pod")
+				g.Expect(p.Status.ContainerStatuses[0].RestartCount).To(BeNumerically(">", restarts))
+				g.Expect(podReady(p)).To(BeTrue())
+			}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the worker on %s to restart", node)
+		})
+		By("finding in the restarted worker's log that it took the mount over")
 		Expect(podLogs(ctx, workerPod(ctx, pool, node))).To(ContainSubstring("took over the mount of an earlier worker"))
 	})
 
