@@ -22,11 +22,10 @@ import (
 // both agree on what was negotiated, and discards the answer.
 
 const (
-	// requestBufferSize holds the largest request: a header and a maxRead write (the kernel
-	// refuses reads into a buffer smaller than that, or than 8 KiB).
-	requestBufferSize = maxRead + 64<<10
-	// replyBufferSize holds the largest reply: a header and a maxRead read.
-	replyBufferSize = requestBufferSize
+	// bufferSize holds the largest request, a header and a maxRead write (the kernel
+	// refuses reads into a buffer smaller than that, or than 8 KiB), and the largest reply,
+	// a header and a maxRead read.
+	bufferSize = maxRead + 64<<10
 	// notifyResend is FUSE_NOTIFY_RESEND (Linux 6.9): the kernel queues again the requests a
 	// server read but never answered, those a killed process took with it.
 	notifyResend = 7
@@ -44,7 +43,7 @@ type device struct {
 
 	// wg counts the reader and the requests being answered.
 	wg sync.WaitGroup
-	// buffers recycles request and reply buffers (both of requestBufferSize).
+	// buffers recycles request and reply buffers, of bufferSize bytes.
 	buffers sync.Pool
 	mu      sync.Mutex
 	ended   bool // the kernel ended the connection (every mount of it is gone)
@@ -96,7 +95,7 @@ func mountOptions(cfg Config, log logr.Logger) *fuse.MountOptions {
 
 // readInit reads the kernel's first request on a new connection, which must be INIT.
 func (d *device) readInit(timeout time.Duration) ([]byte, error) {
-	buf := make([]byte, requestBufferSize)
+	buf := make([]byte, bufferSize)
 	if err := d.file.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 		return nil, err
 	}
@@ -105,12 +104,13 @@ func (d *device) readInit(timeout time.Duration) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the kernel's INIT: %w", err)
 	}
-	return buf[:n:n], nil
+	// A copy: the request is kept for handovers, the buffer is a MiB.
+	return append([]byte(nil), buf[:n]...), nil
 }
 
 // init answers (or, replaying, only decodes) the INIT request and returns what was agreed.
 func (d *device) init(req []byte, reply bool) (*fuse.InitOut, error) {
-	out := make([]byte, replyBufferSize)
+	out := make([]byte, bufferSize)
 	n, st := d.ps.HandleRequest([][]byte{req}, [][]byte{out})
 	const header = int(unsafe.Sizeof(fuse.OutHeader{}))
 	if !st.Ok() || n < header {
@@ -206,12 +206,12 @@ func (d *device) answer(in *[]byte, n int) {
 	}
 }
 
-// buffer returns a buffer for a request or a reply, of requestBufferSize bytes.
+// buffer returns a buffer for a request or a reply, of bufferSize bytes.
 func (d *device) buffer() *[]byte {
 	if b, ok := d.buffers.Get().(*[]byte); ok {
 		return b
 	}
-	b := make([]byte, requestBufferSize)
+	b := make([]byte, bufferSize)
 	return &b
 }
 

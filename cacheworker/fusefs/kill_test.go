@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-cache/strata/internal/fdstore"
-	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 // The test binary, run with childEnv set, is a worker that mounts a Dataset, puts its
@@ -92,11 +91,9 @@ func TestAKilledServersRequestsAreAnsweredByTheNext(t *testing.T) {
 	}
 	g := NewWithT(t)
 	sock := filepath.Join(t.TempDir(), "fdstore.sock")
-	l, err := unixsock.Listen(sock)
-	g.Expect(err).NotTo(HaveOccurred())
 	store := fdstore.NewServer(logr.Discard())
-	go func() { _ = store.Serve(l) }()
-	defer func() { _ = l.Close(); store.Close() }()
+	g.Expect(store.Start(sock)).To(Succeed())
+	defer func() { _ = store.Stop(); store.Close() }()
 
 	dir := filepath.Join(t.TempDir(), "mnt")
 	g.Expect(os.Mkdir(dir, 0o755)).To(Succeed())

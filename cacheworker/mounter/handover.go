@@ -41,22 +41,19 @@ const handoverTimeout = 5 * time.Second
 
 // hold puts mnt's connection in the store. A failure leaves the mount working, only not
 // beyond this worker process, and says so.
-func (m *Mounter) hold(ctx context.Context, mnt *mount, req *workerpb.MountDatasetRequest) {
+func (m *Mounter) hold(ctx context.Context, mnt *mount) {
 	if m.cfg.Handovers == nil {
 		return
 	}
-	if err := m.put(ctx, mnt, req); err != nil {
+	if err := m.put(ctx, mnt); err != nil {
 		m.log.Error(err, "the file descriptor store does not hold this mount: pods lose it if the worker restarts before the store is back",
 			"dataset", mnt.dataset(), "uid", mnt.uid)
-		return
 	}
-	m.mu.Lock()
-	mnt.held = true
-	m.mu.Unlock()
 }
 
-func (m *Mounter) put(ctx context.Context, mnt *mount, req *workerpb.MountDatasetRequest) error {
-	data, err := proto.Marshal(req)
+// put hands mnt's connection and the request that made it to the store, and marks it held.
+func (m *Mounter) put(ctx context.Context, mnt *mount) error {
+	data, err := proto.Marshal(mnt.req)
 	if err != nil {
 		return fmt.Errorf("encoding the mount request: %w", err)
 	}
@@ -67,7 +64,13 @@ func (m *Mounter) put(ctx context.Context, mnt *mount, req *workerpb.MountDatase
 	defer func() { _ = h.Close() }()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handoverTimeout)
 	defer cancel()
-	return m.cfg.Handovers.Put(ctx, mnt.uid, data, h.Files())
+	if err := m.cfg.Handovers.Put(ctx, mnt.uid, data, h.Files()); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	mnt.held = true
+	m.mu.Unlock()
+	return nil
 }
 
 // unhold drops an ended mount from the store.
@@ -213,13 +216,10 @@ func (m *Mounter) refill(ctx context.Context, log logr.Logger) {
 	}
 	m.mu.Unlock()
 	for _, mnt := range missing {
-		if err := m.put(ctx, mnt, mnt.req); err != nil {
+		if err := m.put(ctx, mnt); err != nil {
 			log.Error(err, "putting a mount back in the file descriptor store", "uid", mnt.uid)
 			continue
 		}
-		m.mu.Lock()
-		mnt.held = true
-		m.mu.Unlock()
 		log.Info("put a mount back in the file descriptor store, which had restarted", "uid", mnt.uid)
 	}
 }

@@ -15,19 +15,16 @@ import (
 
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fdstore"
-	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 func startFDStore(t *testing.T) (*fdstore.Server, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "fdstore.sock")
-	l, err := unixsock.Listen(path)
-	if err != nil {
+	s := fdstore.NewServer(logr.Discard())
+	if err := s.Start(path); err != nil {
 		t.Fatal(err)
 	}
-	s := fdstore.NewServer(logr.Discard())
-	go func() { _ = s.Serve(l) }()
-	t.Cleanup(func() { _ = l.Close(); s.Close() })
+	t.Cleanup(func() { _ = s.Stop(); s.Close() })
 	return s, path
 }
 

@@ -258,7 +258,7 @@ func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRe
 		}
 		return nil, status.Error(codes.Unavailable, "the worker is shutting down")
 	}
-	m.hold(ctx, mnt, req)
+	m.hold(ctx, mnt)
 	m.log.Info("mounted Dataset", "dataset", dataset, "uid", uid, "source", mnt.store.String(), "path", mnt.path,
 		"files", mnt.fs.Files(), "bytes", mnt.fs.Bytes(), "passthrough", mnt.fs.Passthrough(), "outlivesWorker", mnt.held)
 	return &workerpb.MountDatasetResponse{Path: mnt.path}, nil

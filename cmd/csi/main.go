@@ -11,8 +11,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -30,7 +28,6 @@ import (
 	"github.com/strata-cache/strata/csi/registration"
 	"github.com/strata-cache/strata/internal/daemon"
 	"github.com/strata-cache/strata/internal/fdstore"
-	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 func main() {
@@ -113,16 +110,10 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	if fds != nil {
-		path := fdstore.SocketPath(cfg.workerSocketDir)
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return fmt.Errorf("creating the file descriptor store's folder: %w", err)
+		if err := fds.Start(fdstore.SocketPath(cfg.workerSocketDir)); err != nil {
+			return err
 		}
-		fdsLis, err := unixsock.Listen(path)
-		if err != nil {
-			return fmt.Errorf("listening for the file descriptor store: %w", err)
-		}
-		g.Go(func() error { return fds.Serve(fdsLis) })
-		g.Go(func() error { <-gctx.Done(); return fdsLis.Close() })
+		g.Go(func() error { <-gctx.Done(); return fds.Stop() })
 		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir}
 		reaper := &fdstore.Reaper{Store: fds, Grace: abandonedMountsGrace, Log: log.WithName("fdstore"),
 			Alive: func(ctx context.Context, pool string) bool {

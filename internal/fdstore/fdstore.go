@@ -85,6 +85,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	entries map[string]map[string]*entry // owner → key → entry
+	lis     *net.UnixListener
 }
 
 // NewServer returns an empty store.
@@ -92,21 +93,48 @@ func NewServer(log logr.Logger) *Server {
 	return &Server{log: log, entries: map[string]map[string]*entry{}}
 }
 
-// Serve answers connections on l until it is closed.
-func (s *Server) Serve(l *net.UnixListener) error {
+// Start listens on path, making its folder, and serves the store there until Stop.
+func (s *Server) Start(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating the file descriptor store's folder: %w", err)
+	}
+	l, err := unixsock.Listen(path)
+	if err != nil {
+		return fmt.Errorf("listening for the file descriptor store: %w", err)
+	}
+	s.mu.Lock()
+	s.lis = l
+	s.mu.Unlock()
+	go s.serve(l)
+	return nil
+}
+
+// Stop stops listening; the files held stay held (Close lets them go).
+func (s *Server) Stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lis == nil {
+		return nil
+	}
+	return s.lis.Close()
+}
+
+func (s *Server) serve(l *net.UnixListener) {
 	for {
 		c, err := l.AcceptUnix()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("accepting on the file descriptor store's socket: %w", err)
+			s.log.Error(err, "accepting on the file descriptor store's socket")
+			time.Sleep(100 * time.Millisecond) // such as EMFILE: give descriptors time to be freed
+			continue
 		}
 		go s.handle(c)
 	}
 }
 
-// Close closes every file the store holds.
+// Close closes every file the store holds, as a store that restarted would have none.
 func (s *Server) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

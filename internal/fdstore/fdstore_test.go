@@ -10,20 +10,16 @@ import (
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
-
-	"github.com/strata-cache/strata/internal/unixsock"
 )
 
 func startStore(t *testing.T) (*Server, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "fdstore.sock")
-	l, err := unixsock.Listen(path)
-	if err != nil {
+	s := NewServer(logr.Discard())
+	if err := s.Start(path); err != nil {
 		t.Fatal(err)
 	}
-	s := NewServer(logr.Discard())
-	go func() { _ = s.Serve(l) }()
-	t.Cleanup(func() { _ = l.Close(); s.Close() })
+	t.Cleanup(func() { _ = s.Stop(); s.Close() })
 	return s, path
 }
 
