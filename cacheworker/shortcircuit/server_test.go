@@ -374,7 +374,9 @@ func TestOpensLeakNoDescriptors(t *testing.T) {
 		}
 		g.Expect(readBack(ctx, c, "blk-1", data)).To(Succeed())
 	}
-	// Exact: every descriptor the loop received was closed by readBack, and the server
-	// closed its copy before answering the next request on the same connection.
-	g.Expect(openFDs(t)).To(Equal(before))
+	// Every descriptor the loop received was closed by readBack, and the server closed its
+	// copy before answering the next request on the same connection: a leak would add up to
+	// 180 here. Not an exact count: descriptors of earlier tests (connections their cleanups
+	// close) may go meanwhile, which once made the count one lower.
+	g.Expect(openFDs(t)).To(BeNumerically("<=", before))
 }
