@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -72,8 +73,14 @@ type DatasetReconciler struct {
 	Recorder record.EventRecorder
 	// Master, when the operator runs one, forgets a deleted Dataset's files and blocks.
 	Master DatasetMetadata
-	// Preload is how Datasets with spec.preload are read once.
-	Preload PreloadSpec
+	// WorkerImage is the image of the pods the operator runs in Datasets' namespaces: preload
+	// Jobs and the claim servers of pvc:// sources.
+	WorkerImage WorkerImage
+	// APIReader reads what the operator does not cache: the Services of tenants' namespaces.
+	APIReader client.Reader
+	// ClaimServerEndpoint, if set, replaces ClaimServerEndpoint: tests reach claim servers
+	// outside a cluster's DNS.
+	ClaimServerEndpoint func(namespace, name string) string
 
 	// probes remembers the last successful probe of each Dataset's source (see probeSource).
 	probes probeMemo
@@ -101,6 +108,10 @@ const usageRefresh = 30 * time.Second
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;create
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconcile runs the deletion or the normal path of one Dataset.
 func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -127,15 +138,21 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	var access *sourceAccess
+	if problem == nil {
+		if access, problem, err = r.accessSource(ctx, ds); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	var summary *sourceSummary
 	if problem == nil {
-		if problem, summary, err = r.probeSource(ctx, ds); err != nil {
+		if problem, summary, err = r.probeSource(ctx, ds, access); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
 	var ready *metav1.Condition
 	if problem == nil {
-		if err := r.ensureVolume(ctx, ds, pool); err != nil {
+		if err := r.ensureVolume(ctx, ds, pool, access); err != nil {
 			return ctrl.Result{}, err
 		}
 		if ready, err = r.servingCondition(ctx, ds, pool); err != nil {
@@ -152,6 +169,8 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	setSourceSummary(ds, summary)
 	var result ctrl.Result
 	switch {
+	case problem != nil && problem.reason == ReasonSourceUnreachable && strings.HasPrefix(ds.Spec.Source.URI, "pvc://"):
+		result.RequeueAfter = claimServerRecheck
 	case problem != nil && isSourceProblem(problem.reason):
 		// A source that failed its probe may be fixed where the operator cannot see it (the
 		// endpoint comes up, the bucket is created): look again.
@@ -172,7 +191,7 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 
 func isSourceProblem(reason string) bool {
 	switch reason {
-	case ReasonSourceAccessDenied, ReasonSourceNotFound, ReasonSourceUnreachable, ReasonSourceEmpty:
+	case ReasonSourceAccessDenied, ReasonSourceNotFound, ReasonSourceUnreachable, ReasonSourceEmpty, ReasonClaimServerNotReady:
 		return true
 	}
 	return false
@@ -268,6 +287,10 @@ func (r *DatasetReconciler) checkSource(ctx context.Context, ds *datav1alpha1.Da
 	switch scheme {
 	case "pvc":
 		claim, _, _ := strings.Cut(rest, "/")
+		if claim == ds.Name {
+			return &problem{ReasonClaimNotFound, fmt.Sprintf(
+				"pvc://%s names the claim Strata makes for this Dataset itself: a Dataset cannot be its own source; name the claim that holds the data", claim)}, nil
+		}
 		if found, err := r.exists(ctx, &corev1.PersistentVolumeClaim{}, ds.Namespace, claim); err != nil || !found {
 			return &problem{ReasonClaimNotFound, fmt.Sprintf(
 				"PersistentVolumeClaim %q does not exist in namespace %s: a pvc:// source reads a claim of the Dataset's own namespace", claim, ds.Namespace)}, err
@@ -322,14 +345,15 @@ func poolAffinity(pool *datav1alpha1.TierPool) *corev1.VolumeNodeAffinity {
 }
 
 // volumeAttributes are what the CSI node plugin needs to serve the Dataset on a pod's node.
-func volumeAttributes(ds *datav1alpha1.Dataset) map[string]string {
+func volumeAttributes(ds *datav1alpha1.Dataset, access *sourceAccess) map[string]string {
 	attrs := map[string]string{
 		datav1alpha1.VolumeAttributeNamespace: ds.Namespace,
 		datav1alpha1.VolumeAttributeDataset:   ds.Name,
 		datav1alpha1.VolumeAttributeUID:       string(ds.UID),
 		datav1alpha1.VolumeAttributePool:      ds.Spec.TierPoolName,
 	}
-	if src := ds.Spec.Source; src != nil {
+	if access != nil {
+		src := access.source
 		attrs[datav1alpha1.VolumeAttributeSourceURI] = src.URI
 		if src.Endpoint != "" {
 			attrs[datav1alpha1.VolumeAttributeSourceEndpoint] = src.Endpoint
@@ -343,7 +367,7 @@ func volumeAttributes(ds *datav1alpha1.Dataset) map[string]string {
 
 // ensureVolume creates the Dataset's PersistentVolume and the claim, of the Dataset's name,
 // pre-bound to it. Both exist once and are never updated: their specs are immutable.
-func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.Dataset, pool *datav1alpha1.TierPool) error {
+func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.Dataset, pool *datav1alpha1.TierPool, access *sourceAccess) error {
 	mode := corev1.ReadOnlyMany
 	if ds.Spec.Lineage != nil {
 		mode = corev1.ReadWriteMany // written by its Lineage's Job, then immutable
@@ -366,15 +390,15 @@ func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.D
 				Driver:           CSIDriverName,
 				VolumeHandle:     ds.Namespace + "/" + ds.Name + "/" + string(ds.UID),
 				ReadOnly:         mode == corev1.ReadOnlyMany,
-				VolumeAttributes: volumeAttributes(ds),
+				VolumeAttributes: volumeAttributes(ds, access),
 			}},
 		},
 	}
 	pv.Spec.NodeAffinity = poolAffinity(pool)
-	if src := ds.Spec.Source; src != nil && src.SecretRef != nil {
+	if access != nil && access.secretName != "" {
 		// The kubelet reads this Secret, of the Dataset's own namespace, and hands it to the
 		// node plugin at publish time.
-		pv.Spec.CSI.NodePublishSecretRef = &corev1.SecretReference{Name: src.SecretRef.Name, Namespace: ds.Namespace}
+		pv.Spec.CSI.NodePublishSecretRef = &corev1.SecretReference{Name: access.secretName, Namespace: ds.Namespace}
 	}
 	if err := r.Client.Create(ctx, pv); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating PersistentVolume %s for Dataset %s/%s: %w", pv.Name, ds.Namespace, ds.Name, err)
@@ -412,7 +436,7 @@ func datasetLabels(ds *datav1alpha1.Dataset) map[string]string {
 	return map[string]string{
 		"app.kubernetes.io/part-of":    "strata",
 		"app.kubernetes.io/managed-by": "strata-operator",
-		"data.strata.dev/dataset":      ds.Name,
+		datasetLabel:                   ds.Name,
 	}
 }
 
@@ -599,6 +623,8 @@ func (r *DatasetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&corev1.PersistentVolumeClaim{}).
 		Owns(&batchv1.Job{}).
+		Owns(&appsv1.Deployment{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(claimServerPodDataset)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
 		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).

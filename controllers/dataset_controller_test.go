@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -349,6 +351,121 @@ var _ = Describe("The Dataset reconciler", func() {
 			err = k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "raw"}, pvc)
 			g.Expect(apierrors.IsNotFound(err) || !pvc.DeletionTimestamp.IsZero()).To(BeTrue(), "claim raw still live")
 		}).Should(Succeed())
+	})
+
+	It("serves a pvc:// source through a claim server it runs in the Dataset's namespace", func() {
+		createPool()
+		claim := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "raw-data", Namespace: namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, claim)).To(Succeed())
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "from-claim", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source:       &datav1alpha1.DatasetSource{URI: "pvc://raw-data/sets/v1"},
+				TierPoolName: poolName,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+
+		By("making the claim server, reporting it not ready while it has no pod")
+		cond := readyCondition(ds, ReasonClaimServerNotReady)
+		Expect(cond.Message).To(And(ContainSubstring(`PersistentVolumeClaim "raw-data"`), ContainSubstring("its pod does not exist yet")))
+		name := "from-claim-claim-server"
+		deploy := &appsv1.Deployment{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, deploy)).To(Succeed())
+		Expect(metav1.IsControlledBy(deploy, ds)).To(BeTrue())
+		pod := deploy.Spec.Template.Spec
+		Expect(pod.Volumes).To(ContainElement(corev1.Volume{Name: "claim", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "raw-data", ReadOnly: true}}}))
+		Expect(pod.Containers[0].Image).To(Equal(testWorkerSpec.Image))
+		Expect(pod.Containers[0].Args).To(ContainElements("serve-claim", "--path=sets/v1"))
+		Expect(pod.Containers[0].SecurityContext.Capabilities.Add).To(ConsistOf(corev1.Capability("DAC_OVERRIDE")),
+			"it reads any file of the claim, and can do nothing else a root user could")
+		Expect(*pod.AutomountServiceAccountToken).To(BeFalse())
+		svc := &corev1.Service{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, svc)).To(Succeed())
+		Expect(svc.Spec.Selector).To(Equal(deploy.Spec.Selector.MatchLabels))
+		secret := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, secret)).To(Succeed())
+		token := string(secret.Data["token"])
+		Expect(token).To(HaveLen(64))
+
+		By("repeating why its pod fails")
+		failing := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name + "-7d9f-x2x4q", Namespace: namespace, Labels: deploy.Spec.Template.Labels},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "claim-server", Image: testWorkerSpec.Image}}},
+		}
+		Expect(k8sClient.Create(ctx, failing)).To(Succeed())
+		failing.Status.ContainerStatuses = []corev1.ContainerStatus{{
+			Name: "claim-server", RestartCount: 3,
+			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: 1, Message: `opening the claim's folder (does "sets/v1" exist in the claim?): not found`}},
+		}}
+		Expect(k8sClient.Status().Update(ctx, failing)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Message).To(ContainSubstring(`exited (3 restarts): opening the claim's folder (does "sets/v1" exist in the claim?)`))
+		}).Should(Succeed(), "a change of the claim server's pod is seen at once")
+
+		By("probing the source through the claim server once it is available")
+		dir := GinkgoT().TempDir()
+		Expect(os.MkdirAll(filepath.Join(dir, "sets", "v1", "nested"), 0o750)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(dir, "sets", "v1", "a.bin"), make([]byte, 1000), 0o640)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(dir, "sets", "v1", "nested", "b.bin"), make([]byte, 2000), 0o640)).To(Succeed())
+		endpoint := claimServers.serve(namespace, name, filepath.Join(dir, "sets", "v1"), token)
+		deploy.Status.Replicas, deploy.Status.AvailableReplicas, deploy.Status.ReadyReplicas = 1, 1, 1
+		deploy.Status.ObservedGeneration = deploy.Generation
+		Expect(k8sClient.Status().Update(ctx, deploy)).To(Succeed())
+		cond = readyCondition(ds, ReasonNoCSIDriver)
+		Expect(ds.Status.Files).To(BeEquivalentTo(2))
+		Expect(ds.Status.TotalBytes).To(BeEquivalentTo(3000))
+
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(ds.UID)}, pv)).To(Succeed())
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeSourceEndpoint, endpoint),
+			"the workers read the source from the claim server")
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeSourceURI, "pvc://raw-data/sets/v1"))
+		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: name, Namespace: namespace}),
+			"the kubelet hands the node plugin the claim server's token")
+	})
+
+	It("refuses a pvc:// source that is the Dataset's own claim, or whose claim server's name is taken", func() {
+		createPool()
+		own := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "loop", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Source: &datav1alpha1.DatasetSource{URI: "pvc://loop"}, TierPoolName: poolName},
+		}
+		Expect(k8sClient.Create(ctx, own)).To(Succeed())
+		cond := readyCondition(own, ReasonClaimNotFound)
+		Expect(cond.Message).To(ContainSubstring("cannot be its own source"))
+
+		Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		})).To(Succeed())
+		Expect(k8sClient.Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "taken-claim-server", Namespace: namespace},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
+		})).To(Succeed())
+		taken := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "taken", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Source: &datav1alpha1.DatasetSource{URI: "pvc://data"}, TierPoolName: poolName},
+		}
+		Expect(k8sClient.Create(ctx, taken)).To(Succeed())
+		cond = readyCondition(taken, ReasonObjectInTheWay)
+		Expect(cond.Message).To(ContainSubstring("a Service " + namespace + "/taken-claim-server that this Dataset does not own is in the way"))
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "taken-claim-server"}, &appsv1.Deployment{})).
+			To(Satisfy(apierrors.IsNotFound), "nothing runs behind a Service that is not Strata's")
 	})
 })
 

@@ -29,11 +29,13 @@ const (
 	ReasonPreloadNotAvailable = "PreloadNotAvailable"
 )
 
-// PreloadSpec is how the operator preloads Datasets: a Job that mounts the Dataset's claim and
-// reads every file with `worker preload`, so the read goes through the same mount and cache as
-// a user's pod would.
-type PreloadSpec struct {
-	// Image has the worker binary; empty means the operator cannot preload.
+// WorkerImage is the image of the worker binary, which the operator also runs in Datasets'
+// namespaces: as `worker preload`, a Job that mounts the Dataset's claim and reads every file,
+// so the read goes through the same mount and cache as a user's pod would; and as `worker
+// serve-claim`, the claim server of a pvc:// source.
+type WorkerImage struct {
+	// Image has the worker binary; empty means the operator can neither preload nor serve
+	// pvc:// sources.
 	Image           string
 	ImagePullPolicy corev1.PullPolicy
 }
@@ -60,7 +62,7 @@ func (r *DatasetReconciler) preloadCondition(ctx context.Context, ds *datav1alph
 		// Read once already: nothing to do, even if its Job has gone since.
 		return done.DeepCopy(), nil
 	}
-	if r.Preload.Image == "" {
+	if r.WorkerImage.Image == "" {
 		cond.Reason = ReasonPreloadNotAvailable
 		cond.Message = "the operator was started without a worker image (--worker-image), so it cannot preload: pods still read the Dataset, cold"
 		return cond, nil
@@ -120,8 +122,8 @@ func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alph
 					},
 					Containers: []corev1.Container{{
 						Name:            "preload",
-						Image:           r.Preload.Image,
-						ImagePullPolicy: r.Preload.ImagePullPolicy,
+						Image:           r.WorkerImage.Image,
+						ImagePullPolicy: r.WorkerImage.ImagePullPolicy,
 						Args:            []string{"preload", "/data"},
 						// The worker binary writes why it failed on stderr; this makes it the
 						// pod's termination message.

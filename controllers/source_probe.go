@@ -8,9 +8,7 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/understore"
@@ -33,6 +31,10 @@ const (
 	// sourceRecheck is how often a Dataset whose source failed its probe is probed again: the
 	// endpoint may come up, the bucket be created, the credentials be fixed at the store.
 	sourceRecheck = time.Minute
+	// claimServerRecheck is how often a pvc:// Dataset whose claim server did not answer is
+	// probed again: the server is Strata's own, and a Service whose pod just became ready takes
+	// a few seconds to route to it.
+	claimServerRecheck = 10 * time.Second
 	// probeReuse is how long a successful probe stands for the same spec and Secret: a Dataset
 	// is reconciled on every change of its TierPool, Secret or the CSI driver, and listing its
 	// source each time would cost the store as much as the operator.
@@ -85,33 +87,22 @@ type sourceSummary struct {
 	complete bool
 }
 
-// probeSource lists a Dataset's s3:// source with the credentials of its Secret. Other schemes
-// are not probed here: file:// and pvc:// name paths on the nodes, and HTTP servers cannot list.
-// It returns the problem a user must fix, if any, and the summary of a source that answered.
-func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Dataset) (*problem, *sourceSummary, error) {
+// probeSource lists a Dataset's s3:// source with the credentials of its Secret, and a pvc://
+// source through its claim server. Other schemes are not probed here: file:// names paths on
+// the nodes, and HTTP servers cannot list. It returns the problem a user must fix, if any, and
+// the summary of a source that answered.
+func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Dataset, access *sourceAccess) (*problem, *sourceSummary, error) {
 	src := ds.Spec.Source
-	if src == nil || !strings.HasPrefix(src.URI, "s3://") {
+	if src == nil || access == nil || !strings.HasPrefix(src.URI, "s3://") && !strings.HasPrefix(src.URI, "pvc://") {
 		return nil, nil, nil
 	}
-	creds := map[string]string{}
-	secretVersion := ""
-	if src.SecretRef != nil {
-		secret := &corev1.Secret{}
-		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: src.SecretRef.Name}, secret); err != nil {
-			return nil, nil, fmt.Errorf("reading Secret %s/%s: %w", ds.Namespace, src.SecretRef.Name, err)
-		}
-		for k, v := range secret.Data {
-			creds[k] = string(v)
-		}
-		secretVersion = secret.ResourceVersion
-	}
 	now := time.Now()
-	if sum, ok := r.probes.get(ds.UID, ds.Generation, secretVersion, now); ok {
+	if sum, ok := r.probes.get(ds.UID, ds.Generation, access.secretVersion, now); ok {
 		return nil, sum, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	store, err := understore.Open(ctx, understore.Source{URI: src.URI, Endpoint: src.Endpoint, Region: src.Region, Credentials: creds})
+	store, err := understore.Open(ctx, access.source)
 	if err != nil {
 		return sourceProblem(ds, err), nil, nil
 	}
@@ -136,7 +127,7 @@ func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Da
 		return &problem{ReasonSourceEmpty, fmt.Sprintf(
 			"there are no objects under %s: check spec.source.uri (a prefix is a folder: it ends with /)", store)}, nil, nil
 	}
-	r.probes.put(ds.UID, probeRecord{generation: ds.Generation, secretVersion: secretVersion, at: now, summary: sum})
+	r.probes.put(ds.UID, probeRecord{generation: ds.Generation, secretVersion: access.secretVersion, at: now, summary: sum})
 	return nil, sum, nil
 }
 
@@ -146,6 +137,15 @@ func sourceProblem(ds *datav1alpha1.Dataset, err error) *problem {
 	secret := "no Secret (spec.source.secretRef is not set)"
 	if src.SecretRef != nil {
 		secret = fmt.Sprintf("Secret %q", src.SecretRef.Name)
+	}
+	if strings.HasPrefix(src.URI, "pvc://") {
+		// The claim server is Strata's own: what fails here is the claim's content or the network.
+		if errors.Is(err, understore.ErrNotFound) {
+			return &problem{ReasonSourceNotFound, fmt.Sprintf("%s does not exist in the claim: check spec.source.uri (%v)", src.URI, err)}
+		}
+		return &problem{ReasonSourceUnreachable, fmt.Sprintf(
+			"cannot list %s through its claim server %s: check that pods of this namespace can be reached from Strata's namespace (network policies) (%v)",
+			src.URI, claimServerName(ds), err)}
 	}
 	switch {
 	case errors.Is(err, understore.ErrMissingCredentials):

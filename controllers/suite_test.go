@@ -2,10 +2,13 @@ package controllers
 
 import (
 	"context"
+	"net/http/httptest"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/miniotest"
 )
 
@@ -37,7 +41,41 @@ var (
 	// s3 is a real MinIO that Datasets of the specs read from: the operator probes a
 	// Dataset's source before it serves it.
 	s3 *miniotest.Server
+	// claimServers are the claim servers of pvc:// Datasets: in envtest no pod runs them, so
+	// the specs serve the claim's folder themselves, with the real server.
+	claimServers = &testClaimServers{urls: map[string]string{}}
 )
+
+type testClaimServers struct {
+	mu   sync.Mutex
+	urls map[string]string
+}
+
+// endpoint is the URL of the claim server name of namespace ns, or of a closed port if the
+// spec serves none.
+func (c *testClaimServers) endpoint(ns, name string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if u, ok := c.urls[ns+"/"+name]; ok {
+		return u
+	}
+	return "http://" + miniotest.ClosedAddr(GinkgoT())
+}
+
+// serve serves dir as the claim server name of namespace ns, for token, until the spec ends.
+func (c *testClaimServers) serve(ns, name, dir, token string) string {
+	store, err := understore.NewLocal(understore.LocalConfig{Dir: dir, AllowedRoots: []string{dir}})
+	Expect(err).NotTo(HaveOccurred())
+	handler, err := understore.NewClaimServer(store, token, logr.Discard())
+	Expect(err).NotTo(HaveOccurred())
+	srv := httptest.NewServer(handler)
+	DeferCleanup(srv.Close)
+	DeferCleanup(store.Close)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.urls[ns+"/"+name] = srv.URL
+	return srv.URL
+}
 
 func TestControllers(t *testing.T) {
 	RegisterFailHandler(Fail)
@@ -85,9 +123,11 @@ var _ = BeforeSuite(func() {
 		Spec:     testWorkerSpec,
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&DatasetReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorderFor("strata-operator"),
-		Preload:  PreloadSpec{Image: testWorkerSpec.Image, ImagePullPolicy: corev1.PullIfNotPresent},
+		Client:              mgr.GetClient(),
+		Recorder:            mgr.GetEventRecorderFor("strata-operator"),
+		WorkerImage:         WorkerImage{Image: testWorkerSpec.Image, ImagePullPolicy: corev1.PullIfNotPresent},
+		APIReader:           mgr.GetAPIReader(),
+		ClaimServerEndpoint: claimServers.endpoint,
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 

@@ -14,7 +14,9 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -116,6 +118,64 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			g.Expect(ds.Status.CachedPercentage).To(Equal("100%"), "cached %d of %d bytes", ds.Status.CachedBytes, total)
 			g.Expect(ds.Status.Tiers).To(ContainElement(HaveField("Tier", "mem")))
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the Dataset's status to show it cached")
+	})
+
+	It("serves a Dataset whose source is a claim of its namespace, through the claim server Strata runs there", func(ctx SpecContext) {
+		By("copying the corpus into a claim bound to a host folder of " + nodes[0])
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: "e2e-raw-" + namespace},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+				ClaimRef:                      &corev1.ObjectReference{Namespace: namespace, Name: "raw"},
+				PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{
+					Path: "/var/local/strata-e2e/" + namespace, Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+				}},
+				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "kubernetes.io/hostname", Operator: corev1.NodeSelectorOpIn, Values: []string{nodes[0]}}},
+				}}}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, pv)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pv))).To(Succeed()) })
+		empty := ""
+		Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "raw", Namespace: namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: pv.Spec.AccessModes, StorageClassName: &empty, VolumeName: pv.Name,
+				Resources: corev1.VolumeResourceRequirements{Requests: pv.Spec.Capacity},
+			},
+		})).To(Succeed())
+		copier := claimPod(namespace, nodes[0], "corpus", "copy", "/data", "/raw/tree")
+		copier.Spec.Containers[0].VolumeMounts = append(copier.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "raw", MountPath: "/raw"})
+		copier.Spec.Volumes = append(copier.Spec.Volumes, corev1.Volume{Name: "raw", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "raw"},
+		}})
+		Expect(k8sClient.Create(ctx, copier)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(copier), copier)).To(Succeed())
+			g.Expect(copier.Status.Phase).NotTo(Equal(corev1.PodFailed), "the copy failed: %s", podLogs(ctx, copier))
+			g.Expect(copier.Status.Phase).To(Equal(corev1.PodSucceeded))
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for the copy into claim raw")
+
+		By("applying a Dataset of pvc://raw/tree and reading it on the other node, " + nodes[1])
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "from-claim", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source:       &datav1alpha1.DatasetSource{URI: "pvc://raw/tree"},
+				TierPoolName: pool,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset from-claim to be Ready")
+		Expect(ds.Status.Files).To(BeEquivalentTo(len(written)), "the operator counted the claim's files through the claim server")
+		Expect(sumClaim(ctx, namespace, nodes[1], "from-claim")).To(Equal(contents(written)))
 	})
 
 	// readWhile streams the large file through the claim on node while disrupt upsets the

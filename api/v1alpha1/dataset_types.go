@@ -50,9 +50,11 @@ type DatasetSpec struct {
 // +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('pvc://') || self.uri.matches('^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?$')",message="a pvc:// source must name a PersistentVolumeClaim of the Dataset's namespace: pvc://claim or pvc://claim/path"
 // +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('file://') || self.uri.startsWith('file:///')",message="a file:// source must be an absolute path: file:///path"
 // +kubebuilder:validation:XValidation:rule="!has(self.endpoint) || self.uri.startsWith('s3://')",message="spec.source.endpoint only applies to s3:// sources"
+// +kubebuilder:validation:XValidation:rule="!has(self.secretRef) || !self.uri.startsWith('pvc://')",message="a pvc:// source takes no secretRef: Strata reads the claim itself, through a server it runs in the Dataset's namespace"
 type DatasetSource struct {
 	// URI of the data: s3://bucket/prefix, file:///path (only under the TierPool's
-	// fileSourceRoots), pvc://claim/path (a claim in the Dataset's namespace), or http(s)://host/path.
+	// fileSourceRoots), pvc://claim/path (a folder of a claim in the Dataset's namespace, which
+	// Strata mounts read-only in a claim server it runs there), or http(s)://host/path.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	URI string `json:"uri"`

@@ -196,6 +196,12 @@ var _ = Describe("Admission of the Strata API", func() {
 				set(o, "spec.source.endpoint", nil)
 			},
 			"a pvc:// source must name a PersistentVolumeClaim of the Dataset's namespace"),
+		Entry("a pvc:// source with a Secret", "Dataset/imagenet-mini",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.source.uri", "pvc://raw-images/train")
+				set(o, "spec.source.endpoint", nil)
+			},
+			"a pvc:// source takes no secretRef"),
 		Entry("a relative file:// source", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) {
 				set(o, "spec.source.uri", "file://data/images")

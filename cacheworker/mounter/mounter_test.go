@@ -317,9 +317,14 @@ func TestMountDatasetSaysWhatToFix(t *testing.T) {
 			says:   []string{"has no source"},
 		},
 		"an unsupported scheme is named": {
+			change: func(r *workerpb.MountDatasetRequest) { r.Source = &workerpb.DatasetSource{Uri: "nfs://server/export"} },
+			code:   codes.InvalidArgument,
+			says:   []string{`unsupported scheme "nfs"`},
+		},
+		"a pvc source without its claim server says where that comes from": {
 			change: func(r *workerpb.MountDatasetRequest) { r.Source = &workerpb.DatasetSource{Uri: "pvc://claim/path"} },
 			code:   codes.InvalidArgument,
-			says:   []string{`unsupported scheme "pvc"`},
+			says:   []string{"no claim server", "PersistentVolume"},
 		},
 		"a path outside the TierPool's roots is refused": {
 			change: func(r *workerpb.MountDatasetRequest) { r.Source = &workerpb.DatasetSource{Uri: "file:///etc"} },

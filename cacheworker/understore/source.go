@@ -26,22 +26,25 @@ const DefaultS3Endpoint = "s3.amazonaws.com"
 // Source is a Dataset's spec.source with the keys of its credentials Secret: what Open needs
 // to pick and configure a store.
 type Source struct {
-	// URI is s3://bucket/prefix, file:///path or http(s)://host/path.
+	// URI is s3://bucket/prefix, file:///path, pvc://claim/path or http(s)://host/path.
 	URI string
 	// Endpoint of an S3-compatible server, http://host:port or https://host[:port]; empty means
-	// AWS S3. Only s3:// sources take one.
+	// AWS S3. For pvc:// sources, the claim server the operator runs for the Dataset
+	// (http://host:port), which it names in the Dataset's volume; only these two take one.
 	Endpoint string
 	// Region of an S3 bucket; empty means DefaultS3Region.
 	Region string
 	// Credentials are the Secret's keys: accessKeyID and secretAccessKey (and sessionToken) for
-	// s3://; token, or username and password, for http(s)://. Other keys are ignored.
+	// s3://; token, or username and password, for http(s)://; token (the claim server's) for
+	// pvc://. Other keys are ignored.
 	Credentials map[string]string
 	// FileRoots are the directories file:// sources must lie under (the TierPool's
 	// fileSourceRoots); none allows none.
 	FileRoots []string
 }
 
-// Open returns the store src names: S3 for s3://, Local for file://, HTTP for http(s)://. It
+// Open returns the store src names: S3 for s3://, Local for file://, ClaimStore for pvc://,
+// HTTP for http(s)://. It
 // checks the URI and the credentials but does not contact the store, so a store that is
 // unreachable or refuses the credentials is found by the first Stat, List or read. A store
 // that holds resources (Local) implements io.Closer.
@@ -51,9 +54,9 @@ func Open(ctx context.Context, src Source) (Store, error) {
 	}
 	scheme, rest, ok := strings.Cut(src.URI, "://")
 	if !ok {
-		return nil, invalidSource(src.URI, "want s3://bucket/prefix, file:///path, http:// or https:// followed by a host and path")
+		return nil, invalidSource(src.URI, "want s3://bucket/prefix, file:///path, pvc://claim/path, http:// or https:// followed by a host and path")
 	}
-	if src.Endpoint != "" && scheme != "s3" {
+	if src.Endpoint != "" && scheme != "s3" && scheme != "pvc" {
 		return nil, invalidSource(src.URI, "an endpoint (%s) only applies to s3:// sources", src.Endpoint)
 	}
 	switch scheme {
@@ -61,10 +64,12 @@ func Open(ctx context.Context, src Source) (Store, error) {
 		return openS3(src, rest)
 	case "file":
 		return openLocal(src)
+	case "pvc":
+		return openClaim(src)
 	case "http", "https":
 		return openHTTP(src)
 	default:
-		return nil, invalidSource(src.URI, "unsupported scheme %q: want s3://, file://, http:// or https://", scheme)
+		return nil, invalidSource(src.URI, "unsupported scheme %q: want s3://, file://, pvc://, http:// or https://", scheme)
 	}
 }
 
@@ -146,6 +151,24 @@ func openLocal(src Source) (Store, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// openClaim opens pvc://claim/path through the claim server the operator runs for it. Which
+// claim and folder it serves is fixed where the server runs; the URI only names the source.
+func openClaim(src Source) (Store, error) {
+	if src.Endpoint == "" {
+		return nil, invalidSource(src.URI, "no claim server: pvc:// sources are read through the server the operator runs in the Dataset's namespace, named by the Dataset's PersistentVolume")
+	}
+	token := src.Credentials[CredentialToken]
+	if token == "" {
+		return nil, &Error{Op: "connect", Store: src.URI, Endpoint: src.Endpoint, Kind: ErrMissingCredentials,
+			Err: errors.New("no " + CredentialToken + " for the claim server: the Dataset's PersistentVolume must name the claim-server Secret the operator made")}
+	}
+	c, err := NewClaimStore(src.URI, src.Endpoint, token)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // openHTTP opens http(s)://host/path, sending a bearer token or basic credentials if given.

@@ -17,16 +17,7 @@ import (
 )
 
 // listAll lists a store from its root.
-func listAll(ctx context.Context, s Store) ([]string, error) {
-	var out []string
-	for info, err := range s.List(ctx, "") {
-		if err != nil {
-			return out, err
-		}
-		out = append(out, info.Path)
-	}
-	return out, nil
-}
+func listAll(ctx context.Context, s Store) ([]string, error) { return collect(s.List(ctx, "")) }
 
 func readAll(ctx context.Context, s Store, p string) (string, error) {
 	r, err := s.Open(ctx, p)
@@ -167,10 +158,19 @@ func TestOpenPicksTheStoreOfTheSourceURI(t *testing.T) {
 			kind:    ErrInvalidPath,
 			message: []string{"keep one"},
 		},
-		"a pvc source names its scheme as unsupported": {
-			src:     Source{URI: "pvc://claim/path"},
+		"a pvc source without a claim server says where the server comes from": {
+			src:     Source{URI: "pvc://claim/path", Credentials: map[string]string{CredentialToken: "t"}},
 			kind:    ErrInvalidPath,
-			message: []string{`unsupported scheme "pvc"`},
+			message: []string{"no claim server", "PersistentVolume"},
+		},
+		"a pvc source without the claim server's token is refused": {
+			src:     Source{URI: "pvc://claim/path", Endpoint: "http://claim.ns.svc:8480"},
+			kind:    ErrMissingCredentials,
+			message: []string{"no token", "pvc://claim/path"},
+		},
+		"a pvc source reads through its claim server": {
+			src:  Source{URI: "pvc://claim/path", Endpoint: "http://claim.ns.svc:8480", Credentials: map[string]string{CredentialToken: "t"}},
+			name: "pvc://claim/path",
 		},
 		"a URI without a scheme says what it wants": {
 			src:     Source{URI: "bucket/prefix"},

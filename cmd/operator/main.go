@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -138,6 +139,7 @@ func run(opts options) error {
 		return err
 	}
 
+	claimServers := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/component": controllers.ClaimServerComponent})
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// The operator owns StatefulSets, Services, DaemonSets and ConfigMaps in its own
@@ -147,6 +149,9 @@ func run(opts options) error {
 			&corev1.Service{}:     {Namespaces: map[string]cache.Config{opts.namespace: {}}},
 			&appsv1.DaemonSet{}:   {Namespaces: map[string]cache.Config{opts.namespace: {}}},
 			&corev1.ConfigMap{}:   {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			// Elsewhere, only the Deployments and pods of the claim servers of pvc:// Datasets.
+			&appsv1.Deployment{}: {Label: claimServers},
+			&corev1.Pod{}:        {Label: claimServers},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: opts.metricsAddr},
 		HealthProbeBindAddress:  opts.probeAddr,
@@ -183,8 +188,9 @@ func run(opts options) error {
 	datasets := &controllers.DatasetReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor(eventSource),
-		// The preload Job runs the worker binary's preload command.
-		Preload: controllers.PreloadSpec{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
+		// Preload Jobs and claim servers run the worker binary.
+		WorkerImage: controllers.WorkerImage{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
+		APIReader:   mgr.GetAPIReader(),
 	}
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {

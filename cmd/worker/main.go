@@ -44,8 +44,13 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "preload" {
-		os.Exit(preload(os.Args[2:]))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "preload":
+			os.Exit(preload(os.Args[2:]))
+		case "serve-claim":
+			os.Exit(serveClaim(os.Args[2:]))
+		}
 	}
 	var opts options
 	opts.bind(flag.CommandLine)

@@ -1,0 +1,178 @@
+package understore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"iter"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+)
+
+const claimToken = "0123456789abcdef0123"
+
+// serveClaim serves store as a claim server and opens the pvc:// store that reads it.
+func serveClaim(t *testing.T, store Store, token string) (*httptest.Server, Store) {
+	t.Helper()
+	h, err := NewClaimServer(store, claimToken, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, err := Open(context.Background(), Source{URI: "pvc://claim/dataset", Endpoint: srv.URL, Credentials: map[string]string{CredentialToken: token}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, c
+}
+
+func TestAClaimIsReadThroughItsServerAsIfLocal(t *testing.T) {
+	ctx := context.Background()
+	f := newLocalFixture(t)
+	big := make([]byte, 3<<20+17)
+	_, _ = rand.Read(big)
+	must(t, os.MkdirAll(filepath.Join(f.dataset, "données", "été 2024"), 0o750))
+	must(t, os.WriteFile(filepath.Join(f.dataset, "données", "été 2024", "big file.bin"), big, 0o640))
+	local, err := NewLocal(LocalConfig{Dir: f.dataset, AllowedRoots: []string{f.allowed}})
+	must(t, err)
+	t.Cleanup(func() { _ = local.Close() })
+	_, claim := serveClaim(t, local, claimToken)
+
+	t.Run("it lists what the claim holds, prefixes included", func(t *testing.T) {
+		g := NewWithT(t)
+		for _, prefix := range []string{"", "dir/", "dir", "données/", "nothing/"} {
+			want, wantErr := collect(local.List(ctx, prefix))
+			got, err := collect(claim.List(ctx, prefix))
+			g.Expect(wantErr).NotTo(HaveOccurred())
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(got).To(Equal(want), "prefix %q", prefix)
+		}
+	})
+
+	t.Run("stat, ranged reads and whole reads give the claim's bytes", func(t *testing.T) {
+		g := NewWithT(t)
+		p := "données/été 2024/big file.bin"
+		info, err := claim.Stat(ctx, p)
+		g.Expect(err).NotTo(HaveOccurred())
+		want, _ := local.Stat(ctx, p)
+		g.Expect(info.Size).To(Equal(int64(len(big))))
+		g.Expect(info.ModTime.Unix()).To(Equal(want.ModTime.Unix()))
+		for _, rng := range [][2]int64{{0, 1}, {1 << 20, 1 << 20}, {int64(len(big)) - 5, 5}} {
+			buf := make([]byte, rng[1])
+			n, err := claim.ReadAt(ctx, p, buf, rng[0])
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(buf[:n]).To(Equal(big[rng[0] : rng[0]+rng[1]]))
+		}
+		buf := make([]byte, 10)
+		n, err := claim.ReadAt(ctx, p, buf, int64(len(big))-3)
+		g.Expect(err).To(MatchError(io.EOF), "a read past the end is short, with io.EOF")
+		g.Expect(buf[:n]).To(Equal(big[len(big)-3:]))
+		whole, err := readAll(ctx, claim, p)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(bytes.Equal([]byte(whole), big)).To(BeTrue())
+	})
+
+	t.Run("nothing outside the claim's folder can be read, by link or by path", func(t *testing.T) {
+		g := NewWithT(t)
+		for _, p := range []string{"file-out", "relative-out", "dir-out/key"} {
+			_, err := claim.Stat(ctx, p)
+			g.Expect(err).To(MatchError(ErrNotFound), p)
+		}
+		_, err := claim.Stat(ctx, "../secret/key")
+		g.Expect(err).To(MatchError(ErrOutsideRoots), "the client refuses a path with ..")
+	})
+
+	t.Run("a missing object is not found and names the source", func(t *testing.T) {
+		g := NewWithT(t)
+		_, err := claim.Open(ctx, "dir/missing.txt")
+		g.Expect(err).To(MatchError(ErrNotFound))
+		g.Expect(err.Error()).To(ContainSubstring("pvc://claim/dataset/dir/missing.txt"))
+	})
+
+	t.Run("the claim is read-only", func(t *testing.T) {
+		g := NewWithT(t)
+		err := claim.Write(ctx, "new.txt", bytes.NewReader([]byte("x")), 1)
+		g.Expect(err).To(MatchError(ErrReadOnly))
+	})
+}
+
+func TestAClaimServerServesOnlyItsToken(t *testing.T) {
+	ctx := context.Background()
+	f := newLocalFixture(t)
+	local, err := NewLocal(LocalConfig{Dir: f.dataset, AllowedRoots: []string{f.allowed}})
+	must(t, err)
+	t.Cleanup(func() { _ = local.Close() })
+	srv, wrong := serveClaim(t, local, "not-the-token-at-all")
+
+	g := NewWithT(t)
+	_, err = wrong.Stat(ctx, "a.txt")
+	g.Expect(err).To(MatchError(ErrAccessDenied))
+	_, err = collect(wrong.List(ctx, ""))
+	g.Expect(err).To(MatchError(ErrAccessDenied))
+
+	resp, err := http.Get(srv.URL + "/objects/a.txt")
+	g.Expect(err).NotTo(HaveOccurred())
+	_ = resp.Body.Close()
+	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "a request without a token")
+	resp, err = http.Get(srv.URL + "/healthz")
+	g.Expect(err).NotTo(HaveOccurred())
+	_ = resp.Body.Close()
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK), "the kubelet probes health without a token")
+
+	_, err = NewClaimServer(local, "short", logr.Discard())
+	g.Expect(err).To(MatchError(ContainSubstring("shorter than 16")))
+}
+
+// failingList lists two objects and then fails as kind.
+type failingList struct {
+	Store
+	kind error
+}
+
+func (f failingList) List(context.Context, string) iter.Seq2[ObjectInfo, error] {
+	return func(yield func(ObjectInfo, error) bool) {
+		if yield(ObjectInfo{Path: "a", Size: 1}, nil) && yield(ObjectInfo{Path: "b", Size: 2}, nil) {
+			yield(ObjectInfo{}, &Error{Op: "list", Store: "file:///claim", Kind: f.kind, Err: errors.New("boom")})
+		}
+	}
+}
+
+func TestAClaimListingThatFailsOrBreaksOffIsAnError(t *testing.T) {
+	ctx := context.Background()
+	g := NewWithT(t)
+	_, claim := serveClaim(t, failingList{kind: ErrAccessDenied}, claimToken)
+	got, err := collect(claim.List(ctx, ""))
+	g.Expect(got).To(Equal([]string{"a", "b"}))
+	g.Expect(err).To(MatchError(ErrAccessDenied), "the kind crosses the wire")
+	g.Expect(err.Error()).To(ContainSubstring("boom"))
+
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, `{"path":"a","size":1}`+"\n")
+	}))
+	t.Cleanup(cut.Close)
+	broken, err := Open(ctx, Source{URI: "pvc://claim", Endpoint: cut.URL, Credentials: map[string]string{CredentialToken: claimToken}})
+	g.Expect(err).NotTo(HaveOccurred())
+	got, err = collect(broken.List(ctx, ""))
+	g.Expect(got).To(Equal([]string{"a"}))
+	g.Expect(err).To(MatchError(ContainSubstring("without its end line")))
+}
+
+func collect(seq iter.Seq2[ObjectInfo, error]) ([]string, error) {
+	var out []string
+	for info, err := range seq {
+		if err != nil {
+			return out, err
+		}
+		out = append(out, info.Path)
+	}
+	return out, nil
+}

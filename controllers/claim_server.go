@@ -1,0 +1,420 @@
+package controllers
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/understore"
+)
+
+// A pvc:// source is a claim of the Dataset's namespace, which only pods of that namespace can
+// mount, and workers run in Strata's. So the operator runs a claim server there: a Deployment
+// of one pod that mounts the claim read-only and serves the source's folder over HTTP
+// (`worker serve-claim`), a Service in front of it, and a Secret with the bearer token the
+// workers send, which the Dataset's PersistentVolume hands them at publish time. The three are
+// owned by the Dataset and go with it.
+
+// Reasons of a Dataset whose claim server is not serving.
+const (
+	ReasonClaimServerNotReady = "ClaimServerNotReady"
+	ReasonClaimServerNoImage  = "ClaimServerNotAvailable"
+	ReasonObjectInTheWay      = "ObjectInTheWay"
+)
+
+const (
+	// ClaimServerComponent labels the objects of claim servers; the operator watches only
+	// Deployments with it outside its own namespace.
+	ClaimServerComponent = "claim-server"
+	componentLabel       = "app.kubernetes.io/component"
+	// datasetLabel names the Dataset an object was made for.
+	datasetLabel = "data.strata.dev/dataset"
+	// claimTokenKey is the key of the token in the claim server's Secret: the key the worker's
+	// pvc:// store reads from the credentials the kubelet hands over.
+	claimTokenKey = understore.CredentialToken
+	// templateHashAnnotation records which pod template a claim server's Deployment was made
+	// from, so that a changed one (a new worker image) is rolled out.
+	templateHashAnnotation = "data.strata.dev/template-hash"
+	claimMountPath         = "/claim"
+	claimTokenDir          = "/var/run/strata/claim-token"
+)
+
+// sourceAccess is how the workers and the operator reach a Dataset's source: the source with
+// the credentials they use, and the Secret that holds those credentials.
+type sourceAccess struct {
+	source understore.Source
+	// secretName is the Secret of the Dataset's namespace the kubelet gives the CSI plugin at
+	// publish; empty for none.
+	secretName string
+	// secretVersion changes when the credentials change, so that a probe is made again.
+	secretVersion string
+}
+
+// claimServerName is the name of the Deployment, Service and Secret of a Dataset's claim
+// server, within the 63 characters a Service name may have.
+func claimServerName(ds *datav1alpha1.Dataset) string {
+	return childName(ds, "-claim-server")
+}
+
+// childName is the Dataset's name with suffix, shortened to fit a label value.
+func childName(ds *datav1alpha1.Dataset, suffix string) string {
+	name := ds.Name
+	if limit := 63 - len(suffix); len(name) > limit {
+		name = strings.TrimRight(name[:limit], "-.")
+	}
+	return name + suffix
+}
+
+// ClaimServerEndpoint is the URL of the claim server Service name of namespace ns, as pods of
+// any namespace reach it.
+func ClaimServerEndpoint(ns, name string) string {
+	return fmt.Sprintf("http://%s.%s.svc:%d", name, ns, understore.ClaimServerPort)
+}
+
+// accessSource says how a Dataset's source is reached, making the claim server of a pvc://
+// source if need be. It returns the problem the user must fix, if any.
+func (r *DatasetReconciler) accessSource(ctx context.Context, ds *datav1alpha1.Dataset) (*sourceAccess, *problem, error) {
+	src := ds.Spec.Source
+	if src == nil {
+		return nil, nil, nil
+	}
+	access := &sourceAccess{source: understore.Source{URI: src.URI, Endpoint: src.Endpoint, Region: src.Region, Credentials: map[string]string{}}}
+	if strings.HasPrefix(src.URI, "pvc://") {
+		p, err := r.ensureClaimServer(ctx, ds, access)
+		return access, p, err
+	}
+	if src.SecretRef != nil {
+		secret := &corev1.Secret{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: src.SecretRef.Name}, secret); err != nil {
+			return nil, nil, fmt.Errorf("reading Secret %s/%s: %w", ds.Namespace, src.SecretRef.Name, err)
+		}
+		for k, v := range secret.Data {
+			access.source.Credentials[k] = string(v)
+		}
+		access.secretName, access.secretVersion = secret.Name, secret.ResourceVersion
+	}
+	return access, nil, nil
+}
+
+// claimServerPodDataset maps a claim server's pod to its Dataset, so that a pod that fails or
+// becomes ready is reported at once.
+func claimServerPodDataset(_ context.Context, obj client.Object) []reconcile.Request {
+	labels := obj.GetLabels()
+	if labels[componentLabel] != ClaimServerComponent || labels[datasetLabel] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: labels[datasetLabel]}}}
+}
+
+// ensureClaimServer makes the claim server of a pvc:// Dataset and says whether it serves.
+func (r *DatasetReconciler) ensureClaimServer(ctx context.Context, ds *datav1alpha1.Dataset, access *sourceAccess) (*problem, error) {
+	if r.WorkerImage.Image == "" {
+		return &problem{ReasonClaimServerNoImage,
+			"the operator was started without a worker image (--worker-image), so it cannot serve pvc:// sources: reinstall Strata with its worker image"}, nil
+	}
+	name := claimServerName(ds)
+	secret, p, err := r.ensureClaimToken(ctx, ds, name)
+	if p != nil || err != nil {
+		return p, err
+	}
+	access.source.Endpoint = r.claimServerEndpoint(ds.Namespace, name)
+	access.source.Credentials[claimTokenKey] = string(secret.Data[claimTokenKey])
+	access.secretName, access.secretVersion = secret.Name, secret.ResourceVersion
+	if p, err := r.ensureClaimService(ctx, ds, name); p != nil || err != nil {
+		return p, err
+	}
+	deploy, p, err := r.ensureClaimDeployment(ctx, ds, name)
+	if p != nil || err != nil {
+		return p, err
+	}
+	if deploy.Status.AvailableReplicas > 0 && deploy.Status.ObservedGeneration >= deploy.Generation {
+		return nil, nil
+	}
+	why, err := r.claimServerPodState(ctx, ds)
+	if err != nil {
+		return nil, err
+	}
+	return &problem{ReasonClaimServerNotReady, fmt.Sprintf(
+		"the claim server that reads PersistentVolumeClaim %q for Strata is not ready (Deployment %s/%s): %s",
+		claimOf(ds), ds.Namespace, name, why)}, nil
+}
+
+func (r *DatasetReconciler) claimServerEndpoint(ns, name string) string {
+	if r.ClaimServerEndpoint != nil {
+		return r.ClaimServerEndpoint(ns, name)
+	}
+	return ClaimServerEndpoint(ns, name)
+}
+
+// claimOf is the claim a pvc:// Dataset reads, and subPath the folder of it.
+func claimOf(ds *datav1alpha1.Dataset) string {
+	claim, _ := claimAndPath(ds.Spec.Source.URI)
+	return claim
+}
+
+func claimAndPath(uri string) (claim, subPath string) {
+	claim, subPath, _ = strings.Cut(strings.TrimPrefix(uri, "pvc://"), "/")
+	return claim, strings.Trim(subPath, "/")
+}
+
+func claimServerLabels(ds *datav1alpha1.Dataset) map[string]string {
+	labels := datasetLabels(ds)
+	labels[componentLabel] = ClaimServerComponent
+	return labels
+}
+
+// claimServerSelector selects the pods of one Dataset's claim server, by UID so that a Dataset
+// deleted and made again never matches the old one's pods.
+func claimServerSelector(ds *datav1alpha1.Dataset) map[string]string {
+	return map[string]string{componentLabel: ClaimServerComponent, "data.strata.dev/dataset-uid": string(ds.UID)}
+}
+
+// owned checks that an existing object of a Dataset's is the Dataset's own: a Secret or
+// Service of the same name made by someone else must not be used, nor changed.
+func owned(ds *datav1alpha1.Dataset, obj client.Object, kind string) *problem {
+	if metav1.IsControlledBy(obj, ds) {
+		return nil
+	}
+	return &problem{ReasonObjectInTheWay, fmt.Sprintf(
+		"a %s %s/%s that this Dataset does not own is in the way of its claim server: rename the Dataset or delete the %s",
+		kind, obj.GetNamespace(), obj.GetName(), kind)}
+}
+
+// createOwned creates obj, controlled by ds. If an object of its name exists already (made by
+// an earlier reconcile that the cache has not caught up with, or by someone else, or not
+// cached at all), obj becomes that object, read from the API server, and is checked to be the
+// Dataset's.
+func (r *DatasetReconciler) createOwned(ctx context.Context, ds *datav1alpha1.Dataset, obj client.Object, kind string) (created bool, _ *problem, _ error) {
+	if err := controllerutil.SetControllerReference(ds, obj, r.Client.Scheme()); err != nil {
+		return false, nil, fmt.Errorf("owning %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+	}
+	err := r.Client.Create(ctx, obj)
+	switch {
+	case err == nil:
+		return true, nil, nil
+	case !apierrors.IsAlreadyExists(err):
+		return false, nil, fmt.Errorf("creating %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+	}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		return false, nil, fmt.Errorf("reading %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return false, owned(ds, obj, kind), nil
+}
+
+// ensureClaimToken makes the Secret with the token workers send to the claim server, once.
+func (r *DatasetReconciler) ensureClaimToken(ctx context.Context, ds *datav1alpha1.Dataset, name string) (*corev1.Secret, *problem, error) {
+	secret := &corev1.Secret{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: name}, secret)
+	switch {
+	case apierrors.IsNotFound(err):
+		var raw [32]byte
+		if _, err := rand.Read(raw[:]); err != nil {
+			return nil, nil, fmt.Errorf("making a token: %w", err)
+		}
+		secret = &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ds.Namespace, Labels: claimServerLabels(ds)},
+			Type:       corev1.SecretTypeOpaque,
+			Data:       map[string][]byte{claimTokenKey: []byte(hex.EncodeToString(raw[:]))},
+		}
+		if _, p, err := r.createOwned(ctx, ds, secret, "Secret"); p != nil || err != nil {
+			return nil, p, err
+		}
+	case err != nil:
+		return nil, nil, fmt.Errorf("reading Secret %s/%s: %w", ds.Namespace, name, err)
+	default:
+		if p := owned(ds, secret, "Secret"); p != nil {
+			return nil, p, nil
+		}
+	}
+	if len(secret.Data[claimTokenKey]) < 32 {
+		return nil, &problem{ReasonObjectInTheWay, fmt.Sprintf(
+			"the claim server's Secret %s/%s has lost its %s: delete the Secret and Strata makes a new one", ds.Namespace, name, claimTokenKey)}, nil
+	}
+	return secret, nil, nil
+}
+
+// ensureClaimService makes the Service in front of the claim server. It is never changed:
+// everything in it follows from the Dataset's name and UID.
+func (r *DatasetReconciler) ensureClaimService(ctx context.Context, ds *datav1alpha1.Dataset, name string) (*problem, error) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ds.Namespace, Labels: claimServerLabels(ds)},
+		Spec: corev1.ServiceSpec{
+			Selector: claimServerSelector(ds),
+			Ports: []corev1.ServicePort{{
+				Name: "http", Port: understore.ClaimServerPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP,
+			}},
+		},
+	}
+	_, p, err := r.createOwned(ctx, ds, svc, "Service")
+	return p, err
+}
+
+// ensureClaimDeployment makes the claim server's Deployment, or rolls out a changed template.
+func (r *DatasetReconciler) ensureClaimDeployment(ctx context.Context, ds *datav1alpha1.Dataset, name string) (*appsv1.Deployment, *problem, error) {
+	template := r.claimServerPod(ds, name)
+	hash, err := templateHash(template)
+	if err != nil {
+		return nil, nil, err
+	}
+	deploy := &appsv1.Deployment{}
+	err = r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: name}, deploy)
+	switch {
+	case apierrors.IsNotFound(err):
+		deploy = &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: name, Namespace: ds.Namespace, Labels: claimServerLabels(ds),
+				Annotations: map[string]string{templateHashAnnotation: hash},
+			},
+			Spec: appsv1.DeploymentSpec{
+				Replicas: ptr.To[int32](1),
+				Selector: &metav1.LabelSelector{MatchLabels: claimServerSelector(ds)},
+				// A claim that only one node may attach (ReadWriteOnce) cannot be held by an
+				// old and a new pod on different nodes at once.
+				Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
+				Template: template,
+			},
+		}
+		created, p, err := r.createOwned(ctx, ds, deploy, "Deployment")
+		if p != nil || err != nil {
+			return nil, p, err
+		}
+		if created {
+			r.Recorder.Eventf(ds, corev1.EventTypeNormal, "ClaimServerCreated",
+				"created Deployment %s to serve PersistentVolumeClaim %s to Strata's workers", name, claimOf(ds))
+			return deploy, nil, nil
+		}
+	case err != nil:
+		return nil, nil, fmt.Errorf("reading Deployment %s/%s: %w", ds.Namespace, name, err)
+	default:
+		if p := owned(ds, deploy, "Deployment"); p != nil {
+			return nil, p, nil
+		}
+	}
+	if deploy.Annotations[templateHashAnnotation] == hash {
+		return deploy, nil, nil
+	}
+	patch := client.MergeFrom(deploy.DeepCopy())
+	metav1.SetMetaDataAnnotation(&deploy.ObjectMeta, templateHashAnnotation, hash)
+	deploy.Spec.Template = template
+	if err := r.Client.Patch(ctx, deploy, patch); err != nil {
+		return nil, nil, fmt.Errorf("updating Deployment %s/%s: %w", ds.Namespace, name, err)
+	}
+	return deploy, nil, nil
+}
+
+func templateHash(t corev1.PodTemplateSpec) (string, error) {
+	raw, err := json.Marshal(t)
+	if err != nil {
+		return "", fmt.Errorf("hashing a pod template: %w", err)
+	}
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+// claimServerPod runs `worker serve-claim` over the claim, mounted read-only. It runs as root
+// with DAC_OVERRIDE alone, so that it reads files whoever wrote them (the capability is one
+// the baseline Pod Security level allows), with nothing else: no privilege escalation, a
+// read-only root file system, no service account token.
+func (r *DatasetReconciler) claimServerPod(ds *datav1alpha1.Dataset, name string) corev1.PodTemplateSpec {
+	claim, subPath := claimAndPath(ds.Spec.Source.URI)
+	labels := claimServerLabels(ds)
+	for k, v := range claimServerSelector(ds) {
+		labels[k] = v
+	}
+	return corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: labels},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: ptr.To(false),
+			EnableServiceLinks:           ptr.To(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:            "claim-server",
+				Image:           r.WorkerImage.Image,
+				ImagePullPolicy: r.WorkerImage.ImagePullPolicy,
+				Args: []string{"serve-claim", "--claim=" + claimMountPath, "--path=" + subPath,
+					"--token-file=" + claimTokenDir + "/" + claimTokenKey},
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: understore.ClaimServerPort, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+					Path: "/healthz", Port: intstr.FromString("http"),
+				}}, PeriodSeconds: 5},
+				// Why the server could not start (the folder is not in the claim) becomes the
+				// pod's termination message, which the Dataset's condition repeats.
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+				SecurityContext: &corev1.SecurityContext{
+					RunAsUser:                ptr.To[int64](0),
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities: &corev1.Capabilities{
+						Drop: []corev1.Capability{"ALL"},
+						Add:  []corev1.Capability{"DAC_OVERRIDE"},
+					},
+				},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+				},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "claim", MountPath: claimMountPath, ReadOnly: true},
+					{Name: "token", MountPath: claimTokenDir, ReadOnly: true},
+				},
+			}},
+			Volumes: []corev1.Volume{
+				{Name: "claim", VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true},
+				}},
+				{Name: "token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: name, Items: []corev1.KeyToPath{{Key: claimTokenKey, Path: claimTokenKey}},
+				}}},
+			},
+		},
+	}
+}
+
+// claimServerPodState says why a claim server is not ready, as its pod shows it: unschedulable,
+// waiting to start, or failing with the message it exited with.
+func (r *DatasetReconciler) claimServerPodState(ctx context.Context, ds *datav1alpha1.Dataset) (string, error) {
+	ns := ds.Namespace
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels(claimServerSelector(ds))); err != nil {
+		return "", fmt.Errorf("listing the pods of claim server %s/%s: %w", ns, claimServerName(ds), err)
+	}
+	for _, pod := range pods.Items {
+		if pod.DeletionTimestamp != nil {
+			continue
+		}
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+				return fmt.Sprintf("pod %s cannot be scheduled: %s", pod.Name, c.Message), nil
+			}
+		}
+		for _, cs := range pod.Status.ContainerStatuses {
+			if t := cs.LastTerminationState.Terminated; t != nil && t.Message != "" {
+				return fmt.Sprintf("pod %s exited (%d restarts): %s", pod.Name, cs.RestartCount, strings.TrimSpace(t.Message)), nil
+			}
+			if w := cs.State.Waiting; w != nil {
+				return fmt.Sprintf("pod %s is waiting: %s %s", pod.Name, w.Reason, w.Message), nil
+			}
+		}
+		return fmt.Sprintf("pod %s is %s; see `kubectl -n %s describe pod %s`", pod.Name, pod.Status.Phase, ns, pod.Name), nil
+	}
+	return "its pod does not exist yet", nil
+}
