@@ -198,7 +198,10 @@ chart-crds: manifests ## Copy the generated CRDs into the chart.
 	mkdir -p charts/strata/crds && cp config/crd/bases/*.yaml charts/strata/crds/
 
 .PHONY: deploy
-deploy: chart-crds $(HELM) kind-load ## Install or upgrade Strata in the Kind cluster with Helm.
+deploy: chart-crds $(HELM) $(KUBECTL) kind-load ## Install or upgrade Strata in the Kind cluster with Helm.
+	@# Helm installs a chart's CRDs once and never upgrades them: apply them first, so that an
+	@# upgraded operator finds the fields it writes (the API server drops unknown ones).
+	$(KUBECTL) --context $(KUBE_CONTEXT) apply --server-side --force-conflicts -f charts/strata/crds/
 	$(HELM) upgrade --install strata charts/strata --kube-context $(KUBE_CONTEXT) \
 		--namespace $(STRATA_NAMESPACE) --create-namespace --set image.tag=$(VERSION) --wait --timeout 5m
 

@@ -7,6 +7,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/types"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -466,6 +467,86 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(cond.Message).To(ContainSubstring("a Service " + namespace + "/taken-claim-server that this Dataset does not own is in the way"))
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "taken-claim-server"}, &appsv1.Deployment{})).
 			To(Satisfy(apierrors.IsNotFound), "nothing runs behind a Service that is not Strata's")
+	})
+
+	It("steers a new pod that mounts Datasets to the nodes holding them, and leaves other pods alone", func() {
+		createPool()
+		createCredentials(miniotest.SecretKey)
+		images, labels := s3Dataset("images"), s3Dataset("labels")
+		for _, ds := range []*datav1alpha1.Dataset{images, labels} {
+			Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+			readyCondition(ds, ReasonNoCSIDriver) // its claim exists
+		}
+		// What the operator copies from the master's usage, which envtest has not.
+		setNodes := func(ds *datav1alpha1.Dataset, nodes ...datav1alpha1.NodeUsage) {
+			Eventually(func(g Gomega) {
+				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+				ds.Status.Nodes = nodes
+				g.Expect(k8sClient.Status().Update(ctx, ds)).To(Succeed())
+			}).Should(Succeed())
+		}
+		setNodes(images, datav1alpha1.NodeUsage{Node: "node-b", Bytes: 3000}, datav1alpha1.NodeUsage{Node: "node-a", Bytes: 1000})
+		setNodes(labels, datav1alpha1.NodeUsage{Node: "node-a", Bytes: 500}, datav1alpha1.NodeUsage{Node: "node-c", Bytes: 10})
+		Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "scratch", Namespace: namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		})).To(Succeed())
+		pod := func(name string, claims ...string) *corev1.Pod {
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+				Spec: corev1.PodSpec{
+					Containers: []corev1.Container{{Name: "train", Image: "trainer"}},
+					Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{
+						Weight: 10, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+							{Key: "gpu", Operator: corev1.NodeSelectorOpExists}}},
+					}}}},
+				},
+			}
+			for _, c := range claims {
+				p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: c, VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: c, ReadOnly: true}}})
+			}
+			return p
+		}
+		term := func(node string, weight int32) corev1.PreferredSchedulingTerm {
+			return corev1.PreferredSchedulingTerm{Weight: weight, Preference: corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}
+		}
+
+		// The webhook reads Datasets from the operator's cache, which follows a status update
+		// shortly: a pod is created until the webhook saw the update.
+		admitted := func(want types.GomegaMatcher, p *corev1.Pod) *corev1.Pod {
+			var created *corev1.Pod
+			Eventually(func(g Gomega) {
+				created = p.DeepCopy()
+				created.GenerateName = p.Name + "-"
+				created.Name = ""
+				g.Expect(k8sClient.Create(ctx, created)).To(Succeed())
+				g.Expect(created.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution).To(want)
+			}).Should(Succeed())
+			return created
+		}
+		own := pod("", "").Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0]
+
+		By("weighting each node by the bytes of the pod's Datasets it holds, after the pod's own preferences")
+		trainer := admitted(HaveExactElements(own, term("node-b", 100), term("node-a", 50), term("node-c", 1)),
+			pod("trainer", "images", "labels", "scratch"))
+		Expect(trainer.Annotations).To(HaveKeyWithValue("data.strata.dev/preferred-nodes", "node-b=100,node-a=50,node-c=1"))
+
+		By("leaving alone a pod that mounts no Dataset, and one that names its node")
+		plain := admitted(HaveExactElements(own), pod("plain", "scratch"))
+		Expect(plain.Annotations).NotTo(HaveKey("data.strata.dev/preferred-nodes"))
+		pinned := pod("pinned", "images")
+		pinned.Spec.NodeName = "node-a"
+		admitted(HaveExactElements(own), pinned)
+
+		By("leaving alone a pod whose Datasets no node holds yet")
+		setNodes(images)
+		setNodes(labels)
+		admitted(HaveExactElements(own), pod("cold", "images", "labels"))
 	})
 })
 

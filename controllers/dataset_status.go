@@ -67,4 +67,11 @@ func setUsage(ds *datav1alpha1.Dataset, usage *masterpb.DatasetUsage) {
 	for _, t := range usage.GetTiers() {
 		ds.Status.Tiers = append(ds.Status.Tiers, datav1alpha1.TierUsage{Tier: t.GetTier(), Bytes: t.GetUsedBytes()})
 	}
+	ds.Status.Nodes = nil
+	for _, n := range usage.GetNodes() {
+		if len(ds.Status.Nodes) == datav1alpha1.MaxStatusNodes {
+			break
+		}
+		ds.Status.Nodes = append(ds.Status.Nodes, datav1alpha1.NodeUsage{Node: n.GetNode(), Bytes: n.GetCachedBytes()})
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -21,9 +22,12 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/internal/miniotest"
 )
 
@@ -95,6 +99,9 @@ var _ = BeforeSuite(func() {
 	testEnv = &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
+		// The API server calls the manager's webhook server for the configuration of
+		// config/webhook, over TLS with certificates envtest makes.
+		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: []string{filepath.Join("..", "config", "webhook")}},
 	}
 	cfg, err := testEnv.Start()
 	Expect(err).NotTo(HaveOccurred(), "starting envtest: is KUBEBUILDER_ASSETS set? run the tests with `make test`")
@@ -107,11 +114,18 @@ var _ = BeforeSuite(func() {
 
 	Expect(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testMasterSpec.Namespace}})).To(Succeed())
 
+	hooks := testEnv.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host: hooks.LocalServingHost, Port: hooks.LocalServingPort, CertDir: hooks.LocalServingCertDir,
+		}),
 	})
 	Expect(err).NotTo(HaveOccurred())
+	hinter, err := scheduling.NewHinter(mgr.GetClient(), admission.NewDecoder(scheme), prometheus.NewRegistry())
+	Expect(err).NotTo(HaveOccurred())
+	mgr.GetWebhookServer().Register(scheduling.Path, &webhook.Admission{Handler: hinter})
 	Expect((&TierPoolReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor("strata-operator"),

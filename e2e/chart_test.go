@@ -7,6 +7,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -68,6 +69,8 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 			"ClusterRoles":        &rbacv1.ClusterRoleList{},
 			"ClusterRoleBindings": &rbacv1.ClusterRoleBindingList{},
 			"PriorityClasses":     &schedulingv1.PriorityClassList{},
+			"Secrets":             &corev1.SecretList{},
+			"MutatingWebhooks":    &admissionregistrationv1.MutatingWebhookConfigurationList{},
 		} {
 			Expect(k8sClient.List(ctx, list, released, inRelease)).To(Succeed(), "listing %s", name)
 			Expect(list).To(HaveField("Items", BeEmpty()), "%s of the release are left after helm uninstall", name)

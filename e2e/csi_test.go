@@ -178,6 +178,38 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		Expect(sumClaim(ctx, namespace, nodes[1], "from-claim")).To(Equal(contents(written)))
 	})
 
+	It("steers a pod that mounts a Dataset to the node that holds it", func(ctx SpecContext) {
+		By("caching a second Dataset of the same objects on " + nodes[1] + " alone")
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "hinted", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source: &datav1alpha1.DatasetSource{
+					URI: "s3://" + bucket + "/" + namespace + "/small/", Endpoint: minioEndpoint,
+					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
+				},
+				TierPoolName: pool,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset hinted to be Ready")
+		Expect(sumClaim(ctx, namespace, nodes[1], "hinted")).To(HaveLen(1000))
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			g.Expect(ds.Status.Nodes).To(HaveExactElements(HaveField("Node", nodes[1])))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the Dataset's status to say which node holds it")
+
+		By("creating a pod that names no node: the operator's webhook makes it prefer " + nodes[1])
+		reader := claimPod(namespace, "", "hinted", "sum", "--summary", "/data")
+		runPod(ctx, reader)
+		Expect(reader.Annotations).To(HaveKeyWithValue("data.strata.dev/preferred-nodes", nodes[1]+"=100"))
+		Expect(reader.Spec.NodeName).To(Equal(nodes[1]), "the scheduler placed the pod away from the node that holds its data")
+	})
+
 	// readWhile streams the large file through the claim on node while disrupt upsets the
 	// node's Strata (and waits for it to recover); the read must complete with the right
 	// bytes, and a new pod must mount the Dataset afterwards.

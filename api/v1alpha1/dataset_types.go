@@ -112,6 +112,17 @@ type TierUsage struct {
 	Bytes int64 `json:"bytes"`
 }
 
+// NodeUsage is how much of a Dataset the workers of one node hold.
+type NodeUsage struct {
+	// Node is the node's name.
+	Node string `json:"node"`
+	// Bytes of the Dataset's blocks held on the node.
+	Bytes int64 `json:"bytes"`
+}
+
+// MaxStatusNodes is how many nodes a Dataset's status lists.
+const MaxStatusNodes = 16
+
 // DatasetStatus is the observed state of a Dataset.
 type DatasetStatus struct {
 	// Phase summarises the conditions for kubectl get.
@@ -153,6 +164,14 @@ type DatasetStatus struct {
 	// +listType=map
 	// +listMapKey=tier
 	Tiers []TierUsage `json:"tiers,omitempty"`
+
+	// Nodes are the nodes that hold the most of the Dataset, most first (at most
+	// MaxStatusNodes): pods that mount the Dataset are steered to them.
+	// +optional
+	// +listType=map
+	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=16
+	Nodes []NodeUsage `json:"nodes,omitempty"`
 
 	// CheckpointedBytes is how much of an output Dataset is durable in its under-store.
 	// +optional

@@ -24,10 +24,14 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/controllers"
+	"github.com/strata-cache/strata/controllers/scheduling"
 	masterclient "github.com/strata-cache/strata/master/client"
 )
 
@@ -54,6 +58,9 @@ type options struct {
 	master          masterOptions
 	worker          workerOptions
 	nodeLossGrace   time.Duration
+	// webhookCertDir holds the Dataset locality webhook's certificate; empty serves none.
+	webhookCertDir string
+	webhookPort    int
 }
 
 // workerOptions describe the workers' DaemonSets, one per TierPool; the chart's worker.* values
@@ -103,6 +110,9 @@ func main() {
 		"Image of the cache worker; empty means the operator deploys no worker.")
 	flag.StringVar(&opts.worker.pullPolicy, "worker-image-pull-policy", string(corev1.PullIfNotPresent),
 		"Pull policy of the worker image: Always, IfNotPresent or Never.")
+	flag.StringVar(&opts.webhookCertDir, "webhook-cert-dir", "",
+		"Folder with tls.crt and tls.key for the Dataset locality webhook; empty serves no webhook.")
+	flag.IntVar(&opts.webhookPort, "webhook-port", 9443, "Port the Dataset locality webhook serves on.")
 	flag.DurationVar(&opts.nodeLossGrace, "node-loss-grace", controllers.DefaultNodeLossGrace,
 		"How long a Node must be NotReady before the master declares its workers lost.")
 	opts.zap.BindFlags(flag.CommandLine)
@@ -154,6 +164,7 @@ func run(opts options) error {
 			&corev1.Pod{}:        {Label: claimServers},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: opts.metricsAddr},
+		WebhookServer:           webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir}),
 		HealthProbeBindAddress:  opts.probeAddr,
 		LeaderElection:          opts.leaderElect,
 		LeaderElectionID:        leaderElectionID,
@@ -223,6 +234,14 @@ func run(opts options) error {
 		return fmt.Errorf("setting up the Dataset controller: %w", err)
 	}
 
+	if opts.webhookCertDir != "" {
+		// Served by every replica, leader or not: the API server may call any of them.
+		hinter, err := scheduling.NewHinter(mgr.GetClient(), admission.NewDecoder(scheme), crmetrics.Registry)
+		if err != nil {
+			return err
+		}
+		mgr.GetWebhookServer().Register(scheduling.Path, &webhook.Admission{Handler: hinter})
+	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
 	}

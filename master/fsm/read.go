@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -147,7 +148,20 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 	}
 	usage := &masterpb.DatasetUsage{Name: name}
 	perTier := map[string]int64{}
+	perNode := map[string]int64{}
 	err = f.db.View(func(txn *badger.Txn) error {
+		nodes := map[string]string{} // of the workers met so far
+		nodeOf := func(worker string) (string, error) {
+			if node, ok := nodes[worker]; ok {
+				return node, nil
+			}
+			w, _, err := getWorker(txn, worker)
+			if err != nil {
+				return "", err
+			}
+			nodes[worker] = w.GetNode()
+			return nodes[worker], nil
+		}
 		opts := badger.DefaultIteratorOptions
 		opts.Prefix = dirPrefix(ds.Root)
 		it := txn.NewIterator(opts)
@@ -164,10 +178,20 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 					return err
 				}
 				live := false
+				counted := map[string]bool{} // the nodes this block was counted on
 				for _, l := range b.Locations {
-					if !l.Lost {
-						live = true
-						perTier[l.Tier] += b.Size
+					if l.Lost {
+						continue
+					}
+					live = true
+					perTier[l.Tier] += b.Size
+					node, err := nodeOf(l.Worker)
+					if err != nil {
+						return err
+					}
+					if node != "" && !counted[node] {
+						counted[node] = true
+						perNode[node] += b.Size
 					}
 				}
 				if live {
@@ -183,6 +207,15 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 	for _, tier := range slices.Sorted(maps.Keys(perTier)) {
 		usage.Tiers = append(usage.Tiers, &masterpb.TierUsage{Tier: tier, UsedBytes: perTier[tier]})
 	}
+	for node, bytes := range perNode {
+		usage.Nodes = append(usage.Nodes, &masterpb.NodeUsage{Node: node, CachedBytes: bytes})
+	}
+	slices.SortFunc(usage.Nodes, func(a, b *masterpb.NodeUsage) int {
+		if c := cmp.Compare(b.CachedBytes, a.CachedBytes); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Node, b.Node)
+	})
 	return usage, nil
 }
 

@@ -35,12 +35,18 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 		And(HaveField("Tier", "mem"), HaveField("UsedBytes", BeEquivalentTo(300))),
 		And(HaveField("Tier", "nvme"), HaveField("UsedBytes", BeEquivalentTo(100))),
 	))
+	g.Expect(usage.Nodes).To(HaveExactElements(
+		And(HaveField("Node", "node-a"), HaveField("CachedBytes", BeEquivalentTo(200))),
+		And(HaveField("Node", "node-b"), HaveField("CachedBytes", BeEquivalentTo(200))),
+	), "each node counts the blocks it holds, most first, then by name")
 
 	// Worker a is lost: block 1 still has b's copy; block 3 has none left.
 	h.must(lost("a", 100))
 	usage, err = h.fsm.DatasetUsage("ns/d/uid")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CachedBytes).To(BeEquivalentTo(200))
+	g.Expect(usage.Nodes).To(HaveExactElements(And(HaveField("Node", "node-b"), HaveField("CachedBytes", BeEquivalentTo(200)))),
+		"a lost worker's node holds nothing")
 	g.Expect(usage.Tiers).To(HaveExactElements(
 		And(HaveField("Tier", "mem"), HaveField("UsedBytes", BeEquivalentTo(100))),
 		And(HaveField("Tier", "nvme"), HaveField("UsedBytes", BeEquivalentTo(100))),

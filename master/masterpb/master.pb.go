@@ -1853,7 +1853,10 @@ type DatasetUsage struct {
 	CachedBytes int64 `protobuf:"varint,3,opt,name=cached_bytes,json=cachedBytes,proto3" json:"cached_bytes,omitempty"`
 	// tiers holds the bytes of live copies in each tier (used_bytes; a block with two copies
 	// counts twice), ordered by tier name.
-	Tiers         []*TierUsage `protobuf:"bytes,4,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	Tiers []*TierUsage `protobuf:"bytes,4,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// nodes holds the bytes of blocks with a live copy on each node (a block counts once per
+	// node), most bytes first: where pods that read the dataset had best run.
+	Nodes         []*NodeUsage `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1916,6 +1919,65 @@ func (x *DatasetUsage) GetTiers() []*TierUsage {
 	return nil
 }
 
+func (x *DatasetUsage) GetNodes() []*NodeUsage {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type NodeUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	CachedBytes   int64                  `protobuf:"varint,2,opt,name=cached_bytes,json=cachedBytes,proto3" json:"cached_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeUsage) Reset() {
+	*x = NodeUsage{}
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeUsage) ProtoMessage() {}
+
+func (x *NodeUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
+func (*NodeUsage) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *NodeUsage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeUsage) GetCachedBytes() int64 {
+	if x != nil {
+		return x.CachedBytes
+	}
+	return 0
+}
+
 type CommitBlockRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	BlockId       uint64                 `protobuf:"varint,1,opt,name=block_id,json=blockId,proto3" json:"block_id,omitempty"`
@@ -1931,7 +1993,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2005,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2018,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -2018,7 +2080,7 @@ type RemoveBlockCopyRequest struct {
 
 func (x *RemoveBlockCopyRequest) Reset() {
 	*x = RemoveBlockCopyRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2092,7 @@ func (x *RemoveBlockCopyRequest) String() string {
 func (*RemoveBlockCopyRequest) ProtoMessage() {}
 
 func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2105,7 @@ func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
@@ -2073,7 +2135,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2147,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2160,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -2131,7 +2193,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2205,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2218,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2178,7 +2240,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2252,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2265,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -2244,7 +2306,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2318,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2331,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -2295,7 +2357,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2369,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2382,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -2340,7 +2402,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2352,7 +2414,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2365,7 +2427,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -2396,7 +2458,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2470,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2483,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2461,7 +2523,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2535,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2548,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -2505,7 +2567,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2517,7 +2579,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2530,7 +2592,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -2551,7 +2613,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2625,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2638,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -2608,7 +2670,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2620,7 +2682,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2633,7 +2695,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 type LeaderRequest struct {
@@ -2644,7 +2706,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +2718,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +2731,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 type LeaderResponse struct {
@@ -2691,7 +2753,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +2765,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +2778,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -2815,7 +2877,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2827,7 +2889,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2840,7 +2902,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -3091,7 +3153,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3165,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3116,7 +3178,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -3143,7 +3205,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3155,7 +3217,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3168,7 +3230,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3198,7 +3260,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3272,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3285,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3257,7 +3319,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3269,7 +3331,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3282,7 +3344,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3308,7 +3370,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3320,7 +3382,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3333,7 +3395,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3352,7 +3414,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3426,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3439,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -3512,12 +3574,16 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"G\n" +
 	"\x16GetDatasetUsageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
-	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\x8e\x01\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\xc1\x01\n" +
 	"\fDatasetUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x04R\x05files\x12!\n" +
 	"\fcached_bytes\x18\x03 \x01(\x03R\vcachedBytes\x121\n" +
-	"\x05tiers\x18\x04 \x03(\v2\x1b.strata.master.v1.TierUsageR\x05tiers\"\xb7\x01\n" +
+	"\x05tiers\x18\x04 \x03(\v2\x1b.strata.master.v1.TierUsageR\x05tiers\x121\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x1b.strata.master.v1.NodeUsageR\x05nodes\"B\n" +
+	"\tNodeUsage\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
+	"\fcached_bytes\x18\x02 \x01(\x03R\vcachedBytes\"\xb7\x01\n" +
 	"\x12CommitBlockRequest\x12\x19\n" +
 	"\bblock_id\x18\x01 \x01(\x04R\ablockId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
@@ -3668,7 +3734,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -3700,28 +3766,29 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*DeleteDatasetResponse)(nil),     // 27: strata.master.v1.DeleteDatasetResponse
 	(*GetDatasetUsageRequest)(nil),    // 28: strata.master.v1.GetDatasetUsageRequest
 	(*DatasetUsage)(nil),              // 29: strata.master.v1.DatasetUsage
-	(*CommitBlockRequest)(nil),        // 30: strata.master.v1.CommitBlockRequest
-	(*RemoveBlockCopyRequest)(nil),    // 31: strata.master.v1.RemoveBlockCopyRequest
-	(*GetBlockLocationsRequest)(nil),  // 32: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 33: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 34: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 35: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 36: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 37: strata.master.v1.MarkWorkerLostRequest
-	(*MarkWorkerLostResponse)(nil),    // 38: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 39: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 40: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 41: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 42: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 43: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 44: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 45: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 46: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 47: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 48: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 49: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 50: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 51: strata.master.v1.RemovePeer
+	(*NodeUsage)(nil),                 // 30: strata.master.v1.NodeUsage
+	(*CommitBlockRequest)(nil),        // 31: strata.master.v1.CommitBlockRequest
+	(*RemoveBlockCopyRequest)(nil),    // 32: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 33: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 34: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 35: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 36: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 37: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 38: strata.master.v1.MarkWorkerLostRequest
+	(*MarkWorkerLostResponse)(nil),    // 39: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 40: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 41: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 42: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 43: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 44: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 45: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 46: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 47: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 48: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 49: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 50: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 51: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 52: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	0,  // 0: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
@@ -3734,75 +3801,76 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	20, // 7: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
 	0,  // 8: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
 	9,  // 9: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
-	8,  // 10: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
-	9,  // 11: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
-	9,  // 12: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
-	2,  // 13: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
-	10, // 14: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
-	11, // 15: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
-	12, // 16: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
-	16, // 17: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
-	17, // 18: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
-	24, // 19: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	46, // 20: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	30, // 21: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	34, // 22: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	35, // 23: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	48, // 24: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
-	22, // 25: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
-	23, // 26: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	50, // 27: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	51, // 28: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	31, // 29: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
-	38, // 30: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	11, // 31: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	12, // 32: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	13, // 33: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	14, // 34: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	16, // 35: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	17, // 36: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	19, // 37: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	22, // 38: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	23, // 39: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	24, // 40: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	25, // 41: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	26, // 42: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	28, // 43: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	30, // 44: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	32, // 45: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	31, // 46: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	34, // 47: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	35, // 48: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	37, // 49: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	39, // 50: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	41, // 51: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	43, // 52: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	5,  // 53: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	5,  // 54: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	15, // 55: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	5,  // 56: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	18, // 57: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	21, // 58: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	5,  // 59: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	5,  // 60: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 61: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 62: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	27, // 63: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	29, // 64: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	8,  // 65: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	33, // 66: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	8,  // 67: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	10, // 68: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	36, // 69: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	38, // 70: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	40, // 71: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	42, // 72: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	44, // 73: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	53, // [53:74] is the sub-list for method output_type
-	32, // [32:53] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	30, // 10: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
+	8,  // 11: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
+	9,  // 12: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
+	9,  // 13: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
+	2,  // 14: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
+	10, // 15: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
+	11, // 16: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
+	12, // 17: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
+	16, // 18: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
+	17, // 19: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
+	24, // 20: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
+	47, // 21: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	31, // 22: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	35, // 23: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	36, // 24: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	49, // 25: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	22, // 26: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
+	23, // 27: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
+	51, // 28: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	52, // 29: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	32, // 30: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	39, // 31: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	11, // 32: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	12, // 33: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	13, // 34: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	14, // 35: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	16, // 36: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	17, // 37: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	19, // 38: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	22, // 39: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	23, // 40: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	24, // 41: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	25, // 42: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	26, // 43: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	28, // 44: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	31, // 45: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	33, // 46: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	32, // 47: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	35, // 48: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	36, // 49: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	38, // 50: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	40, // 51: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	42, // 52: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	44, // 53: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	5,  // 54: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	5,  // 55: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	15, // 56: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	5,  // 57: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	18, // 58: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	21, // 59: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	5,  // 60: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	5,  // 61: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 62: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 63: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	27, // 64: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	29, // 65: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 66: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	34, // 67: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	8,  // 68: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	10, // 69: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	37, // 70: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	39, // 71: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	41, // 72: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	43, // 73: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	45, // 74: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	54, // [54:75] is the sub-list for method output_type
+	33, // [33:54] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -3810,7 +3878,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[42].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[43].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -3832,7 +3900,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   49,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
