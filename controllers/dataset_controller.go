@@ -54,6 +54,7 @@ const (
 	ReasonTierPoolNotFound     = "TierPoolNotFound"
 	ReasonFileSourceNotAllowed = "FileSourceNotAllowed"
 	ReasonCachePolicyNotFound  = "CachePolicyNotFound"
+	ReasonCachePolicyInvalid   = "CachePolicyInvalid"
 	ReasonLineageNotFound      = "LineageNotFound"
 	ReasonLineageMismatch      = "NotALineageOutput"
 	ReasonSourceValid          = "SourceValid"
@@ -215,9 +216,13 @@ func (r *DatasetReconciler) checkReferences(ctx context.Context, ds *datav1alpha
 		return nil, nil, fmt.Errorf("reading TierPool %s: %w", ds.Spec.TierPoolName, err)
 	}
 	if name := ds.Spec.CachePolicyName; name != "" {
-		if found, err := r.exists(ctx, &datav1alpha1.CachePolicy{}, ds.Namespace, name); err != nil || !found {
+		cp := &datav1alpha1.CachePolicy{}
+		if found, err := r.exists(ctx, cp, ds.Namespace, name); err != nil || !found {
 			return pool, &problem{ReasonCachePolicyNotFound, fmt.Sprintf(
 				"CachePolicy %q does not exist in namespace %s: create it, or remove spec.cachePolicyName to use the defaults", name, ds.Namespace)}, err
+		}
+		if why := pinnedPathsProblem(cp.Spec.PinnedPaths); why != "" {
+			return pool, &problem{ReasonCachePolicyInvalid, fmt.Sprintf("CachePolicy %q: %s: fix the pattern", name, why)}, nil
 		}
 	}
 	var p *problem

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -71,8 +72,12 @@ func (r *WorkerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	policies, err := r.policiesFile(ctx, pool)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	// The ConfigMap first: the pods of a new DaemonSet mount it.
-	wantConfigMap := r.Spec.configMap(pool, tiers)
+	wantConfigMap := r.Spec.configMap(pool, tiers, policies)
 	if err := r.apply(ctx, pool, "ConfigMap", &corev1.ConfigMap{ObjectMeta: keyOnly(wantConfigMap.ObjectMeta)}, func(obj client.Object) {
 		mutateConfigMap(obj.(*corev1.ConfigMap), wantConfigMap)
 	}); err != nil {
@@ -168,5 +173,10 @@ func (r *WorkerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.DaemonSet{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Owns(&corev1.ConfigMap{}).
+		// The pool's policies file follows its Datasets and their CachePolicies.
+		Watches(&datav1alpha1.Dataset{}, handler.EnqueueRequestsFromMapFunc(poolOfDataset),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }

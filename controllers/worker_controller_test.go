@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/policy"
 )
 
 // testWorkerSpec is what the suite's operator deploys as the workers of every pool.
@@ -64,6 +66,60 @@ var _ = Describe("The worker reconciler", func() {
 			g.Expect(tiers[1].Paths).To(Equal([]string{"/mnt/strata/nvme0", "/mnt/strata/nvme1"}))
 			g.Expect(tiers[1].Watermarks).To(Equal(datav1alpha1.Watermarks{High: 0.95, Low: 0.8}))
 		}).Should(Succeed(), "awaiting ConfigMap %s with the pool's two tiers", key)
+	})
+
+	It("keeps the CachePolicies of the pool's Datasets in its policies file, live, without rolling the workers", func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "policies-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		cp := &datav1alpha1.CachePolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "pins", Namespace: ns.Name},
+			Spec:       datav1alpha1.CachePolicySpec{PinnedPaths: []string{"labels/**"}},
+		}
+		Expect(k8sClient.Create(ctx, cp)).To(Succeed())
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "pinned", Namespace: ns.Name},
+			Spec: datav1alpha1.DatasetSpec{
+				Source:       &datav1alpha1.DatasetSource{URI: "s3://bucket/prefix/"},
+				TierPoolName: pool.Name, CachePolicyName: "pins",
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		master := datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID))
+		policies := func(g Gomega) *policy.Set {
+			set, err := policy.Parse([]byte(getConfigMap(g).Data[policy.FileName]))
+			g.Expect(err).NotTo(HaveOccurred(), "what cmd/worker does with the file")
+			return set
+		}
+		Eventually(func(g Gomega) {
+			set := policies(g)
+			g.Expect(set.Pinned(master, "labels/2024/a.txt")).To(BeTrue())
+			g.Expect(set.Pinned(master, "images/a.jpg")).To(BeFalse())
+		}).Should(Succeed(), "waiting for the pool's policies file to pin labels/**")
+		rolled := getDaemonSet(Default)
+		Expect(rolled.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--policies=/etc/strata/" + policy.FileName))
+
+		By("following a change of the CachePolicy")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
+		cp.Spec.PinnedPaths = []string{"images/*.jpg"}
+		Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		Eventually(func(g Gomega) {
+			set := policies(g)
+			g.Expect(set.Pinned(master, "images/a.jpg")).To(BeTrue())
+			g.Expect(set.Pinned(master, "labels/2024/a.txt")).To(BeFalse())
+		}).Should(Succeed(), "waiting for the pool's policies file to follow the CachePolicy")
+		Expect(getDaemonSet(Default).Spec.Template).To(Equal(rolled.Spec.Template), "the workers apply policies live: their pods are not rolled")
+
+		By("leaving out a Dataset whose CachePolicy has a bad pattern, which the Dataset's status names")
+		cp.Spec.PinnedPaths = []string{"images/[a-"}
+		Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(policies(g).Datasets()).To(BeZero())
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(ReasonCachePolicyInvalid))
+			g.Expect(c.Message).To(ContainSubstring(`spec.pinnedPaths[0]: pinned path "images/[a-"`))
+		}).Should(Succeed())
 	})
 
 	It("runs the workers as a DaemonSet on the pool's nodes, owned by the pool", func() {
@@ -118,6 +174,7 @@ var _ = Describe("The worker reconciler", func() {
 				"--node-name=$(NODE_NAME)",
 				"--master=" + strings.Join(testMasterSpec.Addresses(), ","),
 				"--tiers=/etc/strata/tiers.yaml",
+				"--policies=/etc/strata/policies.json",
 				"--index-dir=/var/lib/strata-worker/index",
 				"--data-addr=:7100",
 				"--advertise-addr=$(POD_IP):7100",

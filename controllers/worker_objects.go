@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/internal/fdstore"
 )
 
@@ -131,11 +132,12 @@ func tiersFile(pool *datav1alpha1.TierPool) (string, error) {
 	return string(raw), nil
 }
 
-// configMap holds the pool's tiers file.
-func (s WorkerSpec) configMap(pool *datav1alpha1.TierPool, tiers string) *corev1.ConfigMap {
+// configMap holds the pool's tiers file and its policies file. Only the tiers are hashed into
+// the pods' template: the workers apply policies live.
+func (s WorkerSpec) configMap(pool *datav1alpha1.TierPool, tiers, policies string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{
 		ObjectMeta: s.objectMeta(pool.Name),
-		Data:       map[string]string{WorkerTiersKey: tiers},
+		Data:       map[string]string{WorkerTiersKey: tiers, policy.FileName: policies},
 	}
 }
 
@@ -159,6 +161,7 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 	}
 	args = append(args,
 		"--tiers="+workerConfigDir+"/"+WorkerTiersKey,
+		"--policies="+workerConfigDir+"/"+policy.FileName,
 		"--index-dir="+workerIndexDir,
 		fmt.Sprintf("--data-addr=:%d", WorkerDataPort),
 		fmt.Sprintf("--advertise-addr=$(POD_IP):%d", WorkerDataPort),

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -208,6 +209,59 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		runPod(ctx, reader)
 		Expect(reader.Annotations).To(HaveKeyWithValue("data.strata.dev/preferred-nodes", nodes[1]+"=100"))
 		Expect(reader.Spec.NodeName).To(Equal(nodes[1]), "the scheduler placed the pod away from the node that holds its data")
+	})
+
+	It("pins the paths a Dataset's CachePolicy names in its workers' tiers, and follows a change of them live", func(ctx SpecContext) {
+		policy := &datav1alpha1.CachePolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "pin-first", Namespace: namespace},
+			Spec:       datav1alpha1.CachePolicySpec{PinnedPaths: []string{"000/**"}},
+		}
+		Expect(k8sClient.Create(ctx, policy)).To(Succeed())
+		ds := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "pinned", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source: &datav1alpha1.DatasetSource{
+					URI: "s3://" + bucket + "/" + namespace + "/small/", Endpoint: minioEndpoint,
+					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
+				},
+				TierPoolName: pool, CachePolicyName: policy.Name,
+			},
+		}
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset pinned to be Ready")
+
+		By("reading the Dataset on " + nodes[0] + ": the blocks of its 100 files under 000/ are pinned there")
+		Expect(sumClaim(ctx, namespace, nodes[0], "pinned")).To(HaveLen(1000))
+		pinnedBlocks := func(g Gomega) int {
+			worker := workerPod(ctx, pool, nodes[0])
+			g.Expect(worker).NotTo(BeNil())
+			raw, err := clientset.CoreV1().Pods(strataNamespace).ProxyGet("http", worker.Name, "8080", "/metrics", nil).DoRaw(ctx)
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, line := range strings.Split(string(raw), "\n") {
+				if strings.HasPrefix(line, "strata_worker_tier_pinned_blocks{") && strings.Contains(line, `tier="mem"`) {
+					n, err := strconv.Atoi(line[strings.LastIndex(line, " ")+1:])
+					g.Expect(err).NotTo(HaveOccurred())
+					return n
+				}
+			}
+			g.Expect(string(raw)).To(ContainSubstring("strata_worker_tier_pinned_blocks"))
+			return -1
+		}
+		// The kubelet refreshes the workers' ConfigMap within a minute or so.
+		Eventually(pinnedBlocks).WithContext(ctx).WithTimeout(3*minute).Should(Equal(100), "waiting for the worker to pin the blocks of 000/**")
+
+		By("pinning 001/ too: the worker pins the blocks it already holds, its pod untouched")
+		before := workerPod(ctx, pool, nodes[0])
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(policy), policy)).To(Succeed())
+		policy.Spec.PinnedPaths = []string{"000/**", "001/*.txt"}
+		Expect(k8sClient.Update(ctx, policy)).To(Succeed())
+		Eventually(pinnedBlocks).WithContext(ctx).WithTimeout(3*minute).Should(Equal(200), "waiting for the worker to pin 001/ as well")
+		Expect(workerPod(ctx, pool, nodes[0]).UID).To(Equal(before.UID), "a policy change is applied live, not by a new pod")
 	})
 
 	// readWhile streams the large file through the claim on node while disrupt upsets the

@@ -65,6 +65,9 @@ type Config struct {
 	// is passed to Stored, which reports it to the master.
 	Dataset, Root string
 	Stored        func(ctx context.Context, info tierstore.BlockInfo)
+	// Pinned, when set, says whether the blocks of a file are stored pinned (never evicted):
+	// the Dataset's CachePolicy pins the paths it names.
+	Pinned func(file string) bool
 	// Metrics receives the cache's counts; nil keeps them unregistered.
 	Metrics *Metrics
 	// Log receives what the cache cannot do but works around.
@@ -198,7 +201,7 @@ func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte
 func (c *Cache) storer(id, file string, index int64, data []byte) func(context.Context) {
 	return func(ctx context.Context) {
 		// Clean: the under-store has it, so the last tier may drop it without persisting it.
-		opts := tierstore.PutOptions{Clean: true}
+		opts := tierstore.PutOptions{Clean: true, Pinned: c.cfg.Pinned != nil && c.cfg.Pinned(file)}
 		if c.cfg.Root != "" {
 			origin, err := proto.Marshal(&workerpb.BlockOrigin{
 				Path: path.Join(c.cfg.Root, file), Dataset: c.cfg.Dataset, Root: c.cfg.Root, Index: index, Offset: index * c.cfg.BlockSize,

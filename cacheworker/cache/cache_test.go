@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -414,4 +415,21 @@ func TestAReaderChangingItsBytesNeverChangesTheCachedBlock(t *testing.T) {
 	again, err := f.cache.ReadBlock(context.Background(), "f", 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(data))
+}
+
+func TestBlocksOfPinnedFilesAreStoredPinned(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, 16*blockSize, map[string][]byte{"labels/a.txt": []byte("pinned"), "images/a.jpg": []byte("not pinned")})
+	f.cache.cfg.Pinned = func(file string) bool { return strings.HasPrefix(file, "labels/") }
+	for _, file := range []string{"labels/a.txt", "images/a.jpg"} {
+		_, err := f.cache.ReadBlock(context.Background(), file, 0)
+		g.Expect(err).NotTo(HaveOccurred())
+		f.settled(g, file, 0)
+	}
+	pinned, err := f.store.Info(BlockID("dataset-uid", "labels/a.txt", 0))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(pinned.Pinned).To(BeTrue())
+	other, err := f.store.Info(BlockID("dataset-uid", "images/a.jpg", 0))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(other.Pinned).To(BeFalse())
 }

@@ -65,8 +65,8 @@ func NewMetrics(reg prometheus.Registerer, stats StatsSource) (*Metrics, error) 
 // tierCollector reads the tiers' state when scraped, so the numbers are never stale and the
 // tier store needs no metrics code of its own.
 type tierCollector struct {
-	stats                                                                     StatsSource
-	used, quota, blocks, promotions, demotions, evictions, corrupt, persisted *prometheus.Desc
+	stats                                                                             StatsSource
+	used, quota, blocks, pinned, promotions, demotions, evictions, corrupt, persisted *prometheus.Desc
 }
 
 func newTierCollector(stats StatsSource) *tierCollector {
@@ -78,6 +78,7 @@ func newTierCollector(stats StatsSource) *tierCollector {
 		used:       desc("tier_used_bytes", "Bytes held by a tier, including space reserved for writes and moves under way."),
 		quota:      desc("tier_quota_bytes", "A tier's quota."),
 		blocks:     desc("tier_blocks", "Blocks held by a tier."),
+		pinned:     desc("tier_pinned_blocks", "Blocks of a tier that are pinned (a CachePolicy's pinnedPaths): never evicted."),
 		promotions: desc("tier_promotions_total", "Blocks moved up into a tier."),
 		demotions:  desc("tier_demotions_total", "Blocks moved down out of a tier."),
 		evictions:  desc("tier_evictions_total", "Blocks dropped from a tier."),
@@ -87,7 +88,7 @@ func newTierCollector(stats StatsSource) *tierCollector {
 }
 
 func (c *tierCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.used, c.quota, c.blocks, c.promotions, c.demotions, c.evictions, c.persisted, c.corrupt} {
+	for _, d := range []*prometheus.Desc{c.used, c.quota, c.blocks, c.pinned, c.promotions, c.demotions, c.evictions, c.persisted, c.corrupt} {
 		ch <- d
 	}
 }
@@ -98,6 +99,7 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.used, prometheus.GaugeValue, float64(t.Used), labels...)
 		ch <- prometheus.MustNewConstMetric(c.quota, prometheus.GaugeValue, float64(t.Quota), labels...)
 		ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(t.Blocks), labels...)
+		ch <- prometheus.MustNewConstMetric(c.pinned, prometheus.GaugeValue, float64(t.Pinned), labels...)
 		ch <- prometheus.MustNewConstMetric(c.promotions, prometheus.CounterValue, float64(t.Promotions), labels...)
 		ch <- prometheus.MustNewConstMetric(c.demotions, prometheus.CounterValue, float64(t.Demotions), labels...)
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(t.Evictions), labels...)

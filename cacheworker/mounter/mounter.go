@@ -51,6 +51,9 @@ type Config struct {
 	// Stored, when set, is told of every block stored, with its origin in the master's
 	// namespace (/datasets/<namespace>/<name>/<uid>/<file>), to report it to the master.
 	Stored func(ctx context.Context, info tierstore.BlockInfo)
+	// Pinned, when set, says whether the blocks of a file of a Dataset (named as at the
+	// master) are stored pinned: the Datasets' CachePolicies, as the operator sent them.
+	Pinned func(dataset, file string) bool
 	// FileRoots are the folders file:// sources must lie under (the TierPool's fileSourceRoots).
 	FileRoots []string
 	// DisablePassthrough keeps every read going through the worker (see fusefs).
@@ -354,6 +357,10 @@ func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.Mount
 		cfg.Dataset = datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid)
 		cfg.Root = datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid)
 		cfg.Stored = m.cfg.Stored
+	}
+	if pinned := m.cfg.Pinned; pinned != nil {
+		dataset := datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid)
+		cfg.Pinned = func(file string) bool { return pinned(dataset, file) }
 	}
 	if mnt.cache, err = cache.New(cfg); err != nil {
 		return status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)

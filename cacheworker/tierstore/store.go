@@ -54,8 +54,8 @@ type TierStats struct {
 	Quota, High, Low int64
 	// Used counts stored blocks and space reserved for writes and moves under way.
 	Used int64
-	// Blocks is the number of blocks stored.
-	Blocks int
+	// Blocks is the number of blocks stored, Pinned the number of them that are pinned.
+	Blocks, Pinned int
 	// Promotions counts blocks moved up into this tier, Demotions blocks moved down out of
 	// it, Evictions blocks dropped from it, Persisted the dropped blocks that had to be
 	// persisted first, Corrupt the blocks found corrupt in it (at start, on read or on a move).
@@ -256,9 +256,18 @@ func (s *Store) Stats() []TierStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]TierStats, len(s.tiers))
+	index := map[*tier]int{}
 	for i, t := range s.tiers {
+		index[t] = i
 		out[i] = TierStats{Name: t.Name, Medium: t.Medium, Quota: t.Quota, High: t.high, Low: t.low, Used: t.used, Blocks: t.blocks,
 			Promotions: t.promotions, Demotions: t.demotions, Evictions: t.evictions, Persisted: t.persisted, Corrupt: t.corrupt}
+	}
+	// Counted here rather than kept up to date through every put, move and drop: pins are
+	// rare to change and stats are read at scrape time.
+	for _, b := range s.blocks {
+		if b.pinned {
+			out[index[b.tier]].Pinned++
+		}
 	}
 	return out
 }

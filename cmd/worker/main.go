@@ -32,6 +32,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/membership"
 	"github.com/strata-cache/strata/cacheworker/mounter"
+	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
@@ -59,6 +60,13 @@ func main() {
 		return run(ctx, opts, log)
 	})
 }
+
+// How often the policies file is read for changes (the kubelet updates a ConfigMap's files
+// about once a minute anyway), and how often every block's pin is checked again.
+const (
+	policiesPoll    = 10 * time.Second
+	policiesResweep = 5 * time.Minute
+)
 
 // handoverRefillInterval is how often the worker checks that the file descriptor store still
 // holds its mounts, putting back what a restarted store lost.
@@ -174,10 +182,20 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		g.Go(func() error { return sc.Serve(gctx, scLis) })
 	}
 
+	policies := &policy.Applier{Store: store, Log: log.WithName("policy")}
+	if opts.policies != "" {
+		policies.Applied = prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "strata_worker_policies_applied_total",
+			Help: "Changes of the pool's CachePolicies file the worker has applied.",
+		})
+		reg.MustRegister(policies.Applied)
+		g.Go(func() error { policies.Run(gctx, opts.policies, policiesPoll, policiesResweep); return nil })
+	}
+
 	if opts.mountSocket != "" {
 		mcfg := mounter.Config{
 			MountsDir: opts.mountsDir, Store: store, BlockSize: opts.blockSize, CacheMetrics: cacheMetrics,
-			Peers: peerReader, Stored: stored, FileRoots: splitList(opts.fileRoots),
+			Peers: peerReader, Stored: stored, Pinned: policies.Pinned, FileRoots: splitList(opts.fileRoots),
 			Log: log.WithName("mounter"), Registerer: reg,
 		}
 		if opts.fdStoreSocket != "" {

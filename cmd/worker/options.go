@@ -30,6 +30,7 @@ type options struct {
 	mountMemory   bool
 	mountSocket   string
 	fdStoreSocket string
+	policies      string
 	mountsDir     string
 	blockSize     int64
 	fileRoots     string
@@ -59,6 +60,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 3*time.Second, "How often the worker reports its tiers to the master.")
 	fs.StringVar(&o.mountSocket, "mount-socket", "",
 		"Unix socket of the Mounter service, through which the node's CSI plugin asks the worker to serve Datasets; empty disables it.")
+	fs.StringVar(&o.policies, "policies", "",
+		"File with the CachePolicies of the pool's Datasets, which the operator keeps up to date; watched and applied live. Empty applies none.")
 	fs.StringVar(&o.fdStoreSocket, "fd-store-socket", "",
 		"Unix socket of the CSI node plugin's file descriptor store, which holds the Datasets' FUSE connections so that pods' mounts outlive a worker restart; empty ends them with the worker.")
 	fs.StringVar(&o.mountsDir, "mounts-dir", "/var/lib/strata-worker/mounts",

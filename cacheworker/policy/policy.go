@@ -1,0 +1,177 @@
+// Package policy carries the CachePolicies of a pool's Datasets to its workers and applies
+// them. The operator writes one file per TierPool (File, in the workers' ConfigMap, outside the
+// hash that rolls their pods), the kubelet updates it in every worker pod, and each worker
+// watches it (Watch) and applies a change live: new blocks of a pinned path are stored pinned,
+// and the blocks already held are pinned or unpinned (Repin).
+//
+// What applies per Dataset today is pinning: a CachePolicy's pinnedPaths are glob patterns of
+// a Dataset's files whose blocks are never evicted.
+package policy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// FileName is the key of the policies file in the workers' ConfigMap.
+const FileName = "policies.json"
+
+// File is the policies file: the policy of every Dataset of the pool that has one.
+type File struct {
+	Datasets []Dataset `json:"datasets"`
+}
+
+// Dataset is the policy of one Dataset.
+type Dataset struct {
+	// Name is the Dataset's name at the master, <namespace>/<name>/<uid>, as blocks carry it.
+	Name string `json:"name"`
+	// CachePolicy names the policy it came from, <namespace>/<name>, for messages.
+	CachePolicy string `json:"cachePolicy,omitempty"`
+	// PinnedPaths are glob patterns of the Dataset's files (relative to its root) whose
+	// blocks are never evicted.
+	PinnedPaths []string `json:"pinnedPaths,omitempty"`
+}
+
+// Set is a parsed policies file. The zero Set pins nothing.
+type Set struct {
+	pins map[string][]pattern
+}
+
+// Parse reads a policies file. A pattern that does not parse is an error naming it: the
+// operator checks patterns before it writes them, so one here is a bug, not a user's typo.
+func Parse(raw []byte) (*Set, error) {
+	var f File
+	if len(bytes.TrimSpace(raw)) > 0 {
+		if err := json.Unmarshal(raw, &f); err != nil {
+			return nil, fmt.Errorf("reading the policies file: %w", err)
+		}
+	}
+	s := &Set{pins: map[string][]pattern{}}
+	for _, d := range f.Datasets {
+		for _, p := range d.PinnedPaths {
+			compiled, err := Compile(p)
+			if err != nil {
+				return nil, fmt.Errorf("Dataset %s, CachePolicy %s: %w", d.Name, d.CachePolicy, err)
+			}
+			s.pins[d.Name] = append(s.pins[d.Name], compiled)
+		}
+	}
+	return s, nil
+}
+
+// Datasets is the number of Datasets the set pins paths of.
+func (s *Set) Datasets() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.pins)
+}
+
+// Pinned says whether the blocks of file, a path relative to the root of the Dataset named
+// dataset at the master, are pinned.
+func (s *Set) Pinned(dataset, file string) bool {
+	if s == nil {
+		return false
+	}
+	for _, p := range s.pins[dataset] {
+		if p.match(file) {
+			return true
+		}
+	}
+	return false
+}
+
+// pattern is a glob of slash-separated segments, each matched as path.Match does, where a
+// segment "**" matches any number of segments, none included, except at the end, where it
+// matches one or more.
+type pattern []string
+
+// Compile checks a glob pattern of a Dataset's paths: "train/*.parquet", "labels/**",
+// "**/index.json". A leading slash is ignored: patterns are relative to the Dataset's root.
+func Compile(p string) (pattern, error) {
+	trimmed := strings.Trim(p, "/")
+	if trimmed == "" {
+		return nil, fmt.Errorf("pinned path %q names no file: use ** to pin the whole Dataset", p)
+	}
+	segments := strings.Split(trimmed, "/")
+	for _, seg := range segments {
+		if seg == "**" {
+			continue
+		}
+		if seg == "" || seg == "." || seg == ".." {
+			return nil, fmt.Errorf("pinned path %q has an empty, . or .. segment", p)
+		}
+		if _, err := path.Match(seg, ""); err != nil {
+			return nil, fmt.Errorf("pinned path %q: segment %q is not a valid glob: %w", p, seg, err)
+		}
+	}
+	return pattern(segments), nil
+}
+
+func (p pattern) match(file string) bool {
+	return matchSegments(p, strings.Split(file, "/"))
+}
+
+func matchSegments(pat, name []string) bool {
+	for len(pat) > 0 {
+		if pat[0] == "**" {
+			rest := pat[1:]
+			if len(rest) == 0 {
+				// A trailing ** is everything below: "labels/**" is not the file "labels".
+				return len(name) > 0
+			}
+			for i := 0; i <= len(name); i++ {
+				if matchSegments(rest, name[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(name) == 0 {
+			return false
+		}
+		if ok, _ := path.Match(pat[0], name[0]); !ok {
+			return false
+		}
+		pat, name = pat[1:], name[1:]
+	}
+	return len(name) == 0
+}
+
+// Watch reads the policies file at p every interval and calls apply with each new content,
+// the first included. A file that is missing means no policies; one that does not parse is
+// logged and skipped, keeping the last good set. It returns when ctx ends.
+func Watch(ctx context.Context, p string, interval time.Duration, log logr.Logger, apply func(*Set)) {
+	var last []byte
+	first := true
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		raw, err := os.ReadFile(p)
+		switch {
+		case err != nil && !os.IsNotExist(err):
+			log.Error(err, "Cannot read the policies file; keeping the last policies", "file", p)
+		case first || !bytes.Equal(raw, last):
+			set, perr := Parse(raw)
+			if perr != nil {
+				log.Error(perr, "Ignoring a policies file that does not parse; keeping the last policies", "file", p)
+			} else {
+				apply(set)
+			}
+			first, last = false, raw
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+	"google.golang.org/protobuf/proto"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+)
+
+func TestPinnedPathsMatchGlobsSegmentBySegment(t *testing.T) {
+	cases := []struct {
+		pattern string
+		match   []string
+		miss    []string
+	}{
+		{"labels/**", []string{"labels/a.txt", "labels/2024/01/a.txt"}, []string{"labels", "images/labels/a.txt", "labelsx/a"}},
+		{"**/index.json", []string{"index.json", "a/b/index.json"}, []string{"a/index.json.bak", "a/b"}},
+		{"train/*.parquet", []string{"train/part-1.parquet"}, []string{"train/x/part-1.parquet", "train/part-1.csv"}},
+		{"/été 2024/?.csv", []string{"été 2024/a.csv"}, []string{"été 2024/ab.csv"}},
+		{"**", []string{"a", "a/b/c"}, nil},
+		{"a/**/z", []string{"a/z", "a/b/c/z"}, []string{"a/b/c", "b/z"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.pattern, func(t *testing.T) {
+			g := NewWithT(t)
+			p, err := Compile(tc.pattern)
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, f := range tc.match {
+				g.Expect(p.match(f)).To(BeTrue(), "%q should match %q", tc.pattern, f)
+			}
+			for _, f := range tc.miss {
+				g.Expect(p.match(f)).To(BeFalse(), "%q should not match %q", tc.pattern, f)
+			}
+		})
+	}
+}
+
+func TestBadPatternsSayWhatIsWrong(t *testing.T) {
+	for pattern, says := range map[string]string{
+		"":          "names no file",
+		"/":         "names no file",
+		"a/../b":    "empty, . or .. segment",
+		"a//b":      "empty, . or .. segment",
+		"images/[a": "is not a valid glob",
+	} {
+		_, err := Compile(pattern)
+		NewWithT(t).Expect(err).To(MatchError(ContainSubstring(says)), "pattern %q", pattern)
+	}
+	_, err := Parse([]byte(`{"datasets":[{"name":"ns/d/u","cachePolicy":"ns/p","pinnedPaths":["[x"]}]}`))
+	NewWithT(t).Expect(err).To(MatchError(And(ContainSubstring("ns/d/u"), ContainSubstring("ns/p"))))
+}
+
+// openStore is a real tier store with one memory tier in a temporary folder.
+func openStore(t *testing.T) *tierstore.Store {
+	t.Helper()
+	dir := t.TempDir()
+	s, err := tierstore.Open(context.Background(), tierstore.Config{
+		Tiers:    []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(dir, "mem")}, Quota: 1 << 20}},
+		IndexDir: filepath.Join(dir, "index"),
+		Log:      logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// put stores a block of file in dataset, with the origin the cache gives it.
+func put(t *testing.T, s *tierstore.Store, id, dataset, file string) {
+	t.Helper()
+	root := "/datasets/" + dataset
+	origin, err := proto.Marshal(&workerpb.BlockOrigin{Path: root + "/" + file, Dataset: dataset, Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(context.Background(), id, bytes.NewReader([]byte("block")), 5, tierstore.PutOptions{Clean: true, Origin: origin}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func pinnedIDs(s *tierstore.Store) []string {
+	var out []string
+	for _, b := range s.Blocks() {
+		if b.Pinned {
+			out = append(out, b.ID)
+		}
+	}
+	return out
+}
+
+func TestAChangedPolicyFileRepinsTheBlocksHeld(t *testing.T) {
+	g := NewWithT(t)
+	store := openStore(t)
+	put(t, store, "a1", "ns/a/uid", "labels/x.txt")
+	put(t, store, "a2", "ns/a/uid", "images/x.jpg")
+	put(t, store, "b1", "ns/b/uid", "labels/x.txt") // another Dataset's file of the same path
+	if _, err := store.Put(context.Background(), "raw", bytes.NewReader([]byte("x")), 1, tierstore.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	file := filepath.Join(t.TempDir(), FileName)
+	write := func(body string) {
+		// As the kubelet updates a ConfigMap's file: a new file renamed into place.
+		tmp := file + ".tmp"
+		g.Expect(os.WriteFile(tmp, []byte(body), 0o644)).To(Succeed())
+		g.Expect(os.Rename(tmp, file)).To(Succeed())
+	}
+	write(`{"datasets":[{"name":"ns/a/uid","cachePolicy":"ns/p","pinnedPaths":["labels/**"]}]}`)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := &Applier{Store: store, Log: logr.Discard()}
+	done := make(chan struct{})
+	go func() { a.Run(ctx, file, 20*time.Millisecond, time.Hour); close(done) }()
+
+	g.Eventually(func() []string { return pinnedIDs(store) }).Should(ConsistOf("a1"), "only Dataset a's labels are pinned")
+	g.Expect(a.Pinned("ns/a/uid", "labels/new.txt")).To(BeTrue(), "new blocks of a pinned path are stored pinned")
+	g.Expect(a.Pinned("ns/b/uid", "labels/new.txt")).To(BeFalse())
+	g.Expect(store.Stats()[0].Pinned).To(Equal(1))
+
+	write(`{"datasets":[{"name":"ns/a/uid","cachePolicy":"ns/p","pinnedPaths":["images/*.jpg"]},{"name":"ns/b/uid","pinnedPaths":["**"]}]}`)
+	g.Eventually(func() []string { return pinnedIDs(store) }).Should(ConsistOf("a2", "b1"), "the change applies to the blocks held")
+
+	write(`not json`)
+	time.Sleep(100 * time.Millisecond)
+	g.Expect(pinnedIDs(store)).To(ConsistOf("a2", "b1"), "a file that does not parse keeps the last policies")
+
+	g.Expect(os.Remove(file)).To(Succeed())
+	write(`{"datasets":[]}`)
+	g.Eventually(func() []string { return pinnedIDs(store) }).Should(BeEmpty(), "no policy pins nothing")
+	cancel()
+	<-done
+}

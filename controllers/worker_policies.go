@@ -1,0 +1,89 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/policy"
+)
+
+// policiesFile is the pool's policies file (see cacheworker/policy): the CachePolicy settings
+// of its Datasets that the workers apply, in a stable order so that an unchanged set writes
+// nothing. A Dataset whose CachePolicy is missing or names a bad pattern is left out; its own
+// status says why.
+func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.TierPool) (string, error) {
+	var datasets datav1alpha1.DatasetList
+	if err := r.Client.List(ctx, &datasets); err != nil {
+		return "", fmt.Errorf("listing Datasets for the policies of TierPool %s: %w", pool.Name, err)
+	}
+	file := policy.File{Datasets: []policy.Dataset{}}
+	for _, ds := range datasets.Items {
+		if ds.Spec.TierPoolName != pool.Name || ds.Spec.CachePolicyName == "" || !ds.DeletionTimestamp.IsZero() {
+			continue
+		}
+		var cp datav1alpha1.CachePolicy
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: ds.Spec.CachePolicyName}, &cp); err != nil {
+			if client.IgnoreNotFound(err) != nil {
+				return "", fmt.Errorf("reading CachePolicy %s/%s: %w", ds.Namespace, ds.Spec.CachePolicyName, err)
+			}
+			continue
+		}
+		if len(cp.Spec.PinnedPaths) == 0 || pinnedPathsProblem(cp.Spec.PinnedPaths) != "" {
+			continue
+		}
+		file.Datasets = append(file.Datasets, policy.Dataset{
+			Name:        datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)),
+			CachePolicy: cp.Namespace + "/" + cp.Name,
+			PinnedPaths: cp.Spec.PinnedPaths,
+		})
+	}
+	slices.SortFunc(file.Datasets, func(a, b policy.Dataset) int { return strings.Compare(a.Name, b.Name) })
+	raw, err := json.MarshalIndent(file, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("writing the policies of TierPool %s: %w", pool.Name, err)
+	}
+	return string(raw) + "\n", nil
+}
+
+// pinnedPathsProblem says what is wrong with a CachePolicy's pinnedPaths, or "".
+func pinnedPathsProblem(patterns []string) string {
+	for i, p := range patterns {
+		if _, err := policy.Compile(p); err != nil {
+			return fmt.Sprintf("spec.pinnedPaths[%d]: %v", i, err)
+		}
+	}
+	return ""
+}
+
+// poolOfDataset maps a Dataset to its TierPool, whose policies file lists it.
+func poolOfDataset(_ context.Context, obj client.Object) []reconcile.Request {
+	ds, ok := obj.(*datav1alpha1.Dataset)
+	if !ok || ds.Spec.TierPoolName == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: ds.Spec.TierPoolName}}}
+}
+
+// poolsOfNamespace maps a CachePolicy to the TierPools of the Datasets of its namespace.
+func (r *WorkerReconciler) poolsOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
+	var datasets datav1alpha1.DatasetList
+	if err := r.Client.List(ctx, &datasets, client.InNamespace(obj.GetNamespace())); err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []reconcile.Request
+	for _, ds := range datasets.Items {
+		if pool := ds.Spec.TierPoolName; pool != "" && !seen[pool] {
+			seen[pool] = true
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: pool}})
+		}
+	}
+	return out
+}
