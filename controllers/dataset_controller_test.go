@@ -356,14 +356,7 @@ var _ = Describe("The Dataset reconciler", func() {
 
 	It("serves a pvc:// source through a claim server it runs in the Dataset's namespace", func() {
 		createPool()
-		claim := &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "raw-data", Namespace: namespace},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
-		}
-		Expect(k8sClient.Create(ctx, claim)).To(Succeed())
+		createClaim(namespace, "raw-data")
 		ds := &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "from-claim", Namespace: namespace},
 			Spec: datav1alpha1.DatasetSpec{
@@ -447,13 +440,7 @@ var _ = Describe("The Dataset reconciler", func() {
 		cond := readyCondition(own, ReasonClaimNotFound)
 		Expect(cond.Message).To(ContainSubstring("cannot be its own source"))
 
-		Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: namespace},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
-		})).To(Succeed())
+		createClaim(namespace, "data")
 		Expect(k8sClient.Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "taken-claim-server", Namespace: namespace},
 			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
@@ -487,13 +474,7 @@ var _ = Describe("The Dataset reconciler", func() {
 		}
 		setNodes(images, datav1alpha1.NodeUsage{Node: "node-b", Bytes: 3000}, datav1alpha1.NodeUsage{Node: "node-a", Bytes: 1000})
 		setNodes(labels, datav1alpha1.NodeUsage{Node: "node-a", Bytes: 500}, datav1alpha1.NodeUsage{Node: "node-c", Bytes: 10})
-		Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "scratch", Namespace: namespace},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
-		})).To(Succeed())
+		createClaim(namespace, "scratch")
 		pod := func(name string, claims ...string) *corev1.Pod {
 			p := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
@@ -549,6 +530,18 @@ var _ = Describe("The Dataset reconciler", func() {
 		admitted(HaveExactElements(own), pod("cold", "images", "labels"))
 	})
 })
+
+// createClaim creates an unbound claim of 1Gi: in envtest nothing binds it, nor needs to.
+func createClaim(namespace, name string) {
+	GinkgoHelper()
+	Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	})).To(Succeed())
+}
 
 func newLineage(namespace, name string, inputs, outputs []string) *datav1alpha1.Lineage {
 	return &datav1alpha1.Lineage{

@@ -144,6 +144,7 @@ var _ = BeforeSuite(func() {
 		ClaimServerEndpoint: claimServers.endpoint,
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&CachePolicyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 
 	go func() {
 		defer GinkgoRecover()

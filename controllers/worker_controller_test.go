@@ -99,9 +99,15 @@ var _ = Describe("The worker reconciler", func() {
 		Expect(rolled.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--policies=/etc/strata/" + policy.FileName))
 
 		By("following a change of the CachePolicy")
-		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
-		cp.Spec.PinnedPaths = []string{"images/*.jpg"}
-		Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		setPinned := func(paths ...string) {
+			// The CachePolicy reconciler writes its status meanwhile: read, change, retry.
+			Eventually(func(g Gomega) {
+				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
+				cp.Spec.PinnedPaths = paths
+				g.Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+			}).Should(Succeed())
+		}
+		setPinned("images/*.jpg")
 		Eventually(func(g Gomega) {
 			set := policies(g)
 			g.Expect(set.Pinned(master, "images/a.jpg")).To(BeTrue())
@@ -110,8 +116,7 @@ var _ = Describe("The worker reconciler", func() {
 		Expect(getDaemonSet(Default).Spec.Template).To(Equal(rolled.Spec.Template), "the workers apply policies live: their pods are not rolled")
 
 		By("leaving out a Dataset whose CachePolicy has a bad pattern, which the Dataset's status names")
-		cp.Spec.PinnedPaths = []string{"images/[a-"}
-		Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		setPinned("images/[a-")
 		Eventually(func(g Gomega) {
 			g.Expect(policies(g).Datasets()).To(BeZero())
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())

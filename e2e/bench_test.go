@@ -52,21 +52,9 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 			keys = append(keys, fmt.Sprintf("%s/part-%d.bin", namespace, i))
 		}
 		putObjects(ctx, namespace, minioNode, bucket, keys, fileSize, 7)
-		ds := &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://" + bucket + "/" + namespace + "/", Endpoint: minioEndpoint,
-					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
-				},
-				TierPoolName: pool,
-			},
-		}
+		ds := minioDataset(namespace, "bench", pool, "s3://"+bucket+"/"+namespace+"/")
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-			g.Expect(meta.IsStatusConditionTrue(ds.Status.Conditions, datav1alpha1.ConditionReady)).To(BeTrue())
-		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset bench to be Ready")
+		waitReady(ctx, ds)
 	})
 	AfterEach(func() { dumpOnFailure(namespace) })
 
@@ -131,18 +119,8 @@ var _ = Describe("A Dataset applied with its pool and policy", Ordered, Label("b
 			Spec:       datav1alpha1.CachePolicySpec{Eviction: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictLRU}},
 		}
 		Expect(k8sClient.Create(ctx, policy)).To(Succeed())
-		ds := &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: "shards", Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://" + bucket + "/" + namespace + "/", Endpoint: minioEndpoint,
-					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
-				},
-				TierPoolName:    pool,
-				CachePolicyName: "lru",
-				Preload:         true,
-			},
-		}
+		ds := minioDataset(namespace, "shards", pool, "s3://"+bucket+"/"+namespace+"/")
+		ds.Spec.CachePolicyName, ds.Spec.Preload = "lru", true
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
 		reader := claimPod(namespace, "", "shards", "sum", "--summary", "/data")
 		Expect(k8sClient.Create(ctx, reader)).To(Succeed())

@@ -61,29 +61,14 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			written[i].Key = strings.TrimPrefix(written[i].Key, prefix)
 		}
 
-		ds := &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: "corpus", Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://" + bucket + "/" + prefix, Endpoint: minioEndpoint,
-					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
-				},
-				TierPoolName: pool,
-				Preload:      true,
-			},
-		}
+		ds := minioDataset(namespace, "corpus", pool, "s3://"+bucket+"/"+prefix)
+		ds.Spec.Preload = true
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
 	})
 	AfterEach(func() { dumpOnFailure(namespace) })
 
 	It("makes the Dataset Ready once the driver and the pool's workers run", func(ctx SpecContext) {
-		Eventually(func(g Gomega) {
-			var ds datav1alpha1.Dataset
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "corpus"}, &ds)).To(Succeed())
-			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
-		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset corpus to be Ready")
+		waitReady(ctx, &datav1alpha1.Dataset{ObjectMeta: metav1.ObjectMeta{Name: "corpus", Namespace: namespace}})
 	})
 
 	It("preloads the Dataset: all of it is cached before any pod reads it", func(ctx SpecContext) {
@@ -169,35 +154,16 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			},
 		}
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
-		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset from-claim to be Ready")
+		waitReady(ctx, ds)
 		Expect(ds.Status.Files).To(BeEquivalentTo(len(written)), "the operator counted the claim's files through the claim server")
 		Expect(sumClaim(ctx, namespace, nodes[1], "from-claim")).To(Equal(contents(written)))
 	})
 
 	It("steers a pod that mounts a Dataset to the node that holds it", func(ctx SpecContext) {
 		By("caching a second Dataset of the same objects on " + nodes[1] + " alone")
-		ds := &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: "hinted", Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://" + bucket + "/" + namespace + "/small/", Endpoint: minioEndpoint,
-					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
-				},
-				TierPoolName: pool,
-			},
-		}
+		ds := minioDataset(namespace, "hinted", pool, "s3://"+bucket+"/"+namespace+"/small/")
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
-		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset hinted to be Ready")
+		waitReady(ctx, ds)
 		Expect(sumClaim(ctx, namespace, nodes[1], "hinted")).To(HaveLen(1000))
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
@@ -217,23 +183,10 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			Spec:       datav1alpha1.CachePolicySpec{PinnedPaths: []string{"000/**"}},
 		}
 		Expect(k8sClient.Create(ctx, policy)).To(Succeed())
-		ds := &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: "pinned", Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://" + bucket + "/" + namespace + "/small/", Endpoint: minioEndpoint,
-					SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
-				},
-				TierPoolName: pool, CachePolicyName: policy.Name,
-			},
-		}
+		ds := minioDataset(namespace, "pinned", pool, "s3://"+bucket+"/"+namespace+"/small/")
+		ds.Spec.CachePolicyName = policy.Name
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
-		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset pinned to be Ready")
+		waitReady(ctx, ds)
 
 		By("reading the Dataset on " + nodes[0] + ": the blocks of its 100 files under 000/ are pinned there")
 		Expect(sumClaim(ctx, namespace, nodes[0], "pinned")).To(HaveLen(1000))
@@ -257,9 +210,12 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 
 		By("pinning 001/ too: the worker pins the blocks it already holds, its pod untouched")
 		before := workerPod(ctx, pool, nodes[0])
-		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(policy), policy)).To(Succeed())
-		policy.Spec.PinnedPaths = []string{"000/**", "001/*.txt"}
-		Expect(k8sClient.Update(ctx, policy)).To(Succeed())
+		Eventually(func(g Gomega) {
+			// The operator writes the policy's status meanwhile: read, change, retry.
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(policy), policy)).To(Succeed())
+			policy.Spec.PinnedPaths = []string{"000/**", "001/*.txt"}
+			g.Expect(k8sClient.Update(ctx, policy)).To(Succeed())
+		}).WithContext(ctx).Should(Succeed())
 		Eventually(pinnedBlocks).WithContext(ctx).WithTimeout(3*minute).Should(Equal(200), "waiting for the worker to pin 001/ as well")
 		Expect(workerPod(ctx, pool, nodes[0]).UID).To(Equal(before.UID), "a policy change is applied live, not by a new pod")
 	})
@@ -402,6 +358,31 @@ func csiNodePod(ctx context.Context, node string) *corev1.Pod {
 		}
 	}
 	return nil
+}
+
+// minioDataset is a Dataset of the objects under uri in the suite's MinIO, read with the
+// credentials copyMinioCredentials put in its namespace.
+func minioDataset(namespace, name, pool, uri string) *datav1alpha1.Dataset {
+	return &datav1alpha1.Dataset{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: datav1alpha1.DatasetSpec{
+			Source: &datav1alpha1.DatasetSource{
+				URI: uri, Endpoint: minioEndpoint, SecretRef: &datav1alpha1.SecretReference{Name: "minio-credentials"},
+			},
+			TierPoolName: pool,
+		},
+	}
+}
+
+// waitReady waits until the Dataset is Ready, and leaves its latest state in ds.
+func waitReady(ctx context.Context, ds *datav1alpha1.Dataset) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+		c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)
+	}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for Dataset %s to be Ready", ds.Name)
 }
 
 // putObjects writes keys of size bytes each to bucket from a testkit pod on node.

@@ -205,7 +205,8 @@ type CachePolicySpec struct {
 
 // CachePolicyStatus is the observed state of a CachePolicy.
 type CachePolicyStatus struct {
-	// Conditions: Ready when the policy has reached the master and the workers.
+	// Conditions: Ready when the workers can apply the policy (its pinnedPaths parse); its
+	// message says which settings they apply.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

@@ -230,6 +230,11 @@ func run(opts options) error {
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TierPool controller: %w", err)
 	}
+	if err := (&controllers.CachePolicyReconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource),
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the CachePolicy controller: %w", err)
+	}
 	if err := datasets.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Dataset controller: %w", err)
 	}
