@@ -251,8 +251,17 @@ func (r *DatasetReconciler) ensureClaimToken(ctx context.Context, ds *datav1alph
 }
 
 // ensureClaimService makes the Service in front of the claim server. It is never changed:
-// everything in it follows from the Dataset's name and UID.
+// everything in it follows from the Dataset's name and UID. The operator caches the Services
+// of claim servers only, so one of another's of the same name is met as a failed create.
 func (r *DatasetReconciler) ensureClaimService(ctx context.Context, ds *datav1alpha1.Dataset, name string) (*problem, error) {
+	existing := &corev1.Service{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: name}, existing)
+	switch {
+	case err == nil:
+		return owned(ds, existing, "Service"), nil
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("reading Service %s/%s: %w", ds.Namespace, name, err)
+	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ds.Namespace, Labels: claimServerLabels(ds)},
 		Spec: corev1.ServiceSpec{

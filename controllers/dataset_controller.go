@@ -77,7 +77,8 @@ type DatasetReconciler struct {
 	// WorkerImage is the image of the pods the operator runs in Datasets' namespaces: preload
 	// Jobs and the claim servers of pvc:// sources.
 	WorkerImage WorkerImage
-	// APIReader reads what the operator does not cache: the Services of tenants' namespaces.
+	// APIReader reads what the operator does not cache: objects of tenants' namespaces that
+	// stand where a claim server's should.
 	APIReader client.Reader
 	// ClaimServerEndpoint, if set, replaces ClaimServerEndpoint: tests reach claim servers
 	// outside a cluster's DNS.
@@ -110,7 +111,7 @@ const usageRefresh = 30 * time.Second
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;create
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 

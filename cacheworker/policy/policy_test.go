@@ -142,3 +142,13 @@ func TestAChangedPolicyFileRepinsTheBlocksHeld(t *testing.T) {
 	cancel()
 	<-done
 }
+
+func TestAWorkerThatReadNoPoliciesLeavesThePinsItFound(t *testing.T) {
+	g := NewWithT(t)
+	store := openStore(t)
+	put(t, store, "a1", "ns/a/uid", "labels/x.txt")
+	g.Expect(store.Pin(context.Background(), "a1", true)).To(Succeed()) // as an earlier worker left it
+	a := &Applier{Store: store, Log: logr.Discard()}
+	a.repin(context.Background(), "resweep")
+	g.Expect(pinnedIDs(store)).To(ConsistOf("a1"))
+}

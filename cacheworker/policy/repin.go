@@ -98,6 +98,10 @@ func (a *Applier) Run(ctx context.Context, p string, interval, resweep time.Dura
 
 func (a *Applier) repin(ctx context.Context, why string) {
 	set := a.current.Load()
+	if set == nil {
+		// No policies read yet: the pins the index kept from before stay as they are.
+		return
+	}
 	pinned, unpinned, err := Repin(ctx, a.Store, set)
 	if err != nil {
 		a.Log.Error(err, "Some blocks could not be pinned or unpinned; the next sweep tries again", "why", why)

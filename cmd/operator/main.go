@@ -153,13 +153,15 @@ func run(opts options) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// The operator owns StatefulSets, Services, DaemonSets and ConfigMaps in its own
-		// namespace only: watch no other, so that it needs no cluster-wide permission on them.
+		// namespace: watch all of them there, and in other namespaces only the objects of the
+		// claim servers it runs for pvc:// Datasets, by label.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&appsv1.StatefulSet{}: {Namespaces: map[string]cache.Config{opts.namespace: {}}},
-			&corev1.Service{}:     {Namespaces: map[string]cache.Config{opts.namespace: {}}},
-			&appsv1.DaemonSet{}:   {Namespaces: map[string]cache.Config{opts.namespace: {}}},
-			&corev1.ConfigMap{}:   {Namespaces: map[string]cache.Config{opts.namespace: {}}},
-			// Elsewhere, only the Deployments and pods of the claim servers of pvc:// Datasets.
+			&corev1.Service{}: {Namespaces: map[string]cache.Config{
+				opts.namespace: {}, cache.AllNamespaces: {LabelSelector: claimServers},
+			}},
+			&appsv1.DaemonSet{}:  {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			&corev1.ConfigMap{}:  {Namespaces: map[string]cache.Config{opts.namespace: {}}},
 			&appsv1.Deployment{}: {Label: claimServers},
 			&corev1.Pod{}:        {Label: claimServers},
 		}},
