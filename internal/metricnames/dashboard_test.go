@@ -22,6 +22,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/membership"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/csi/driver"
 	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/mastertest"
@@ -75,6 +76,8 @@ func registered(t *testing.T) []string {
 	_, err = server.NewMetrics(reg)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = driver.NewMetrics(reg)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = scheduling.NewHinter(nil, nil, reg)
 	g.Expect(err).NotTo(HaveOccurred())
 	reg.MustRegister(store.NewCollector(mastertest.New(t, 1, mastertest.Options{}).Nodes[0].Store))
 
