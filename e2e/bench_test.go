@@ -89,6 +89,36 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 			"--bucket", bucket, "--key", strings.Join(keys, ","))))
 		throughput("MinIO direct (minio-go), same node", direct)
 	})
+
+	It("reads hot on the node the scheduling hints choose, next to the node that holds nothing", func(ctx SpecContext) {
+		total := int64(files * fileSize)
+		throughput := func(what string, o object) {
+			Expect(o.Bytes).To(Equal(total), "%s read %d bytes", what, o.Bytes)
+			mbps := float64(o.Bytes) / 1e6 / o.Seconds
+			GinkgoWriter.Printf("%-40s %8.1f MB/s (%d bytes in %.3f s)\n", what, mbps, o.Bytes, o.Seconds)
+			AddReportEntry(what, fmt.Sprintf("%.1f MB/s", mbps))
+		}
+		ds := &datav1alpha1.Dataset{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: namespace}}
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			g.Expect(ds.Status.Nodes).To(HaveExactElements(HaveField("Node", node)))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the status to say %s holds the Dataset", node)
+
+		// Uncached: every byte comes through the worker, not the page cache of earlier reads.
+		hinted := claimPod(namespace, "", "bench", "sum", "--summary", "--uncached", "/data")
+		read := one(runPod(ctx, hinted))
+		Expect(hinted.Spec.NodeName).To(Equal(node), "the hints placed the reader away from its data")
+		throughput("hot, on the node the hints chose", read)
+
+		var other string
+		for _, n := range cacheNodes(ctx) {
+			if n != node {
+				other = n
+			}
+		}
+		remote := one(runPod(ctx, claimPod(namespace, other, "bench", "sum", "--summary", "--uncached", "/data")))
+		throughput("the other node (blocks from the holder)", remote)
+	})
 })
 
 func one(objs []object) object {
