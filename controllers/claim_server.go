@@ -73,15 +73,6 @@ func claimServerName(ds *datav1alpha1.Dataset) string {
 	return childName(ds, "-claim-server")
 }
 
-// childName is the Dataset's name with suffix, shortened to fit a label value.
-func childName(ds *datav1alpha1.Dataset, suffix string) string {
-	name := ds.Name
-	if limit := 63 - len(suffix); len(name) > limit {
-		name = strings.TrimRight(name[:limit], "-.")
-	}
-	return name + suffix
-}
-
 // ClaimServerEndpoint is the URL of the claim server Service name of namespace ns, as pods of
 // any namespace reach it.
 func ClaimServerEndpoint(ns, name string) string {

@@ -438,6 +438,16 @@ func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.D
 	return nil
 }
 
+// childName is the name of an object made for a Dataset: the Dataset's name with suffix,
+// the name shortened so that the whole fits a label value (63 characters).
+func childName(ds *datav1alpha1.Dataset, suffix string) string {
+	name := ds.Name
+	if limit := 63 - len(suffix); len(name) > limit {
+		name = strings.TrimRight(name[:limit], "-.")
+	}
+	return name + suffix
+}
+
 func datasetLabels(ds *datav1alpha1.Dataset) map[string]string {
 	return map[string]string{
 		"app.kubernetes.io/part-of":    "strata",

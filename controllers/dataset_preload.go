@@ -42,13 +42,7 @@ type WorkerImage struct {
 
 // preloadJobName is the name of a Dataset's preload Job: within the 63 characters a Job's pods
 // carry in their job-name label.
-func preloadJobName(ds *datav1alpha1.Dataset) string {
-	name := ds.Name
-	if len(name) > 50 {
-		name = name[:50]
-	}
-	return name + "-preload"
-}
+func preloadJobName(ds *datav1alpha1.Dataset) string { return childName(ds, "-preload") }
 
 // preloadCondition runs a Dataset's preload once per generation and says how it went; nil when
 // the Dataset asks for none. It is called once the Dataset's claim can be served.

@@ -25,6 +25,8 @@ type Policy interface {
 	Victim(skip func(id string) bool) (string, bool)
 	// Len is the number of tracked blocks, pinned ones included.
 	Len() int
+	// Pinned is the number of tracked blocks that are pinned.
+	Pinned() int
 }
 
 // Kind names a policy.
@@ -217,6 +219,9 @@ func (r *ranked) SetPinned(id string, pinned bool) {
 }
 
 func (r *ranked) Len() int { return len(r.entries) }
+
+// Pinned counts the entries outside the heap, which holds every unpinned one.
+func (r *ranked) Pinned() int { return len(r.entries) - len(r.heap) }
 
 func (r *ranked) Victim(skip func(id string) bool) (string, bool) {
 	h := r.heap

@@ -223,3 +223,19 @@ func TestConfig(t *testing.T) {
 		g.Expect(err).To(MatchError(ContainSubstring(`unknown eviction policy "FIFO"`)))
 	})
 }
+
+func TestPinnedCountsTheTrackedBlocksThatArePinned(t *testing.T) {
+	for script, want := range map[string]int{
+		"+a +b":             0,
+		"+a +b !a":          1,
+		"+a +b !a !a !b":    2, // pinning twice counts once
+		"+a +b !a !b ~a":    1,
+		"+a +b !a -a":       0, // a removed pinned block is no longer counted
+		"+a !x":             0, // untracked blocks are ignored
+		"+a +b +c !b !c -b": 1,
+	} {
+		p := NewLRU()
+		run(p, script)
+		NewWithT(t).Expect(p.Pinned()).To(Equal(want), "script %q", script)
+	}
+}

@@ -57,14 +57,7 @@ func TestAHandedOverMountGoesOnServingOpenFiles(t *testing.T) {
 	first.Suspend()
 
 	// Nothing serves the mount now: a read of bytes the kernel has not cached waits.
-	rest := make(chan []byte, 1)
-	go func() {
-		b, err := io.ReadAll(open)
-		if err != nil {
-			t.Errorf("reading on across the handover: %v", err)
-		}
-		rest <- b
-	}()
+	rest := fusetest.ReadRest(t, open, "the handover")
 	g.Consistently(rest).WithTimeout(300*time.Millisecond).ShouldNot(Receive(), "nothing serves the mount between the two servers")
 
 	second, err := Resume(context.Background(), h, cfg)

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/fdstore/fdstoretest"
 )
 
 // The test binary, run with childEnv set, is a worker that mounts a Dataset, puts its
@@ -90,10 +90,7 @@ func TestAKilledServersRequestsAreAnsweredByTheNext(t *testing.T) {
 		t.Skip("needs root and /dev/fuse")
 	}
 	g := NewWithT(t)
-	sock := filepath.Join(t.TempDir(), "fdstore.sock")
-	store := fdstore.NewServer(logr.Discard())
-	g.Expect(store.Start(sock)).To(Succeed())
-	defer func() { _ = store.Stop(); store.Close() }()
+	_, sock := fdstoretest.Start(t)
 
 	dir := filepath.Join(t.TempDir(), "mnt")
 	g.Expect(os.Mkdir(dir, 0o755)).To(Succeed())

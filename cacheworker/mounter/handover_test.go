@@ -15,18 +15,9 @@ import (
 
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/fdstore/fdstoretest"
+	"github.com/strata-cache/strata/internal/fusetest"
 )
-
-func startFDStore(t *testing.T) (*fdstore.Server, string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "fdstore.sock")
-	s := fdstore.NewServer(logr.Discard())
-	if err := s.Start(path); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Stop(); s.Close() })
-	return s, path
-}
 
 // TestPodsMountsOutliveTheWorker stands for a worker restart with a pod reading: the worker
 // stops (Close) while a pod's bind mount of a Dataset has a file open, and a new worker takes
@@ -35,7 +26,7 @@ func startFDStore(t *testing.T) (*fdstore.Server, string) {
 // lets it go.
 func TestPodsMountsOutliveTheWorker(t *testing.T) {
 	g := NewWithT(t)
-	store, sock := startFDStore(t)
+	store, sock := fdstoretest.Start(t)
 	handovers, err := fdstore.NewClient(sock, "pool-a")
 	g.Expect(err).NotTo(HaveOccurred())
 	f := newFixture(t, func(c *Config) { c.Handovers = handovers })
@@ -58,14 +49,7 @@ func TestPodsMountsOutliveTheWorker(t *testing.T) {
 
 	g.Expect(f.m.Close()).To(Succeed())
 	g.Expect(mounted(t, path)).To(BeTrue(), "a held mount stays mounted when the worker stops")
-	rest := make(chan []byte, 1)
-	go func() {
-		b, err := io.ReadAll(open)
-		if err != nil {
-			t.Errorf("reading on across the restart: %v", err)
-		}
-		rest <- b
-	}()
+	rest := fusetest.ReadRest(t, open, "the restart")
 
 	cfg := f.cfg
 	cfg.Registerer = prometheus.NewRegistry()
@@ -95,7 +79,7 @@ func TestPodsMountsOutliveTheWorker(t *testing.T) {
 // TestAStoreThatRestartedIsRefilled checks that mounts a restarted store lost are put back.
 func TestAStoreThatRestartedIsRefilled(t *testing.T) {
 	g := NewWithT(t)
-	store, sock := startFDStore(t)
+	store, sock := fdstoretest.Start(t)
 	handovers, err := fdstore.NewClient(sock, "pool-a")
 	g.Expect(err).NotTo(HaveOccurred())
 	f := newFixture(t, func(c *Config) { c.Handovers = handovers })

@@ -256,18 +256,11 @@ func (s *Store) Stats() []TierStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]TierStats, len(s.tiers))
-	index := map[*tier]int{}
 	for i, t := range s.tiers {
-		index[t] = i
-		out[i] = TierStats{Name: t.Name, Medium: t.Medium, Quota: t.Quota, High: t.high, Low: t.low, Used: t.used, Blocks: t.blocks,
+		// The tier's eviction policy tracks its pinned blocks already, as it must skip them.
+		out[i] = TierStats{Name: t.Name, Medium: t.Medium, Quota: t.Quota, High: t.high, Low: t.low, Used: t.used,
+			Blocks: t.blocks, Pinned: t.policy.Pinned(),
 			Promotions: t.promotions, Demotions: t.demotions, Evictions: t.evictions, Persisted: t.persisted, Corrupt: t.corrupt}
-	}
-	// Counted here rather than kept up to date through every put, move and drop: pins are
-	// rare to change and stats are read at scrape time.
-	for _, b := range s.blocks {
-		if b.pinned {
-			out[index[b.tier]].Pinned++
-		}
 	}
 	return out
 }

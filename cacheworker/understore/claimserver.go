@@ -85,8 +85,10 @@ func (s *claimServer) authorized(next http.HandlerFunc) http.Handler {
 	})
 }
 
-// serveObject answers GET and HEAD of one object, ranges included, through http.ServeContent
-// over the store's ReadAt, so that a ranged read costs one ranged read of the claim.
+// serveObject answers GET and HEAD of one object, ranges included, through http.ServeContent.
+// It reads from one open of the object when the store's Open can seek (a Local store's
+// files can), and otherwise through the store's ReadAt, which copying in small chunks would
+// call once per chunk.
 func (s *claimServer) serveObject(w http.ResponseWriter, r *http.Request) {
 	p := strings.TrimPrefix(r.URL.Path, objectsPath)
 	info, err := s.store.Stat(r.Context(), p)
@@ -98,7 +100,18 @@ func (s *claimServer) serveObject(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("ETag", info.ETag)
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	content := io.NewSectionReader(storeReaderAt{r.Context(), s.store, p}, 0, info.Size)
+	var content io.ReadSeeker = io.NewSectionReader(storeReaderAt{r.Context(), s.store, p}, 0, info.Size)
+	if r.Method == http.MethodGet {
+		rc, err := s.store.Open(r.Context(), p)
+		if err != nil {
+			s.fail(w, "open", p, err)
+			return
+		}
+		defer func() { _ = rc.Close() }()
+		if rs, ok := rc.(io.ReadSeeker); ok {
+			content = rs
+		}
+	}
 	http.ServeContent(w, r, "", info.ModTime, content)
 }
 

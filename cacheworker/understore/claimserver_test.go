@@ -176,3 +176,31 @@ func collect(seq iter.Seq2[ObjectInfo, error]) ([]string, error) {
 	}
 	return out, nil
 }
+
+// streamOnly is a store whose Open cannot seek, as an object store's stream cannot.
+type streamOnly struct{ Store }
+
+func (s streamOnly) Open(ctx context.Context, p string) (io.ReadCloser, error) {
+	rc, err := s.Store.Open(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return struct{ io.ReadCloser }{rc}, nil
+}
+
+func TestAClaimServerOverAStoreThatCannotSeekServesRangesThroughReadAt(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	f := newLocalFixture(t)
+	local, err := NewLocal(LocalConfig{Dir: f.dataset, AllowedRoots: []string{f.allowed}})
+	must(t, err)
+	t.Cleanup(func() { _ = local.Close() })
+	_, claim := serveClaim(t, streamOnly{local}, claimToken)
+	buf := make([]byte, 4)
+	n, err := claim.ReadAt(ctx, "a.txt", buf, 3)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(buf[:n])).To(Equal("3456"))
+	whole, err := readAll(ctx, claim, "a.txt")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(whole).To(Equal("0123456789"))
+}

@@ -5,6 +5,7 @@ package fusetest
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"testing"
 )
@@ -26,4 +27,19 @@ func Require(tb testing.TB) {
 	if err := Available(); err != nil {
 		tb.Skip(err.Error())
 	}
+}
+
+// ReadRest reads r to its end in the background and sends what it read, once: how a test holds
+// a read open across something that stops the file system for a while. A read error fails the
+// test, naming across what it was read.
+func ReadRest(tb testing.TB, r io.Reader, across string) <-chan []byte {
+	rest := make(chan []byte, 1)
+	go func() {
+		b, err := io.ReadAll(r)
+		if err != nil {
+			tb.Errorf("reading on across %s: %v", across, err)
+		}
+		rest <- b
+	}()
+	return rest
 }
