@@ -63,16 +63,7 @@ var _ = Describe("The CachePolicy reconciler", func() {
 		status(1, ReasonInvalidPinnedPaths)
 		Expect(meta.FindStatusCondition(cp.Status.Conditions, datav1alpha1.ConditionReady).Message).
 			To(ContainSubstring(`spec.pinnedPaths[1]: pinned path "shards/[0-9"`))
-		Eventually(func(g Gomega) {
-			events := &corev1.EventList{}
-			g.Expect(k8sClient.List(ctx, events, client.InNamespace(ns.Name))).To(Succeed())
-			var reasons []string
-			for _, e := range events.Items {
-				if e.InvolvedObject.Name == cp.Name {
-					reasons = append(reasons, e.Reason)
-				}
-			}
-			g.Expect(reasons).To(ContainElement(ReasonInvalidPinnedPaths))
-		}).Should(Succeed(), "a Warning event says it too")
+		Eventually(func() []string { return eventReasons(ns.Name, cp.Name) }).
+			Should(ContainElement(ReasonInvalidPinnedPaths), "a Warning event says it too")
 	})
 })

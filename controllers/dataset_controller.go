@@ -358,6 +358,9 @@ func volumeAttributes(ds *datav1alpha1.Dataset, access *sourceAccess) map[string
 		datav1alpha1.VolumeAttributeUID:       string(ds.UID),
 		datav1alpha1.VolumeAttributePool:      ds.Spec.TierPoolName,
 	}
+	if ds.Spec.Lineage != nil {
+		attrs[datav1alpha1.VolumeAttributeOutput] = "true"
+	}
 	if access != nil {
 		src := access.source
 		attrs[datav1alpha1.VolumeAttributeSourceURI] = src.URI
@@ -440,8 +443,11 @@ func (r *DatasetReconciler) ensureVolume(ctx context.Context, ds *datav1alpha1.D
 
 // childName is the name of an object made for a Dataset: the Dataset's name with suffix,
 // the name shortened so that the whole fits a label value (63 characters).
-func childName(ds *datav1alpha1.Dataset, suffix string) string {
-	name := ds.Name
+func childName(ds *datav1alpha1.Dataset, suffix string) string { return objectName(ds.Name, suffix) }
+
+// objectName is name with suffix, name shortened so that the whole fits a label value (63
+// characters): the name of an object made for another.
+func objectName(name, suffix string) string {
 	if limit := 63 - len(suffix); len(name) > limit {
 		name = strings.TrimRight(name[:limit], "-.")
 	}

@@ -315,9 +315,22 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(k8sClient.Create(ctx, lineage)).To(Succeed())
 		cond := readyCondition(ds, ReasonLineageMismatch)
 		Expect(cond.Message).To(ContainSubstring(`does not list "features" in spec.outputs`))
+
+		By("once the Lineage lists it, its volume is a writable output's, with no source")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(lineage), lineage)).To(Succeed())
+		lineage.Spec.Outputs = []string{"features"}
+		Expect(k8sClient.Update(ctx, lineage)).To(Succeed())
+		readyCondition(ds, ReasonNoCSIDriver)
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(ds.UID)}, pv)).To(Succeed())
+		Expect(pv.Spec.AccessModes).To(ConsistOf(corev1.ReadWriteMany))
+		Expect(pv.Spec.CSI.ReadOnly).To(BeFalse())
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeOutput, "true"))
+		Expect(pv.Spec.CSI.VolumeAttributes).NotTo(HaveKey(datav1alpha1.VolumeAttributeSourceURI))
+		Expect(pv.Spec.CSI.NodePublishSecretRef).To(BeNil())
 	})
 
-	It("waits to be deleted until a Lineage that reads it has checkpointed its outputs, then removes its claim and volume", func() {
+	It("waits to be deleted while a Lineage that reads it has uncheckpointed outputs, then removes its claim and volume", func() {
 		createPool()
 		createCredentials(miniotest.SecretKey)
 		ds := s3Dataset("raw")
@@ -336,11 +349,10 @@ var _ = Describe("The Dataset reconciler", func() {
 			g.Expect(c.Message).To(ContainSubstring("Lineage clean reads this Dataset and its output cleaned is not checkpointed"))
 		}).Should(Succeed(), "waiting for the deletion to be blocked by Lineage clean")
 
-		lineage.Status.Outputs = []datav1alpha1.LineageOutputStatus{{Name: "cleaned", State: datav1alpha1.OutputCheckpointed}}
-		Expect(k8sClient.Status().Update(ctx, lineage)).To(Succeed())
+		Expect(k8sClient.Delete(ctx, lineage)).To(Succeed())
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Satisfy(apierrors.IsNotFound))
-		}).Should(Succeed(), "waiting for Dataset raw to go once its dependent is checkpointed")
+		}).Should(Succeed(), "waiting for Dataset raw to go once the Lineage that needed it is given up")
 
 		// The claim and volume are deleted; their protection finalizers keep them until the
 		// kube-controller-manager (absent in envtest) releases them.

@@ -8,7 +8,13 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/internal/miniotest"
@@ -109,4 +115,38 @@ func TestTierPoolUsageSumsWhatItsLiveWorkersHold(t *testing.T) {
 	used, err := (&TierPoolReconciler{Master: master}).tierUsage(ctx, "fast")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(used).To(Equal(map[string]int64{"mem": 150, "nvme": 10}))
+}
+
+// TestAReleasedVolumeLosesItsFiles: deleting a provisioned volume makes the master forget its
+// files first, so that the workers drop its blocks.
+func TestAReleasedVolumeLosesItsFiles(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	name := datav1alpha1.MasterDatasetName("team-a", "scratch", "77aa")
+	_, err := master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: datav1alpha1.MasterDatasetRoot("team-a", "scratch", "77aa")})
+	g.Expect(err).NotTo(HaveOccurred())
+
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: "pvc-77aa", Annotations: map[string]string{annProvisionedBy: CSIDriverName}},
+		Spec: corev1.PersistentVolumeSpec{
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: CSIDriverName, VolumeHandle: "team-a/scratch/77aa",
+				VolumeAttributes: map[string]string{
+					datav1alpha1.VolumeAttributeNamespace: "team-a", datav1alpha1.VolumeAttributeDataset: "scratch",
+					datav1alpha1.VolumeAttributeUID: "77aa", datav1alpha1.VolumeAttributeOutput: "true",
+				},
+			}},
+		},
+		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeReleased},
+	}
+	kube := fake.NewClientBuilder().WithObjects(pv).WithStatusSubresource(pv).Build()
+	r := &reclaimer{Client: kube, Recorder: record.NewFakeRecorder(10), Master: master}
+	_, err = r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pv)})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = master.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+	g.Expect(status.Code(err)).To(Equal(codes.NotFound), "the master forgot the volume's files")
+	g.Expect(kube.Get(ctx, client.ObjectKeyFromObject(pv), &corev1.PersistentVolume{})).To(Satisfy(apierrors.IsNotFound))
 }

@@ -58,6 +58,13 @@ func setDeletionBlocked(ds *datav1alpha1.Dataset, why string) {
 // setUsage records what the workers hold of a Dataset: cached bytes, their share of the source
 // (rounded down, so 100% means every byte), and the bytes of each tier.
 func setUsage(ds *datav1alpha1.Dataset, usage *masterpb.DatasetUsage) {
+	if ds.Spec.Lineage != nil {
+		// An output has no source to probe: its files are those written so far.
+		ds.Status.TotalBytes = usage.GetTotalBytes()
+		ds.Status.Files = int64(usage.GetFiles())
+		ds.Status.Size = humanBytes(usage.GetTotalBytes())
+	}
+	ds.Status.CheckpointedBytes = usage.GetCheckpointedBytes()
 	ds.Status.CachedBytes = usage.GetCachedBytes()
 	ds.Status.CachedPercentage = ""
 	if total := ds.Status.TotalBytes; total > 0 {

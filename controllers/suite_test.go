@@ -29,6 +29,8 @@ import (
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/internal/miniotest"
+	masterclient "github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/mastertest"
 )
 
 // This suite runs the reconcilers in a manager against a real kube-apiserver and etcd (built by
@@ -48,6 +50,9 @@ var (
 	// claimServers are the claim servers of pvc:// Datasets: in envtest no pod runs them, so
 	// the specs serve the claim's folder themselves, with the real server.
 	claimServers = &testClaimServers{urls: map[string]string{}}
+	// lineageMaster is a real master the Lineage reconciler reads outputs' state from; specs
+	// lose blocks in it to make outputs Lost.
+	lineageMaster *masterclient.Client
 )
 
 type testClaimServers struct {
@@ -83,6 +88,8 @@ func (c *testClaimServers) serve(ns, name, dir, token string) string {
 
 func TestControllers(t *testing.T) {
 	RegisterFailHandler(Fail)
+	// Started here, with the test's own T: mastertest needs a testing.TB.
+	lineageMaster = mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
 	RunSpecs(t, "Controllers suite")
 }
 
@@ -145,6 +152,11 @@ var _ = BeforeSuite(func() {
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&CachePolicyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&LineageReconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Master: lineageMaster, APIReader: mgr.GetAPIReader(),
+		Refresh: time.Second,
+	}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&ProvisionerReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 
 	go func() {
 		defer GinkgoRecover()

@@ -13,7 +13,10 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -139,11 +142,7 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "raw"},
 		}})
 		Expect(k8sClient.Create(ctx, copier)).To(Succeed())
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(copier), copier)).To(Succeed())
-			g.Expect(copier.Status.Phase).NotTo(Equal(corev1.PodFailed), "the copy failed: %s", podLogs(ctx, copier))
-			g.Expect(copier.Status.Phase).To(Equal(corev1.PodSucceeded))
-		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for the copy into claim raw")
+		waitSucceeded(ctx, copier)
 
 		By("applying a Dataset of pvc://raw/tree and reading it on the other node, " + nodes[1])
 		ds := &datav1alpha1.Dataset{
@@ -157,6 +156,94 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		waitReady(ctx, ds)
 		Expect(ds.Status.Files).To(BeEquivalentTo(len(written)), "the operator counted the claim's files through the claim server")
 		Expect(sumClaim(ctx, namespace, nodes[1], "from-claim")).To(Equal(contents(written)))
+	})
+
+	It("runs a pipeline of Lineages whose outputs live in memory, and serves them whole on the other node", func(ctx SpecContext) {
+		By("applying the second step first: it waits for the first, which copies the corpus on " + nodes[0])
+		steps := []struct{ name, input, output string }{
+			{"copy-again", "corpus-copy", "corpus-copy-2"},
+			{"copy", "corpus", "corpus-copy"},
+		}
+		for _, step := range steps {
+			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: step.output, Namespace: namespace},
+				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: step.name}, TierPoolName: pool},
+			})).To(Succeed())
+		}
+		Expect(k8sClient.Create(ctx, copyLineage(namespace, "copy-again", "corpus-copy", "corpus-copy-2", nodes[0]))).To(Succeed())
+		waitLineage(ctx, namespace, "copy-again", "WaitingForInputs")
+		Expect(k8sClient.Create(ctx, copyLineage(namespace, "copy", "corpus", "corpus-copy", nodes[0]))).To(Succeed())
+		waitLineage(ctx, namespace, "copy", "Written")
+		waitLineage(ctx, namespace, "copy-again", "Written")
+
+		By("reading both outputs on " + nodes[1] + ": every byte comes from the writer's memory tier")
+		Expect(sumClaim(ctx, namespace, nodes[1], "corpus-copy")).To(Equal(contents(written)))
+		Expect(sumClaim(ctx, namespace, nodes[1], "corpus-copy-2")).To(Equal(contents(written)))
+
+		By("showing the outputs in memory, two uncheckpointed steps deep, in the status")
+		Eventually(func(g Gomega) {
+			var l datav1alpha1.Lineage
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "copy-again"}, &l)).To(Succeed())
+			g.Expect(l.Status.Outputs).To(HaveExactElements(HaveField("State", datav1alpha1.OutputInMemory)))
+			g.Expect(l.Status.UncheckpointedDepth).To(BeEquivalentTo(2))
+			var ds datav1alpha1.Dataset
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "corpus-copy-2"}, &ds)).To(Succeed())
+			g.Expect(ds.Status.Files).To(BeEquivalentTo(len(written)))
+			g.Expect(ds.Status.CachedPercentage).To(Equal("100%"))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the status of the outputs")
+
+		By("a pod that mounts an output read-only cannot write to it")
+		intruder := claimPod(namespace, nodes[1], "corpus-copy", "copy", "/data/big", "/data/big-again")
+		Expect(k8sClient.Create(ctx, intruder)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(intruder), intruder)).To(Succeed())
+			g.Expect(intruder.Status.Phase).To(Equal(corev1.PodFailed))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the write into a read-only mount to fail")
+		Expect(podLogs(ctx, intruder)).To(ContainSubstring("read-only file system"))
+	})
+
+	It("provisions a writable volume for a claim of a Strata StorageClass, and deletes it with the claim", func(ctx SpecContext) {
+		By("creating a StorageClass of pool " + pool + " and a claim of it")
+		class := &storagev1.StorageClass{
+			ObjectMeta:    metav1.ObjectMeta{Name: "strata-" + namespace},
+			Provisioner:   "csi.strata.dev",
+			Parameters:    map[string]string{"tierPool": pool},
+			ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
+		}
+		Expect(k8sClient.Create(ctx, class)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "scratch", Namespace: namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+				StorageClassName: &class.Name,
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, pvc)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)).To(Succeed())
+			g.Expect(pvc.Status.Phase).To(Equal(corev1.ClaimBound))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the claim to be bound to a provisioned volume")
+
+		By("writing the corpus into it on " + nodes[1] + " and reading it back on " + nodes[0])
+		writer := claimPod(namespace, nodes[1], "corpus", "copy", "/data", "/out")
+		writer.Spec.Containers[0].VolumeMounts = append(writer.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "out", MountPath: "/out"})
+		writer.Spec.Volumes = append(writer.Spec.Volumes, corev1.Volume{Name: "out", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "scratch"},
+		}})
+		Expect(k8sClient.Create(ctx, writer)).To(Succeed())
+		waitSucceeded(ctx, writer)
+		Expect(sumClaim(ctx, namespace, nodes[0], "scratch")).To(Equal(contents(written)))
+
+		By("deleting the claim once no pod uses it: its volume goes too")
+		volume := pvc.Spec.VolumeName
+		deletePodsUsing(ctx, namespace, "scratch") // finished pods still hold a claim
+		Expect(k8sClient.Delete(ctx, pvc)).To(Succeed())
+		Eventually(func(g Gomega) {
+			err := k8sClient.Get(ctx, client.ObjectKey{Name: volume}, &corev1.PersistentVolume{})
+			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "volume %s: %v", volume, err)
+		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for the released volume to be deleted")
 	})
 
 	It("steers a pod that mounts a Dataset to the node that holds it", func(ctx SpecContext) {
@@ -407,15 +494,79 @@ func claimPod(namespace, node, claim string, args ...string) *corev1.Pod {
 	return pod
 }
 
+// copyLineage is a Lineage whose Job copies the Dataset input into its output on node.
+func copyLineage(namespace, name, input, output, node string) *datav1alpha1.Lineage {
+	pod := claimPod(namespace, node, input, "copy", "/data", "/out")
+	pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "out", MountPath: "/out"})
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "out", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: output},
+	}})
+	// A Job's pods are placed by the scheduler: name the node by affinity, not nodeName.
+	pod.Spec.NodeName = ""
+	pod.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": node}
+	return &datav1alpha1.Lineage{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: datav1alpha1.LineageSpec{
+			Inputs: []string{input}, Outputs: []string{output},
+			Template: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{
+				BackoffLimit: ptr.To[int32](0),
+				Template:     corev1.PodTemplateSpec{Spec: pod.Spec},
+			}},
+		},
+	}
+}
+
+// waitLineage waits until the Lineage's Ready condition has reason.
+func waitLineage(ctx context.Context, namespace, name, reason string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		var l datav1alpha1.Lineage
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &l)).To(Succeed())
+		c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionReady)
+		g.Expect(c).NotTo(BeNil())
+		if c.Reason == "JobFailed" || c.Reason == "Cycle" || c.Reason == "InputNotFound" || c.Reason == "OutputNotDeclared" {
+			StopTrying(fmt.Sprintf("Lineage %s: %s: %s", name, c.Reason, c.Message)).Now()
+		}
+		g.Expect(c.Reason).To(Equal(reason), "%s", c.Message)
+	}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for Lineage %s to be %s", name, reason)
+}
+
+// deletePodsUsing deletes the pods of namespace that mount claim, and waits until they are gone.
+func deletePodsUsing(ctx context.Context, namespace, claim string) {
+	GinkgoHelper()
+	var pods corev1.PodList
+	Expect(k8sClient.List(ctx, &pods, client.InNamespace(namespace))).To(Succeed())
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		for _, v := range pod.Spec.Volumes {
+			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim {
+				Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pod))).To(Succeed())
+				Eventually(func() bool {
+					return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}))
+				}).WithContext(ctx).WithTimeout(2*minute).Should(BeTrue(), "waiting for pod %s to go", pod.Name)
+				break
+			}
+		}
+	}
+}
+
 // runPod creates pod, waits for it to succeed and decodes the JSON lines it printed.
 func runPod(ctx context.Context, pod *corev1.Pod) []object {
 	Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+	waitSucceeded(ctx, pod)
+	return runLogs(ctx, pod)
+}
+
+// waitSucceeded waits until a testkit pod has succeeded, failing with its logs if it failed.
+func waitSucceeded(ctx context.Context, pod *corev1.Pod) {
+	GinkgoHelper()
 	Eventually(func(g Gomega) {
 		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
-		g.Expect(pod.Status.Phase).NotTo(Equal(corev1.PodFailed), "testkit %v failed: %s", pod.Spec.Containers[0].Args, podLogs(ctx, pod))
+		if pod.Status.Phase == corev1.PodFailed {
+			StopTrying(fmt.Sprintf("testkit %v failed: %s", pod.Spec.Containers[0].Args, podLogs(ctx, pod))).Now()
+		}
 		g.Expect(pod.Status.Phase).To(Equal(corev1.PodSucceeded))
 	}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for testkit %v on %s", pod.Spec.Containers[0].Args, pod.Spec.NodeName)
-	return runLogs(ctx, pod)
 }
 
 // runLogs decodes the JSON lines a finished testkit pod printed.

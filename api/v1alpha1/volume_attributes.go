@@ -21,6 +21,10 @@ const (
 	VolumeAttributeSourceURI      = "data.strata.dev/source-uri"
 	VolumeAttributeSourceEndpoint = "data.strata.dev/source-endpoint"
 	VolumeAttributeSourceRegion   = "data.strata.dev/source-region"
+	// VolumeAttributeOutput is "true" on the volume of a Dataset that a Lineage writes: the node
+	// plugin publishes it writable to pods that write, and the worker serves it from the master's
+	// record instead of a source.
+	VolumeAttributeOutput = "data.strata.dev/output"
 )
 
 // MasterDatasetName is the name under which a Dataset's files and blocks are known to the

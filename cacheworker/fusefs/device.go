@@ -85,7 +85,7 @@ func mountOptions(cfg Config, log logr.Logger) *fuse.MountOptions {
 		// No extended attributes: saves the kernel asking for security labels on every lookup.
 		DisableXAttrs: true,
 		// The kernel may read files ahead, and list folders with their entries' attributes.
-		Logger: goFuseLogger(log),
+		Logger: GoFuseLogger(log),
 	}
 	if cfg.DisablePassthrough {
 		o.DisabledCapabilities |= fuse.CAP_PASSTHROUGH

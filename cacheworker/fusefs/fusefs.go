@@ -229,11 +229,31 @@ func (s *Server) start(agreed *fuse.InitOut, cfg Config) {
 		close(s.stopped)
 	})
 	// Only once served: the kernel asks the server for the root's attributes.
+	s.conn, _ = ConnectionID(s.dir)
+}
+
+// ConnectionID is the fusectl name of the FUSE connection mounted at dir, which must be
+// served (stat asks the server for the root's attributes).
+func ConnectionID(dir string) (string, error) {
 	var st unix.Stat_t
-	if err := unix.Stat(s.dir, &st); err == nil {
-		// fusectl names a connection by the kernel's device number (major<<20 | minor).
-		s.conn = strconv.FormatUint(uint64(unix.Major(st.Dev))<<20|uint64(unix.Minor(st.Dev)), 10)
+	if err := unix.Stat(dir, &st); err != nil {
+		return "", fmt.Errorf("finding the FUSE connection of %s: %w", dir, err)
 	}
+	// fusectl names a connection by the kernel's device number (major<<20 | minor).
+	return strconv.FormatUint(uint64(unix.Major(st.Dev))<<20|uint64(unix.Minor(st.Dev)), 10), nil
+}
+
+// AbortConnection ends the FUSE connection conn (see ConnectionID) of the mount at dir:
+// every mount of it then fails with ENOTCONN.
+func AbortConnection(conn, dir string) error {
+	if conn == "" {
+		return errors.New("the FUSE connection's id is unknown")
+	}
+	p := filepath.Join("/sys/fs/fuse/connections", conn, "abort")
+	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
+		return fmt.Errorf("aborting the FUSE connection of %s (is fusectl mounted at /sys/fs/fuse/connections?): %w", dir, err)
+	}
+	return nil
 }
 
 // Stopped is closed once this process no longer serves the file system: the kernel ended it
@@ -261,7 +281,7 @@ func (s *Server) Done() <-chan struct{} { return s.served }
 // bind mount), the folder is unmounted but the file system is still served for them: that is
 // ErrStillMounted, and Done tells when they are gone. Unmounting again is harmless.
 func (s *Server) Unmount(ctx context.Context) error {
-	if err := unmount(ctx, s.dir); err != nil {
+	if err := UnmountFolder(ctx, s.dir); err != nil {
 		return err
 	}
 	select {
@@ -274,20 +294,11 @@ func (s *Server) Unmount(ctx context.Context) error {
 
 // Abort ends the file system's connection with the kernel, through fusectl: every mount of it
 // then fails with ENOTCONN. It is for a worker that shuts down with mounts it cannot unmount.
-func (s *Server) Abort() error {
-	if s.conn == "" {
-		return errors.New("the FUSE connection's id is unknown")
-	}
-	p := filepath.Join("/sys/fs/fuse/connections", s.conn, "abort")
-	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
-		return fmt.Errorf("aborting the FUSE connection of %s (is fusectl mounted at /sys/fs/fuse/connections?): %w", s.dir, err)
-	}
-	return nil
-}
+func (s *Server) Abort() error { return AbortConnection(s.conn, s.dir) }
 
-// unmount unmounts dir with umount(2).
-// A folder that is not mounted is fine.
-func unmount(ctx context.Context, dir string) error {
+// UnmountFolder unmounts dir with umount(2), retrying a while if it is busy (ErrBusy after
+// that). A folder that is not mounted is fine.
+func UnmountFolder(ctx context.Context, dir string) error {
 	wait := unmountBackoff
 	var err error
 	for range unmountTries {
@@ -320,6 +331,7 @@ func (w logWriter) Write(p []byte) (int, error) {
 
 var _ io.Writer = logWriter{}
 
-func goFuseLogger(lg logr.Logger) *log.Logger {
+// GoFuseLogger passes go-fuse's log lines to lg.
+func GoFuseLogger(lg logr.Logger) *log.Logger {
 	return log.New(logWriter{lg.WithName("go-fuse")}, "", 0)
 }

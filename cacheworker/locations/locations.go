@@ -164,17 +164,23 @@ func (d *Directory) Report(ctx context.Context, info tierstore.BlockInfo) error 
 	if err := d.ensureFile(ctx, &origin); err != nil {
 		return fmt.Errorf("reporting block %s: %w", info.ID, err)
 	}
+	return d.Commit(ctx, info, origin.GetPath(), origin.GetOffset())
+}
+
+// Commit tells the master that this worker holds block info, the part of the file at path
+// (in the master's namespace) that starts at offset. The file must exist there.
+func (d *Directory) Commit(ctx context.Context, info tierstore.BlockInfo, path string, offset int64) error {
 	_, err := d.master.CommitBlock(ctx, &masterpb.CommitBlockRequest{
 		BlockId:  MasterBlockID(info.ID),
-		Path:     origin.GetPath(),
-		Offset:   origin.GetOffset(),
+		Path:     path,
+		Offset:   offset,
 		Size:     info.Size,
 		Checksum: strconv.FormatUint(uint64(info.Checksum), 16),
 		Worker:   d.self,
 		Tier:     info.Tier,
 	})
 	if err != nil {
-		return fmt.Errorf("reporting block %s of %s to the master: %w", info.ID, origin.GetPath(), err)
+		return fmt.Errorf("reporting block %s of %s to the master: %w", info.ID, path, err)
 	}
 	return nil
 }

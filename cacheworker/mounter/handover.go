@@ -42,7 +42,7 @@ const handoverTimeout = 5 * time.Second
 // hold puts mnt's connection in the store. A failure leaves the mount working, only not
 // beyond this worker process, and says so.
 func (m *Mounter) hold(ctx context.Context, mnt *mount) {
-	if m.cfg.Handovers == nil {
+	if m.cfg.Handovers == nil || mnt.output {
 		return
 	}
 	if err := m.put(ctx, mnt); err != nil {
@@ -57,7 +57,11 @@ func (m *Mounter) put(ctx context.Context, mnt *mount) error {
 	if err != nil {
 		return fmt.Errorf("encoding the mount request: %w", err)
 	}
-	h, err := mnt.fs.Handover()
+	input, ok := mnt.fs.(*fusefs.Server)
+	if !ok {
+		return errors.New("only input Datasets are handed over")
+	}
+	h, err := input.Handover()
 	if err != nil {
 		return err
 	}
@@ -150,18 +154,18 @@ func (m *Mounter) resumeOne(ctx context.Context, uid string) (err error) {
 		mnt.release(log)
 		return err
 	}
-	mnt.fs, err = fusefs.Resume(ctx, h, m.fsConfig(mnt, log))
+	input, err := fusefs.Resume(ctx, h, m.fsConfig(mnt, log))
 	if err != nil {
 		mnt.release(log)
 		return err
 	}
-	mnt.held = true
+	mnt.fs, mnt.held = input, true
 	mounted, err := isMountPoint(mnt.path)
 	m.mu.Lock()
 	if err == nil && mounted && filepath.Clean(mnt.fs.Dir()) == mnt.path {
 		m.mounts[uid] = mnt
 		m.mu.Unlock()
-		log.Info("took over the mount of an earlier worker", "path", mnt.path, "files", mnt.fs.Files(), "passthrough", mnt.fs.Passthrough())
+		log.Info("took over the mount of an earlier worker", "path", mnt.path, "files", input.Files(), "passthrough", input.Passthrough())
 		return nil
 	}
 	// Its folder was unmounted before the restart; pods still hold it.
@@ -205,12 +209,12 @@ func (m *Mounter) refill(ctx context.Context, log logr.Logger) {
 	m.mu.Lock()
 	var missing []*mount
 	for _, mnt := range m.mounts {
-		if !have[mnt.uid] {
+		if !have[mnt.uid] && !mnt.output {
 			missing = append(missing, mnt)
 		}
 	}
 	for mnt := range m.draining {
-		if !have[mnt.uid] {
+		if !have[mnt.uid] && !mnt.output {
 			missing = append(missing, mnt)
 		}
 	}

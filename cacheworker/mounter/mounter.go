@@ -21,6 +21,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
+	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
@@ -31,6 +32,20 @@ import (
 type BlockStore interface {
 	cache.BlockStore
 	OpenBlock(ctx context.Context, id string) (*os.File, tierstore.BlockInfo, error)
+	Delete(ctx context.Context, id string) error
+}
+
+// Outputs is what serving output Datasets (written by pods) takes besides the tier store.
+type Outputs struct {
+	// Master records the files written; Locations records their blocks and reads blocks
+	// other workers hold.
+	Master    outputfs.Master
+	Locations outputfs.Locations
+	// StagingDir holds a folder per mounted output for the files being written: put it on the
+	// top tier's file system (tmpfs for MEM), so that writes go to memory.
+	StagingDir string
+	// Metrics counts what is written; nil counts nowhere.
+	Metrics *outputfs.Metrics
 }
 
 // Config configures a Mounter.
@@ -58,6 +73,8 @@ type Config struct {
 	FileRoots []string
 	// DisablePassthrough keeps every read going through the worker (see fusefs).
 	DisablePassthrough bool
+	// Outputs, when set, lets the mounter serve output Datasets; without it, mounting one fails.
+	Outputs *Outputs
 	// Handovers, when set, holds every mount's FUSE connection for the worker that comes next
 	// (see handover.go); without it, a worker restart ends the mounts pods hold.
 	Handovers Handovers
@@ -96,13 +113,28 @@ type Mounter struct {
 	wg       sync.WaitGroup
 }
 
+// fileSystem is a mounted Dataset: an input's read-only tree (*fusefs.Server) or an output's
+// writable one (*outputfs.Server).
+type fileSystem interface {
+	Dir() string
+	// Done is closed once the kernel ended the file system; Stopped once this process no
+	// longer serves it (ended, or suspended for the next worker).
+	Done() <-chan struct{}
+	Stopped() <-chan struct{}
+	// Unmount unmounts the folder; fusefs.ErrStillMounted if pods' bind mounts remain.
+	Unmount(ctx context.Context) error
+	Abort() error
+	Files() int
+	Bytes() int64
+}
+
 // mount is a served Dataset.
 type mount struct {
 	uid, namespace, name  string
 	uri, endpoint, region string
-	readOnly              bool
+	readOnly, output      bool
 	path                  string
-	fs                    *fusefs.Server
+	fs                    fileSystem
 	cache                 *cache.Cache
 	store                 understore.Store
 	released              sync.Once
@@ -175,12 +207,16 @@ func validate(req *workerpb.MountDatasetRequest) error {
 	if errs := validation.IsDNS1123Subdomain(req.GetName()); len(errs) > 0 {
 		return status.Errorf(codes.InvalidArgument, "name %q: %s", req.GetName(), strings.Join(errs, "; "))
 	}
-	if req.GetSource().GetUri() == "" {
-		return status.Errorf(codes.InvalidArgument, "Dataset %s/%s has no source: only Datasets read from an under-store can be mounted", req.GetNamespace(), req.GetName())
-	}
-	if !req.GetReadOnly() {
+	switch {
+	case req.GetOutput() && req.GetSource().GetUri() != "":
+		return status.Errorf(codes.InvalidArgument, "Dataset %s/%s is an output, written by pods: it has no source", req.GetNamespace(), req.GetName())
+	case req.GetOutput():
+		return nil
+	case req.GetSource().GetUri() == "":
+		return status.Errorf(codes.InvalidArgument, "Dataset %s/%s has no source: only Datasets read from an under-store or written as outputs can be mounted", req.GetNamespace(), req.GetName())
+	case !req.GetReadOnly():
 		return status.Errorf(codes.FailedPrecondition,
-			"Dataset %s/%s: writable mounts are for lineage outputs and are not built yet; mount input Datasets read-only", req.GetNamespace(), req.GetName())
+			"Dataset %s/%s is an input, read from its source: mount it read-only (only Lineage outputs are writable)", req.GetNamespace(), req.GetName())
 	}
 	return nil
 }
@@ -262,8 +298,13 @@ func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRe
 		return nil, status.Error(codes.Unavailable, "the worker is shutting down")
 	}
 	m.hold(ctx, mnt)
-	m.log.Info("mounted Dataset", "dataset", dataset, "uid", uid, "source", mnt.store.String(), "path", mnt.path,
-		"files", mnt.fs.Files(), "bytes", mnt.fs.Bytes(), "passthrough", mnt.fs.Passthrough(), "outlivesWorker", mnt.held)
+	if input, ok := mnt.fs.(*fusefs.Server); ok {
+		m.log.Info("mounted Dataset", "dataset", dataset, "uid", uid, "source", mnt.store.String(), "path", mnt.path,
+			"files", mnt.fs.Files(), "bytes", mnt.fs.Bytes(), "passthrough", input.Passthrough(), "outlivesWorker", mnt.held)
+	} else {
+		m.log.Info("mounted output Dataset, writable", "dataset", dataset, "uid", uid, "path", mnt.path,
+			"files", mnt.fs.Files(), "bytes", mnt.fs.Bytes())
+	}
 	return &workerpb.MountDatasetResponse{Path: mnt.path}, nil
 }
 
@@ -285,7 +326,11 @@ func sameMount(old *mount, req *workerpb.MountDatasetRequest) error {
 	if old.region != src.GetRegion() {
 		diff = append(diff, fmt.Sprintf("region %q, not %q", old.region, src.GetRegion()))
 	}
-	if old.readOnly != req.GetReadOnly() {
+	if old.output != req.GetOutput() {
+		diff = append(diff, fmt.Sprintf("output %t, not %t", old.output, req.GetOutput()))
+	}
+	// An output is served writable whoever asks; the CSI plugin binds it read-only for readers.
+	if !old.output && old.readOnly != req.GetReadOnly() {
 		diff = append(diff, fmt.Sprintf("read-only %t, not %t", old.readOnly, req.GetReadOnly()))
 	}
 	if len(diff) == 0 {
@@ -314,6 +359,12 @@ func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) 
 		}
 	}()
 
+	if mnt.output {
+		if mnt.fs, err = m.mountOutput(ctx, mnt, log); err != nil {
+			return nil, err
+		}
+		return mnt, nil
+	}
 	if err := m.openCache(ctx, mnt, req, log); err != nil {
 		return nil, err
 	}
@@ -334,8 +385,28 @@ func (m *Mounter) newMount(req *workerpb.MountDatasetRequest) *mount {
 	return &mount{
 		uid: req.GetUid(), namespace: req.GetNamespace(), name: req.GetName(),
 		uri: src.GetUri(), endpoint: src.GetEndpoint(), region: src.GetRegion(), readOnly: req.GetReadOnly(),
-		path: filepath.Join(m.cfg.MountsDir, req.GetUid()), req: req,
+		output: req.GetOutput(), path: filepath.Join(m.cfg.MountsDir, req.GetUid()), req: req,
 	}
+}
+
+// mountOutput serves an output Dataset, writable, from what the master lists of it.
+func (m *Mounter) mountOutput(ctx context.Context, mnt *mount, log logr.Logger) (*outputfs.Server, error) {
+	out := m.cfg.Outputs
+	if out == nil {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"Dataset %s is an output, and this worker has no master to record what is written: start it with --masters", mnt.dataset())
+	}
+	srv, err := outputfs.Mount(ctx, mnt.path, outputfs.Config{
+		Dataset: datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid),
+		Root:    datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid),
+		Master:  out.Master, Store: m.cfg.Store, Locations: out.Locations, BlockSize: m.cfg.BlockSize,
+		StagingDir: filepath.Join(out.StagingDir, mnt.uid), Name: "strata:" + mnt.dataset(),
+		Metrics: out.Metrics, Log: log,
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "mounting output Dataset %s: %v", mnt.dataset(), err)
+	}
+	return srv, nil
 }
 
 // openCache opens the under-store of req and the Dataset's read-through cache over it.
@@ -616,7 +687,7 @@ func (m *Mounter) suspendHeld(mnt *mount) bool {
 	if !held {
 		return false
 	}
-	mnt.fs.Suspend()
+	mnt.fs.(*fusefs.Server).Suspend() // only inputs are held
 	mnt.release(m.log)
 	m.log.Info("left the Dataset mounted for the next worker", "dataset", mnt.dataset(), "uid", mnt.uid, "path", mnt.path)
 	return true

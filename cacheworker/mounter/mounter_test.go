@@ -291,10 +291,20 @@ func TestMountDatasetSaysWhatToFix(t *testing.T) {
 			code:   codes.Unavailable,
 			says:   []string{"unreachable", "spec.source.endpoint"},
 		},
-		"a writable mount is not built yet": {
+		"an input is never writable": {
 			change: func(r *workerpb.MountDatasetRequest) { r.ReadOnly = false },
 			code:   codes.FailedPrecondition,
-			says:   []string{"writable mounts are for lineage outputs and are not built yet"},
+			says:   []string{"mount it read-only", "only Lineage outputs are writable"},
+		},
+		"an output has no source": {
+			change: func(r *workerpb.MountDatasetRequest) { r.Output = true },
+			code:   codes.InvalidArgument,
+			says:   []string{"is an output", "has no source"},
+		},
+		"an output needs a worker that records what is written": {
+			change: func(r *workerpb.MountDatasetRequest) { r.Output, r.Source = true, nil },
+			code:   codes.FailedPrecondition,
+			says:   []string{"is an output", "--masters"},
 		},
 		"a uid that is not a token is refused": {
 			change: func(r *workerpb.MountDatasetRequest) { r.Uid = "../x" },

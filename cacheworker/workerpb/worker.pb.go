@@ -38,7 +38,11 @@ type BlockOrigin struct {
 	Offset int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
 	// root is the dataset's root folder in the master's namespace (path lies under it), so that
 	// a worker can register the dataset when the master does not know it yet.
-	Root          string `protobuf:"bytes,5,opt,name=root,proto3" json:"root,omitempty"`
+	Root string `protobuf:"bytes,5,opt,name=root,proto3" json:"root,omitempty"`
+	// file_token is, for a block of a written output, the client token of the file version it is
+	// part of (outputfs names the blocks by it): a block whose file now has another token is of
+	// an earlier version. Empty for blocks read from a source.
+	FileToken     string `protobuf:"bytes,6,opt,name=file_token,json=fileToken,proto3" json:"file_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -104,6 +108,13 @@ func (x *BlockOrigin) GetOffset() int64 {
 func (x *BlockOrigin) GetRoot() string {
 	if x != nil {
 		return x.Root
+	}
+	return ""
+}
+
+func (x *BlockOrigin) GetFileToken() string {
+	if x != nil {
+		return x.FileToken
 	}
 	return ""
 }
@@ -584,11 +595,15 @@ type MountDatasetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// namespace, name and uid identify the Dataset; uid names its blocks and its mount point, so a
 	// new Dataset of the same name never sees the old one's data.
-	Namespace     string         `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	Name          string         `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Uid           string         `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
-	Source        *DatasetSource `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
-	ReadOnly      bool           `protobuf:"varint,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	Namespace string         `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string         `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Uid       string         `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Source    *DatasetSource `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	ReadOnly  bool           `protobuf:"varint,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// output: the Dataset is written by pods (a Lineage's output) and has no source; it is
+	// served writable, its files those the master lists, and read_only does not apply (the CSI
+	// plugin binds it read-only into pods that only read).
+	Output        bool `protobuf:"varint,6,opt,name=output,proto3" json:"output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -654,6 +669,13 @@ func (x *MountDatasetRequest) GetSource() *DatasetSource {
 func (x *MountDatasetRequest) GetReadOnly() bool {
 	if x != nil {
 		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *MountDatasetRequest) GetOutput() bool {
+	if x != nil {
+		return x.Output
 	}
 	return false
 }
@@ -787,13 +809,15 @@ var File_cacheworker_workerpb_worker_proto protoreflect.FileDescriptor
 
 const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\n" +
-	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"}\n" +
+	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"\x9c\x01\n" +
 	"\vBlockOrigin\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x03R\x05index\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x03R\x06offset\x12\x12\n" +
-	"\x04root\x18\x05 \x01(\tR\x04root\"h\n" +
+	"\x04root\x18\x05 \x01(\tR\x04root\x12\x1d\n" +
+	"\n" +
+	"file_token\x18\x06 \x01(\tR\tfileToken\"h\n" +
 	"\vBlockHeader\x12\x19\n" +
 	"\bblock_id\x18\x01 \x01(\tR\ablockId\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
@@ -826,13 +850,14 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\vcredentials\x18\x04 \x03(\v20.strata.worker.v1.DatasetSource.CredentialsEntryR\vcredentials\x1a>\n" +
 	"\x10CredentialsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaf\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\x01\n" +
 	"\x13MountDatasetRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\tR\x03uid\x127\n" +
 	"\x06source\x18\x04 \x01(\v2\x1f.strata.worker.v1.DatasetSourceR\x06source\x12\x1b\n" +
-	"\tread_only\x18\x05 \x01(\bR\breadOnly\"*\n" +
+	"\tread_only\x18\x05 \x01(\bR\breadOnly\x12\x16\n" +
+	"\x06output\x18\x06 \x01(\bR\x06output\"*\n" +
 	"\x14MountDatasetResponse\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\")\n" +
 	"\x15UnmountDatasetRequest\x12\x10\n" +

@@ -58,6 +58,7 @@ type options struct {
 	master          masterOptions
 	worker          workerOptions
 	nodeLossGrace   time.Duration
+	recomputeClass  string
 	// webhookCertDir holds the Dataset locality webhook's certificate; empty serves none.
 	webhookCertDir string
 	webhookPort    int
@@ -113,6 +114,8 @@ func main() {
 	flag.StringVar(&opts.webhookCertDir, "webhook-cert-dir", "",
 		"Folder with tls.crt and tls.key for the Dataset locality webhook; empty serves no webhook.")
 	flag.IntVar(&opts.webhookPort, "webhook-port", 9443, "Port the Dataset locality webhook serves on.")
+	flag.StringVar(&opts.recomputeClass, "recompute-priority-class", controllers.DefaultRecomputeClass,
+		"PriorityClass recomputation Jobs start at; they inherit a higher one from the pods that wait for lost data.")
 	flag.DurationVar(&opts.nodeLossGrace, "node-loss-grace", controllers.DefaultNodeLossGrace,
 		"How long a Node must be NotReady before the master declares its workers lost.")
 	opts.zap.BindFlags(flag.CommandLine)
@@ -239,6 +242,21 @@ func run(opts options) error {
 	}
 	if err := datasets.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Dataset controller: %w", err)
+	}
+	depth, err := controllers.NewLineageDepthGauge(crmetrics.Registry)
+	if err != nil {
+		return err
+	}
+	if err := (&controllers.LineageReconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: datasets.Master, Depth: depth,
+		RecomputeClass: opts.recomputeClass, APIReader: mgr.GetAPIReader(),
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the Lineage controller: %w", err)
+	}
+	if err := (&controllers.ProvisionerReconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: datasets.Master,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the volume provisioner: %w", err)
 	}
 
 	if opts.webhookCertDir != "" {

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -32,6 +33,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/membership"
 	"github.com/strata-cache/strata/cacheworker/mounter"
+	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tiermount"
@@ -66,6 +68,13 @@ func main() {
 const (
 	policiesPoll    = 10 * time.Second
 	policiesResweep = 5 * time.Minute
+)
+
+// How often the blocks of deleted output Datasets are looked for, and how old a block must be
+// to be taken for one (a block being written may belong to a Dataset not registered yet).
+const (
+	orphanSweepInterval = 5 * time.Minute
+	orphanGrace         = 10 * time.Minute
 )
 
 // handoverRefillInterval is how often the worker checks that the file descriptor store still
@@ -154,6 +163,8 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		ready = member.Registered
 		g.Go(func() error { return member.Run(gctx) })
 		g.Go(func() error { return dir.Run(gctx) })
+		sweeper := &locations.Sweeper{Master: masters, Store: store, Grace: orphanGrace, Log: log.WithName("sweeper")}
+		g.Go(func() error { sweeper.Run(gctx, orphanSweepInterval); return nil })
 	}
 
 	dataLis, err := net.Listen("tcp", opts.dataAddr)
@@ -197,6 +208,16 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			MountsDir: opts.mountsDir, Store: store, BlockSize: opts.blockSize, CacheMetrics: cacheMetrics,
 			Peers: peerReader, Stored: stored, Pinned: policies.Pinned, FileRoots: splitList(opts.fileRoots),
 			Log: log.WithName("mounter"), Registerer: reg,
+		}
+		if dir != nil {
+			outMetrics, err := outputfs.NewMetrics(reg)
+			if err != nil {
+				return err
+			}
+			// Outputs are staged on the top tier's file system (tmpfs for MEM), in a folder
+			// the tier store's start-up check leaves alone (it only looks at block files).
+			mcfg.Outputs = &mounter.Outputs{Master: masters, Locations: dir, Metrics: outMetrics,
+				StagingDir: filepath.Join(cfg.Tiers[0].Dirs[0], ".staging")}
 		}
 		if opts.fdStoreSocket != "" {
 			if mcfg.Handovers, err = fdstore.NewClient(opts.fdStoreSocket, opts.pool); err != nil {

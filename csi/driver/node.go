@@ -19,8 +19,9 @@ import (
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
 
-// outputsNotServed is the answer to a pod that would write through a Strata volume.
-const outputsNotServed = "writable output volumes are served by the lineage feature, not yet available"
+// provisionedNotServed is the answer to a pod that mounts a volume provisioned by CreateVolume.
+const provisionedNotServed = "volumes provisioned from a StorageClass are not served yet: " +
+	"declare the data a pod writes as a Dataset with spec.lineage and mount its claim"
 
 // Workers reaches the cache workers of this node's pools. WorkerSockets is the real one.
 type Workers interface {
@@ -101,6 +102,8 @@ type publishRequest struct {
 	pool             string
 	mountFlags       []string
 	source           *workerpb.DatasetSource
+	// output: the Dataset is written by pods; writable: this publish may write to it.
+	output, writable bool
 }
 
 // NodePublishVolume publishes a Dataset read-only at the target path.
@@ -166,7 +169,7 @@ func (n *Node) checkPublish(req *csi.NodePublishVolumeRequest) (publishRequest, 
 		return invalid("%v", err)
 	}
 	if isOutputVolumeID(id) {
-		return publishRequest{}, status.Errorf(codes.FailedPrecondition, "volume %s is an output volume: %s", id, outputsNotServed)
+		return publishRequest{}, status.Errorf(codes.FailedPrecondition, "volume %s: %s", id, provisionedNotServed)
 	}
 	attrs := req.GetVolumeContext()
 	if attrs[contextEphemeral] == "true" {
@@ -200,19 +203,29 @@ func (n *Node) checkPublish(req *csi.NodePublishVolumeRequest) (publishRequest, 
 		return publishRequest{}, status.Errorf(codes.PermissionDenied,
 			"a pod of namespace %s may not mount Dataset %s of namespace %s", podNamespace, ds.Name, ds.Namespace)
 	}
-	if !readerModes[vc.GetAccessMode().GetMode()] && !req.GetReadonly() {
+	// The operator marks the volumes of Lineage outputs; a tenant cannot, since it writes the
+	// attributes of PersistentVolumes, which only it creates.
+	output := attrs[datav1alpha1.VolumeAttributeOutput] == "true"
+	writes := !readerModes[vc.GetAccessMode().GetMode()] && !req.GetReadonly()
+	if writes && !output {
 		return publishRequest{}, status.Errorf(codes.FailedPrecondition,
-			"Dataset %s is published read-only and access mode %v writes: %s", ds, vc.GetAccessMode().GetMode(), outputsNotServed)
+			"Dataset %s is an input, read from its source, and access mode %v writes: mount its claim with readOnly: true "+
+				"(only the Datasets a Lineage writes, spec.lineage, are writable)", ds, vc.GetAccessMode().GetMode())
 	}
-	return publishRequest{
+	pr := publishRequest{
 		volumeID: id, target: target, dataset: ds, pool: pool, mountFlags: vc.GetMount().GetMountFlags(),
-		source: &workerpb.DatasetSource{
-			Uri:         attrs[datav1alpha1.VolumeAttributeSourceURI],
-			Endpoint:    attrs[datav1alpha1.VolumeAttributeSourceEndpoint],
-			Region:      attrs[datav1alpha1.VolumeAttributeSourceRegion],
-			Credentials: req.GetSecrets(),
-		},
-	}, nil
+		output: output, writable: writes,
+	}
+	if output {
+		return pr, nil
+	}
+	pr.source = &workerpb.DatasetSource{
+		Uri:         attrs[datav1alpha1.VolumeAttributeSourceURI],
+		Endpoint:    attrs[datav1alpha1.VolumeAttributeSourceEndpoint],
+		Region:      attrs[datav1alpha1.VolumeAttributeSourceRegion],
+		Credentials: req.GetSecrets(),
+	}
+	return pr, nil
 }
 
 // checkTarget accepts only a clean absolute path under the kubelet's pods folder that does
@@ -278,7 +291,7 @@ func (n *Node) acquire(ctx context.Context, pr publishRequest, pub publication) 
 	defer unlock()
 	resp, err := n.workers.MountDataset(ctx, pr.pool, &workerpb.MountDatasetRequest{
 		Namespace: pr.dataset.Namespace, Name: pr.dataset.Name, Uid: pr.dataset.UID,
-		Source: pr.source, ReadOnly: true,
+		Source: pr.source, ReadOnly: !pr.writable, Output: pr.output,
 	})
 	if err != nil {
 		return "", n.workerError(pr.pool, err)
@@ -302,12 +315,16 @@ func (n *Node) workerError(pool string, err error) error {
 	return status.Errorf(st.Code(), "the node's worker of pool %s answered: %s", pool, st.Message())
 }
 
-// bind bind-mounts the worker's mount of the Dataset read-only onto the target.
+// bind bind-mounts the worker's mount of the Dataset onto the target: read-only unless the
+// publish writes an output.
 func (n *Node) bind(source string, pr publishRequest) error {
 	if err := os.MkdirAll(pr.target, 0o750); err != nil {
 		return fmt.Errorf("creating target %s: %w", pr.target, err)
 	}
-	opts := []string{"bind", "ro"}
+	opts := []string{"bind"}
+	if !pr.writable {
+		opts = append(opts, "ro")
+	}
 	for _, f := range pr.mountFlags {
 		if f != "ro" {
 			opts = append(opts, f)

@@ -161,18 +161,18 @@ func TestNodePublishRefusesBeforeDoingAnything(t *testing.T) {
 			},
 			code: codes.PermissionDenied, contains: "inline (ephemeral) volumes",
 		},
-		"an output volume is not served yet": {
+		"a provisioned volume is not served yet": {
 			change: func(_ *testing.T, _ *nodeEnv, req *csi.NodePublishVolumeRequest) {
 				req.VolumeId = outputVolumePrefix + "0123456789abcdef0123456789abcdef"
 			},
-			code: codes.FailedPrecondition, contains: outputsNotServed,
+			code: codes.FailedPrecondition, contains: provisionedNotServed,
 		},
-		"a writable publish of a Dataset is not served yet": {
+		"a writable publish of an input Dataset says to mount it read-only": {
 			change: func(_ *testing.T, _ *nodeEnv, req *csi.NodePublishVolumeRequest) {
 				req.VolumeCapability.AccessMode.Mode = csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
 				req.Readonly = false
 			},
-			code: codes.FailedPrecondition, contains: outputsNotServed,
+			code: codes.FailedPrecondition, contains: "readOnly: true (only the Datasets a Lineage writes, spec.lineage, are writable)",
 		},
 	}
 	for name, tc := range cases {
@@ -245,6 +245,41 @@ func TestNodePublishServesAWriterModeReadOnlyWhenThePodAsksReadOnly(t *testing.T
 	}
 	if mps, _ := env.mounter.List(); len(mps) != 1 || !contains(mps[0].Opts, "ro") {
 		t.Fatalf("mount points = %+v, want one read-only bind", mps)
+	}
+}
+
+// TestNodePublishesOutputsWritableToWriters publishes a Lineage's output: writers get a
+// writable bind, readers a read-only one, and the worker serves it as an output, with no source.
+func TestNodePublishesOutputsWritableToWriters(t *testing.T) {
+	cases := map[string]struct {
+		readonly bool
+		wantRO   bool
+	}{
+		"a writer gets a writable bind":              {readonly: false, wantRO: false},
+		"a pod that mounts it readOnly cannot write": {readonly: true, wantRO: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			env := newNodeEnv(t)
+			req := env.publishRequest(t, "pod-1")
+			req.VolumeContext[datav1alpha1.VolumeAttributeOutput] = "true"
+			for _, k := range []string{datav1alpha1.VolumeAttributeSourceURI, datav1alpha1.VolumeAttributeSourceEndpoint, datav1alpha1.VolumeAttributeSourceRegion} {
+				delete(req.VolumeContext, k)
+			}
+			req.VolumeCapability.AccessMode.Mode = csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+			req.Readonly = tc.readonly
+			if _, err := env.node(t).NodePublishVolume(context.Background(), req); err != nil {
+				t.Fatalf("NodePublishVolume: %v", err)
+			}
+			mounts := env.worker.Mounts()
+			if len(mounts) != 1 || !mounts[0].GetOutput() || mounts[0].GetSource() != nil || mounts[0].GetReadOnly() != tc.wantRO {
+				t.Fatalf("MountDataset requests = %v; want one for an output, with no source, read-only %t", mounts, tc.wantRO)
+			}
+			mps, _ := env.mounter.List()
+			if len(mps) != 1 || !contains(mps[0].Opts, "bind") || contains(mps[0].Opts, "ro") != tc.wantRO {
+				t.Fatalf("mount points = %+v; want one bind, read-only %t", mps, tc.wantRO)
+			}
+		})
 	}
 }
 

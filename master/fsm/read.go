@@ -172,6 +172,11 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 				return fmt.Errorf("decoding file %s: %w", it.Item().Key(), err)
 			}
 			usage.Files++
+			usage.TotalBytes += file.Size
+			if file.CheckpointState == masterpb.CheckpointState_CHECKPOINT_STATE_DONE {
+				usage.CheckpointedBytes += file.Size
+			}
+			uncached := false
 			for _, id := range file.BlockIds {
 				b, err := getBlock(txn, id)
 				if err != nil {
@@ -196,7 +201,12 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 				}
 				if live {
 					usage.CachedBytes += b.Size
+				} else {
+					uncached = true
 				}
+			}
+			if uncached {
+				usage.UncachedFiles++
 			}
 		}
 		return nil

@@ -30,6 +30,8 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	usage, err := h.fsm.DatasetUsage("ns/d/uid")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.Files).To(BeEquivalentTo(2))
+	g.Expect(usage.TotalBytes).To(BeEquivalentTo(300))
+	g.Expect(usage.UncachedFiles).To(BeZero())
 	g.Expect(usage.CachedBytes).To(BeEquivalentTo(300), "three blocks of 100 bytes, the copied one counted once")
 	g.Expect(usage.Tiers).To(HaveExactElements(
 		And(HaveField("Tier", "mem"), HaveField("UsedBytes", BeEquivalentTo(300))),
@@ -45,12 +47,21 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	usage, err = h.fsm.DatasetUsage("ns/d/uid")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CachedBytes).To(BeEquivalentTo(200))
+	g.Expect(usage.UncachedFiles).To(BeEquivalentTo(1), "dir/y lost its only block")
+	g.Expect(usage.TotalBytes).To(BeEquivalentTo(300), "a lost block still counts in its file's size")
 	g.Expect(usage.Nodes).To(HaveExactElements(And(HaveField("Node", "node-b"), HaveField("CachedBytes", BeEquivalentTo(200)))),
 		"a lost worker's node holds nothing")
 	g.Expect(usage.Tiers).To(HaveExactElements(
 		And(HaveField("Tier", "mem"), HaveField("UsedBytes", BeEquivalentTo(100))),
 		And(HaveField("Tier", "nvme"), HaveField("UsedBytes", BeEquivalentTo(100))),
 	))
+
+	h.must(&masterpb.Command{Op: &masterpb.Command_CheckpointFile{CheckpointFile: &masterpb.CheckpointFileRequest{
+		Path: "/datasets/ns/d/uid/x", State: masterpb.CheckpointState_CHECKPOINT_STATE_DONE, Uri: "s3://b/x",
+	}}})
+	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.CheckpointedBytes).To(BeEquivalentTo(200), "x, of two blocks, is checkpointed")
 
 	_, err = h.fsm.DatasetUsage("ns/nothing/uid")
 	g.Expect(errors.Is(err, ErrNotFound)).To(BeTrue(), "an unknown dataset: %v", err)

@@ -1856,9 +1856,16 @@ type DatasetUsage struct {
 	Tiers []*TierUsage `protobuf:"bytes,4,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	// nodes holds the bytes of blocks with a live copy on each node (a block counts once per
 	// node), most bytes first: where pods that read the dataset had best run.
-	Nodes         []*NodeUsage `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Nodes []*NodeUsage `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// total_bytes is the size of the dataset's files.
+	TotalBytes int64 `protobuf:"varint,6,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// uncached_files counts the files with a block that has no live copy: for a dataset read from
+	// an under-store, not cached yet; for an output, with no source, lost unless checkpointed.
+	UncachedFiles uint64 `protobuf:"varint,7,opt,name=uncached_files,json=uncachedFiles,proto3" json:"uncached_files,omitempty"`
+	// checkpointed_bytes is the size of the files checkpointed to the under-store.
+	CheckpointedBytes int64 `protobuf:"varint,8,opt,name=checkpointed_bytes,json=checkpointedBytes,proto3" json:"checkpointed_bytes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *DatasetUsage) Reset() {
@@ -1924,6 +1931,27 @@ func (x *DatasetUsage) GetNodes() []*NodeUsage {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *DatasetUsage) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *DatasetUsage) GetUncachedFiles() uint64 {
+	if x != nil {
+		return x.UncachedFiles
+	}
+	return 0
+}
+
+func (x *DatasetUsage) GetCheckpointedBytes() int64 {
+	if x != nil {
+		return x.CheckpointedBytes
+	}
+	return 0
 }
 
 type NodeUsage struct {
@@ -3574,13 +3602,17 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"G\n" +
 	"\x16GetDatasetUsageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
-	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\xc1\x01\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\xb8\x02\n" +
 	"\fDatasetUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x04R\x05files\x12!\n" +
 	"\fcached_bytes\x18\x03 \x01(\x03R\vcachedBytes\x121\n" +
 	"\x05tiers\x18\x04 \x03(\v2\x1b.strata.master.v1.TierUsageR\x05tiers\x121\n" +
-	"\x05nodes\x18\x05 \x03(\v2\x1b.strata.master.v1.NodeUsageR\x05nodes\"B\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x1b.strata.master.v1.NodeUsageR\x05nodes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x06 \x01(\x03R\n" +
+	"totalBytes\x12%\n" +
+	"\x0euncached_files\x18\a \x01(\x04R\runcachedFiles\x12-\n" +
+	"\x12checkpointed_bytes\x18\b \x01(\x03R\x11checkpointedBytes\"B\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
 	"\fcached_bytes\x18\x02 \x01(\x03R\vcachedBytes\"\xb7\x01\n" +

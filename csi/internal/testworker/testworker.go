@@ -132,7 +132,7 @@ func (s *Server) MountDataset(ctx context.Context, req *workerpb.MountDatasetReq
 		return nil, status.Error(codes.InvalidArgument, "namespace, name and uid are required")
 	}
 	if prev, ok := s.mounted[req.GetUid()]; ok {
-		if !proto.Equal(prev.GetSource(), req.GetSource()) || prev.GetReadOnly() != req.GetReadOnly() {
+		if !proto.Equal(prev.GetSource(), req.GetSource()) || prev.GetOutput() != req.GetOutput() || (!req.GetOutput() && prev.GetReadOnly() != req.GetReadOnly()) {
 			return nil, status.Errorf(codes.FailedPrecondition, "Dataset %s is mounted with another source or read-only flag: unmount it first", req.GetUid())
 		}
 		return &workerpb.MountDatasetResponse{Path: s.Path(req.GetUid())}, nil

@@ -1,0 +1,49 @@
+// Package outputfs serves an output Dataset, one that a pipeline step writes, as a writable
+// FUSE file system on the worker of the writer's node. What a step writes goes into that
+// node's top tier, one copy, with no network write on the way: lineage (recomputation) and
+// checkpoints make it durable, not replicas.
+//
+// # Files are written once
+//
+// A file is created, written (at any offsets, by any number of handles, while it is open for
+// writing) and sealed when its writer closes it: the close that leaves no other handle open for
+// writing. Until then its bytes live in a staging file of the mount (Config.StagingDir, which the
+// worker puts on the top tier's file system, tmpfs for MEM), and only this node sees the file.
+// Sealing makes it part of the Dataset:
+//
+//  1. the master creates it under a sealing folder of the Dataset (SealingDir), with a random
+//     token as its client token;
+//  2. the staged bytes are cut into blocks named "<token>-<index>" and stored in the tier store,
+//     unclean (they exist nowhere else, so the store never drops them without persisting them
+//     first), each committed at the master with this worker as its location; the staged range of
+//     each block is freed (a hole punched in the staging file) as soon as the block is stored,
+//     so sealing never needs much more memory than the file itself;
+//  3. the master renames the file to its path, so that other nodes see it whole or not at all.
+//
+// A sealed file is immutable: opening it for writing, truncating it or writing through a
+// handle that outlived the seal fails with EPERM, and its write bits are cleared. The seal runs
+// in FLUSH (close(2)) when possible, so that close returns only once the file is in the Dataset
+// and reports what went wrong (EEXIST when another node sealed the same path first, ENOSPC when
+// the tier is full of data that is not checkpointed yet, EIO when the master cannot be
+// reached). A failed seal leaves the file unsealed, its bytes staged; RELEASE tries once more.
+//
+// Blocks are named by the file's token, not its path, so that readers on any node find them
+// from the master's record alone. Renaming a sealed file or a folder that holds one would leave
+// the blocks' origins (the path they are reported under when a worker registers again) stale, so
+// it fails with EXDEV, which makes mv(1) copy instead. Unsealed files and empty folders rename
+// freely.
+//
+// # Reading
+//
+// A mount starts with the Dataset's sealed files as the master lists them (files that other
+// nodes seal later are not shown until the Dataset is mounted afresh on this node). Blocks are
+// read from a local tier when one holds them and otherwise from the worker that does (Peers);
+// a block that no live worker holds is EIO, and logged, since recomputing it is the lineage
+// controller's work. An unsealed file reads back from its staging file.
+//
+// # What a restart costs
+//
+// Unlike input Datasets, a writable mount is not handed to the next worker process: a worker
+// restart ends it (ENOTCONN for the writer, whose Job then retries the step) and discards the
+// files its writers had not closed. Sealed files are safe in the tier store and at the master.
+package outputfs

@@ -1,0 +1,46 @@
+package outputfs
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics count what the output mounts of a worker write. One Metrics serves every output
+// mount of the worker; the series are not labelled by Dataset, so they do not grow with the
+// number of Datasets written over a worker's life.
+type Metrics struct {
+	mounts       prometheus.Gauge
+	writtenBytes prometheus.Counter
+	sealedFiles  prometheus.Counter
+	sealedBytes  prometheus.Counter
+	sealFailures *prometheus.CounterVec
+}
+
+// NewMetrics registers the output mount metrics on reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := newMetrics()
+	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering output mount metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func newMetrics() *Metrics {
+	const ns, sub = "strata", "worker"
+	return &Metrics{
+		mounts: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "output_mounts",
+			Help: "Writable output Dataset file systems this worker serves."}),
+		writtenBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_written_bytes_total",
+			Help: "Bytes pods wrote into output Datasets on this node (staged in the top tier until sealed)."}),
+		sealedFiles: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_sealed_files_total",
+			Help: "Output files sealed: closed by their writer, stored as blocks in the top tier and published at the master."}),
+		sealedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_sealed_bytes_total",
+			Help: "Bytes of the output files sealed."}),
+		sealFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_seal_failures_total",
+			Help: "Output files that could not be sealed, by errno returned to the writer: ENOSPC (tier full of data not checkpointed), EEXIST (sealed elsewhere first), EIO (master or store failure)."},
+			[]string{"errno"}),
+	}
+}

@@ -1,0 +1,347 @@
+package outputfs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/locations"
+	"github.com/strata-cache/strata/cacheworker/outputfs"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/fusetest"
+	"github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/masterpb"
+	"github.com/strata-cache/strata/master/mastertest"
+)
+
+const (
+	blockSize = 64 << 10
+	dataset   = "team-a/features/uid-1"
+	root      = "/datasets/team-a/features/uid-1"
+)
+
+// worker is one node's part: a tier store, its data plane, and its directory of block locations.
+type worker struct {
+	id    string
+	store *tierstore.Store
+	dir   *locations.Directory
+}
+
+func startWorker(t *testing.T, master *client.Client, id string, quota int64) *worker {
+	t.Helper()
+	ctx := context.Background()
+	tmp := t.TempDir()
+	peers := dataplane.NewPeers()
+	dir := locations.NewDirectory(master, peers, id, logr.Discard())
+	store, err := tierstore.Open(ctx, tierstore.Config{
+		Tiers: []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory,
+			Dirs: []string{filepath.Join(tmp, "mem")}, Quota: quota}},
+		IndexDir: filepath.Join(tmp, "index"),
+		OnRemove: dir.Forget,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	workerpb.RegisterWorkerServer(srv, dataplane.NewServer(store, nil, nil, logr.Discard()))
+	go func() { _ = srv.Serve(lis) }()
+	if _, err := master.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: id, Address: lis.Addr().String(), Node: id}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = dir.Run(rctx); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		srv.Stop()
+		_ = peers.Close()
+		_ = store.Close()
+	})
+	return &worker{id: id, store: store, dir: dir}
+}
+
+func mountOutput(t *testing.T, master *client.Client, w *worker) *outputfs.Server {
+	t.Helper()
+	dir := t.TempDir()
+	s, err := outputfs.Mount(context.Background(), dir, outputfs.Config{
+		Dataset: dataset, Root: root, Master: master, Store: w.store, Locations: w.dir,
+		BlockSize: blockSize, StagingDir: filepath.Join(t.TempDir(), "staging"), Name: "strata:test",
+		Log: testr.New(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Unmount(ctx); err != nil {
+			t.Errorf("unmounting %s: %v", s.Dir(), err)
+		}
+	})
+	return s
+}
+
+func randomBytes(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// masterFiles lists the Dataset's files at the master: path relative to the root → size.
+func masterFiles(ctx context.Context, master *client.Client) (map[string]int64, error) {
+	resp, err := master.ListFiles(ctx, &masterpb.ListFilesRequest{Dir: root, Recursive: true})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, e := range resp.GetEntries() {
+		if !e.GetDir() {
+			out[strings.TrimPrefix(e.GetPath(), root+"/")] = e.GetFile().GetSize()
+		}
+	}
+	return out, nil
+}
+
+// TestWriteSealAndReadElsewhere writes an output on one node and reads it on another, through
+// a real master and the real data plane: files are sealed when closed, immutable afterwards,
+// published whole at the master, and read by the other node from the writer's tier.
+func TestWriteSealAndReadElsewhere(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	ctx := context.Background()
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	a := startWorker(t, master, "pool/node-a", 64<<20)
+	b := startWorker(t, master, "pool/node-b", 64<<20)
+	mntA := mountOutput(t, master, a)
+
+	big := randomBytes(3*blockSize+12345, 1)
+	files := map[string][]byte{
+		"part-00000/features.bin":    big,
+		"part-00000/_SUCCESS":        {},
+		"names/with spaces é ü.json": []byte(`{"ok": true}`),
+	}
+	for rel, data := range files {
+		p := filepath.Join(mntA.Dir(), rel)
+		g.Expect(os.MkdirAll(filepath.Dir(p), 0o755)).To(Succeed())
+		g.Expect(os.WriteFile(p, data, 0o644)).To(Succeed(), "writing %s; close seals it", rel)
+	}
+
+	t.Log("closed files are at the master, whole, and nothing else is")
+	got, err := masterFiles(ctx, master)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(map[string]int64{
+		"part-00000/features.bin": int64(len(big)), "part-00000/_SUCCESS": 0, "names/with spaces é ü.json": 12,
+	}))
+
+	t.Log("a sealed file is immutable")
+	p := filepath.Join(mntA.Dir(), "part-00000/features.bin")
+	st, err := os.Stat(p)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(st.Mode().Perm()).To(Equal(os.FileMode(0o444)), "sealing clears the write bits")
+	_, err = os.OpenFile(p, os.O_WRONLY, 0)
+	g.Expect(errors.Is(err, syscall.EPERM)).To(BeTrue(), "opening a sealed file for writing: %v", err)
+	g.Expect(errors.Is(os.Truncate(p, 0), syscall.EPERM)).To(BeTrue(), "truncating a sealed file")
+	g.Expect(os.ReadFile(p)).To(Equal(big), "the writer's node reads it back from its tier")
+
+	t.Log("an open file renames freely and seals under its new name; a sealed one is EXDEV")
+	f, err := os.Create(filepath.Join(mntA.Dir(), "part-00000/.tmp-1"))
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = f.Write([]byte("late"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(os.Rename(f.Name(), filepath.Join(mntA.Dir(), "part-00000/late.txt"))).To(Succeed())
+	g.Expect(f.Close()).To(Succeed())
+	err = os.Rename(filepath.Join(mntA.Dir(), "part-00000/late.txt"), filepath.Join(mntA.Dir(), "late.txt"))
+	g.Expect(errors.Is(err, syscall.EXDEV)).To(BeTrue(), "renaming a sealed file: %v", err)
+	got, err = masterFiles(ctx, master)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(HaveKeyWithValue("part-00000/late.txt", int64(4)))
+	g.Expect(got).NotTo(HaveKey("part-00000/.tmp-1"))
+
+	t.Log("another node mounts the output and reads every byte from the writer's tier")
+	mntB := mountOutput(t, master, b)
+	g.Expect(mntB.Files()).To(Equal(4))
+	for rel, data := range files {
+		g.Expect(os.ReadFile(filepath.Join(mntB.Dir(), rel))).To(Equal(data), "node b reads %s", rel)
+	}
+	g.Expect(os.ReadFile(filepath.Join(mntB.Dir(), "part-00000/late.txt"))).To(Equal([]byte("late")))
+	names, err := os.ReadDir(filepath.Join(mntB.Dir(), "part-00000"))
+	g.Expect(err).NotTo(HaveOccurred())
+	var listed []string
+	for _, e := range names {
+		listed = append(listed, e.Name())
+	}
+	sort.Strings(listed)
+	g.Expect(listed).To(Equal([]string{"_SUCCESS", "features.bin", "late.txt"}))
+	_, err = os.Stat(filepath.Join(mntB.Dir(), outputfs.SealingDir))
+	g.Expect(os.IsNotExist(err)).To(BeTrue(), "the sealing folder is never shown")
+
+	t.Log("two nodes writing one path at once: the second close is EEXIST and its bytes stay readable on its node")
+	fa, err := os.Create(filepath.Join(mntA.Dir(), "race.txt"))
+	g.Expect(err).NotTo(HaveOccurred())
+	fb, err := os.Create(filepath.Join(mntB.Dir(), "race.txt"))
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = fa.WriteString("from a")
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = fb.WriteString("from b")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(fa.Close()).To(Succeed())
+	err = fb.Close()
+	g.Expect(errors.Is(err, syscall.EEXIST)).To(BeTrue(), "the second seal of a path: %v", err)
+	g.Expect(os.ReadFile(filepath.Join(mntB.Dir(), "race.txt"))).To(Equal([]byte("from b")), "the loser's bytes are not lost")
+
+	t.Log("a file sealed on a after b mounted shows on b")
+	g.Expect(os.WriteFile(filepath.Join(mntA.Dir(), "part-00000/later.txt"), []byte("later"), 0o644)).To(Succeed())
+	g.Expect(os.ReadFile(filepath.Join(mntB.Dir(), "part-00000/later.txt"))).To(Equal([]byte("later")))
+	g.Expect(os.Mkdir(filepath.Join(mntA.Dir(), "part-00001"), 0o755)).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(mntA.Dir(), "part-00001/rows"), []byte("rows"), 0o644)).To(Succeed())
+	entries, err := os.ReadDir(mntB.Dir())
+	g.Expect(err).NotTo(HaveOccurred())
+	var top []string
+	for _, e := range entries {
+		top = append(top, e.Name())
+	}
+	g.Expect(top).To(ContainElement("part-00001"), "a listing shows the folders other nodes made")
+
+	t.Log("a file the master forgot (lost, and to be recomputed) is gone on every node, and written again anew")
+	_, err = master.DeleteFile(ctx, root+"/part-00000/later.txt")
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = os.ReadFile(filepath.Join(mntB.Dir(), "part-00000/later.txt"))
+	g.Expect(errors.Is(err, os.ErrNotExist)).To(BeTrue(), "reading a forgotten file: %v", err)
+	g.Expect(os.WriteFile(filepath.Join(mntB.Dir(), "part-00000/later.txt"), []byte("recomputed"), 0o644)).To(Succeed())
+	g.Expect(os.ReadFile(filepath.Join(mntA.Dir(), "part-00000/later.txt"))).To(Equal([]byte("recomputed")),
+		"the node that wrote the first version reads the new one")
+
+	t.Log("deleting a sealed file removes it at the master and from the writer's tier")
+	id := outputfs.BlockID(tokenOf(ctx, t, master, "part-00000/features.bin"), 0)
+	_, _, err = a.store.OpenBlock(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(os.Remove(p)).To(Succeed())
+	got, err = masterFiles(ctx, master)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).NotTo(HaveKey("part-00000/features.bin"))
+	_, _, err = a.store.OpenBlock(ctx, id)
+	g.Expect(errors.Is(err, tierstore.ErrNotFound)).To(BeTrue(), "the block is gone from the tier: %v", err)
+}
+
+func tokenOf(ctx context.Context, t *testing.T, master *client.Client, rel string) string {
+	t.Helper()
+	f, err := master.GetFile(ctx, &masterpb.GetFileRequest{Path: root + "/" + rel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.GetClientToken()
+}
+
+// TestFullTierKeepsTheBytes fills a tier with a file larger than it: the close says ENOSPC,
+// nothing is published, and the file stays whole on the node.
+func TestFullTierKeepsTheBytes(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	ctx := context.Background()
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorker(t, master, "pool/node-a", 4*blockSize)
+	mnt := mountOutput(t, master, w)
+
+	data := randomBytes(6*blockSize, 2)
+	p := filepath.Join(mnt.Dir(), "too-big.bin")
+	err := os.WriteFile(p, data, 0o644)
+	g.Expect(errors.Is(err, syscall.ENOSPC)).To(BeTrue(), "closing a file the tier cannot hold: %v", err)
+	got, err := masterFiles(ctx, master)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(BeEmpty(), "nothing is published, not even the sealing file")
+	g.Expect(os.ReadFile(p)).To(Equal(data), "the staged bytes are all there, holes punched for stored blocks put back")
+	g.Expect(w.store.Blocks()).To(BeEmpty(), "the blocks of the failed seal are gone")
+
+	t.Log("made smaller, it seals")
+	g.Expect(os.WriteFile(p, data[:2*blockSize], 0o644)).To(Succeed())
+	got, err = masterFiles(ctx, master)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(map[string]int64{"too-big.bin": 2 * blockSize}))
+}
+
+// TestRemountShowsSealedFiles mounts an output again: what was sealed is there, what was only
+// staged by the earlier mount is not.
+func TestRemountShowsSealedFiles(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorker(t, master, "pool/node-a", 64<<20)
+	first := mountOutput(t, master, w)
+	g.Expect(os.Mkdir(filepath.Join(first.Dir(), "out"), 0o755)).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(first.Dir(), "out/a.txt"), []byte("sealed"), 0o644)).To(Succeed())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g.Expect(first.Unmount(ctx)).To(Succeed())
+
+	second := mountOutput(t, master, w)
+	g.Expect(second.Files()).To(Equal(1))
+	g.Expect(os.ReadFile(filepath.Join(second.Dir(), "out/a.txt"))).To(Equal([]byte("sealed")))
+}
+
+// TestSignalsDoNotFailASeal closes a file while its thread is showered with signals, as Go's
+// runtime preempts with SIGURG: every signal that reaches a thread waiting in close(2) makes the
+// kernel interrupt the FLUSH, and the seal must go on regardless.
+func TestSignalsDoNotFailASeal(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorker(t, master, "pool/node-a", 64<<20)
+	mnt := mountOutput(t, master, w)
+
+	for i := range 5 {
+		data := randomBytes(16*blockSize, uint64(10+i))
+		p := filepath.Join(mnt.Dir(), fmt.Sprintf("f%d.bin", i))
+		f, err := os.Create(p)
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = f.Write(data)
+		g.Expect(err).NotTo(HaveOccurred())
+
+		closed := make(chan error, 1)
+		tids := make(chan int, 1)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			tids <- unix.Gettid()
+			closed <- f.Close()
+		}()
+		tid := <-tids
+	storm:
+		for {
+			select {
+			case err := <-closed:
+				g.Expect(err).NotTo(HaveOccurred(), "closing f%d.bin under signals", i)
+				break storm
+			default:
+				_ = unix.Tgkill(unix.Getpid(), tid, unix.SIGURG)
+			}
+		}
+		g.Expect(os.ReadFile(p)).To(Equal(data))
+	}
+}

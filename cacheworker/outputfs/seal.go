@@ -1,0 +1,223 @@
+package outputfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// errSealedElsewhere means another writer published a file of the same path first.
+var errSealedElsewhere = errors.New("a file of this path was sealed first by another writer")
+
+// seal makes the staged file part of the Dataset (see doc.go); n.mu is held. On failure the
+// file stays unsealed with its bytes staged, and the errno says why.
+func (n *fileNode) seal(ctx context.Context) syscall.Errno {
+	// Not cancelled by the kernel's interrupt: a writer's thread takes signals while it waits in
+	// close(2) (Go's runtime preempts with SIGURG), and a seal given up half way has only cost
+	// work. Bounded instead.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*n.o.cfg.MasterTimeout)
+	defer cancel()
+	rel := n.Path(nil)
+	log := n.o.log.WithValues("file", rel, "bytes", n.size)
+	err := n.o.seal(ctx, rel, n.token, n.staged, n.size)
+	if err != nil {
+		errno := syscall.EIO
+		switch {
+		case errors.Is(err, tierstore.ErrTierFull):
+			errno = syscall.ENOSPC
+		case errors.Is(err, errSealedElsewhere):
+			errno = syscall.EEXIST
+		}
+		n.o.cfg.Metrics.sealFailures.WithLabelValues(unix.ErrnoName(errno)).Inc()
+		log.Error(err, "sealing an output file failed; it stays staged on this node", "errno", errno.Error())
+		return errno
+	}
+	n.sealed = true
+	n.discard()
+	n.attrs.mode &^= 0o222
+	n.o.cfg.Metrics.sealedFiles.Inc()
+	n.o.cfg.Metrics.sealedBytes.Add(float64(n.size))
+	log.V(1).Info("sealed an output file")
+	return 0
+}
+
+// seal publishes the size bytes of staged as the file rel, whose token is token.
+func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, size int64) (err error) {
+	final, sealing := o.masterPath(rel), o.cfg.Root+"/"+SealingDir+"/"+token
+	mctx, cancel := o.masterContext(ctx)
+	defer cancel()
+	if _, err := o.cfg.Master.CreateFile(mctx, &masterpb.CreateFileRequest{Path: sealing, Dataset: o.cfg.Dataset, ClientToken: token}); err != nil {
+		return fmt.Errorf("creating %s at the master: %w", sealing, err)
+	}
+	var stored []int64 // offsets of the blocks stored, whose staged bytes are freed
+	defer func() {
+		if err != nil {
+			o.undoSeal(sealing, token, staged, stored)
+		}
+	}()
+	bs := o.cfg.BlockSize
+	for off, index := int64(0), int64(0); off < size; off, index = off+bs, index+1 {
+		length := min(bs, size-off)
+		origin, err := proto.Marshal(&workerpb.BlockOrigin{Path: final, Dataset: o.cfg.Dataset, Root: o.cfg.Root, Index: index, Offset: off, FileToken: token})
+		if err != nil {
+			return fmt.Errorf("encoding the origin of block %d: %w", index, err)
+		}
+		// Unclean: this is the only copy, so the store persists it before it ever drops it.
+		info, err := o.cfg.Store.Put(ctx, BlockID(token, index), io.NewSectionReader(staged, off, length), length,
+			tierstore.PutOptions{Origin: origin})
+		if err != nil {
+			return fmt.Errorf("storing block %d: %w", index, err)
+		}
+		stored = append(stored, off)
+		if err := o.cfg.Locations.Commit(mctx, info, sealing, off); err != nil {
+			return err
+		}
+		// The block holds these bytes now; free them in the staging file.
+		if err := unix.Fallocate(int(staged.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length); err != nil {
+			return fmt.Errorf("freeing the staged bytes of block %d: %w", index, err)
+		}
+	}
+	if _, err := o.cfg.Master.RenameFile(mctx, sealing, final); err != nil {
+		if status.Code(err) == codes.AlreadyExists {
+			return fmt.Errorf("publishing %s: %w", final, errSealedElsewhere)
+		}
+		return fmt.Errorf("publishing %s at the master: %w", final, err)
+	}
+	return nil
+}
+
+// undoSeal puts back the staged bytes of the blocks stored by a failed seal, then forgets the
+// blocks and the half-made file: the file is unsealed again, its bytes where they were.
+func (o *output) undoSeal(sealing, token string, staged *os.File, stored []int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), o.cfg.MasterTimeout)
+	defer cancel()
+	for i, off := range stored {
+		id := BlockID(token, int64(i))
+		if err := o.restoreBlock(ctx, id, staged, off); err != nil {
+			// Keep the block: it is the only copy of these bytes.
+			o.log.Error(err, "putting back the staged bytes of a block; the block is kept", "block", id)
+			return
+		}
+		if err := o.cfg.Store.Delete(ctx, id); err != nil && !errors.Is(err, tierstore.ErrNotFound) {
+			o.log.Error(err, "removing a block of a failed seal", "block", id)
+		}
+	}
+	if _, err := o.cfg.Master.DeleteFile(ctx, sealing); err != nil && status.Code(err) != codes.NotFound {
+		o.log.Error(err, "removing a half-sealed file at the master; readers never see it", "path", sealing)
+	}
+}
+
+// restoreBlock copies block id back into staged at off.
+func (o *output) restoreBlock(ctx context.Context, id string, staged *os.File, off int64) error {
+	f, info, err := o.cfg.Store.OpenBlock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	if _, err := io.Copy(io.NewOffsetWriter(staged, off), io.LimitReader(f, info.Size)); err != nil {
+		return fmt.Errorf("copying block %s back: %w", id, err)
+	}
+	return nil
+}
+
+// deleteSealed removes a sealed file from the master, then its blocks from the local tier.
+func (o *output) deleteSealed(ctx context.Context, rel, token string, size int64) syscall.Errno {
+	// As a seal, not cancelled by an interrupt: a file forgotten at the master must lose its blocks.
+	ctx, cancel := o.masterContext(ctx)
+	defer cancel()
+	if _, err := o.cfg.Master.DeleteFile(ctx, o.masterPath(rel)); err != nil && status.Code(err) != codes.NotFound {
+		o.log.Error(err, "deleting an output file at the master", "file", rel)
+		return syscall.EIO
+	}
+	for index := int64(0); index*o.cfg.BlockSize < size; index++ {
+		if err := o.cfg.Store.Delete(ctx, BlockID(token, index)); err != nil && !errors.Is(err, tierstore.ErrNotFound) {
+			o.log.Error(err, "removing a block of a deleted output file; it stays until the worker restarts", "file", rel, "block", index)
+		}
+	}
+	return 0
+}
+
+// heldBlock is one block of a sealed file, kept by a handle for the reads that follow.
+type heldBlock struct {
+	index int64
+	file  *os.File // the copy in a local tier, or
+	data  []byte   // the bytes a peer sent
+}
+
+func (b *heldBlock) close() {
+	if b.file != nil {
+		_ = b.file.Close()
+	}
+}
+
+// readSealed fills dest from off of a sealed file of size bytes, block by block: from a local
+// tier, or from the worker that holds the block.
+func (h *handle) readSealed(ctx context.Context, o *output, token string, size int64, dest []byte, off int64) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	end := min(off+int64(len(dest)), size)
+	done := 0
+	for pos := off; pos < end; {
+		index := pos / o.cfg.BlockSize
+		start := index * o.cfg.BlockSize
+		if h.cur == nil || h.cur.index != index {
+			b, err := o.loadBlock(ctx, token, index)
+			if err != nil {
+				return done, err
+			}
+			if h.cur != nil {
+				h.cur.close()
+			}
+			h.cur = b
+		}
+		k := int(min(end, start+o.cfg.BlockSize) - pos)
+		p := dest[done : done+k]
+		if h.cur.file != nil {
+			if n, err := h.cur.file.ReadAt(p, pos-start); n < k {
+				return done, fmt.Errorf("reading the local copy of block %d: %w", index, err)
+			}
+		} else {
+			if int64(len(h.cur.data)) < pos-start+int64(k) {
+				return done, fmt.Errorf("block %d is %d bytes, shorter than the file says", index, len(h.cur.data))
+			}
+			copy(p, h.cur.data[pos-start:])
+		}
+		done += k
+		pos += int64(k)
+	}
+	return done, nil
+}
+
+// loadBlock opens the local copy of a block, or reads it from the worker that holds it.
+func (o *output) loadBlock(ctx context.Context, token string, index int64) (*heldBlock, error) {
+	id := BlockID(token, index)
+	if f, _, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
+		return &heldBlock{index: index, file: f}, nil
+	}
+	data, err := o.cfg.Locations.ReadBlock(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("block %s is in no local tier and no worker could send it (lost with its node, to be recomputed from lineage): %w", id, err)
+	}
+	return &heldBlock{index: index, data: data}, nil
+}
+
+func (h *handle) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cur != nil {
+		h.cur.close()
+		h.cur = nil
+	}
+}

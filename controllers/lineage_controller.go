@@ -1,0 +1,456 @@
+package controllers
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/lineage"
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// Reasons of a Lineage's Ready condition.
+const (
+	ReasonInputNotFound     = "InputNotFound"
+	ReasonOutputNotDeclared = "OutputNotDeclared"
+	ReasonCycle             = "Cycle"
+	ReasonWaitingForInputs  = "WaitingForInputs"
+	ReasonRunning           = "Running"
+	ReasonWritten           = "Written"
+	ReasonJobFailed         = "JobFailed"
+	ReasonNotCheckpointed   = "NotCheckpointed"
+	ReasonAllCheckpointed   = "AllCheckpointed"
+)
+
+// recomputeRecheck is how often a running recomputation is looked at: whether a pod of higher
+// priority now waits for its data (pods are not watched: the operator does not cache tenants'
+// pods).
+const recomputeRecheck = 10 * time.Second
+
+// lineageLabel marks the Jobs a Lineage runs.
+const lineageLabel = "data.strata.dev/lineage"
+
+// LineageReconciler checks a Lineage against the Datasets and Lineages of its namespace, runs
+// its Job from the template once every input is there (inputs written by other Lineages once
+// those are written), and reports the state of each output and how deep the chain of
+// uncheckpointed outputs ending at it is.
+//
+// A bad Lineage (an input that does not exist, an output that does not name it, a cycle
+// through other Lineages, a Job that fails) ends with a condition that says what to fix, and
+// nothing is retried: the Job is created once, and a failed one is left for its logs.
+type LineageReconciler struct {
+	Client   client.Client
+	Recorder record.EventRecorder
+	// Master, when the operator runs one, tells which outputs are written, whole, and lost.
+	Master DatasetMetadata
+	// Depth, when set, receives each Lineage's uncheckpointed depth.
+	Depth *prometheus.GaugeVec
+	// RecomputeClass is the PriorityClass recomputation Jobs start at; empty means
+	// DefaultRecomputeClass.
+	RecomputeClass string
+	// APIReader reads the pods of tenants' namespaces, which the operator does not cache.
+	APIReader client.Reader
+	// Refresh is how often written outputs are looked up at the master; 0 means usageRefresh.
+	Refresh time.Duration
+}
+
+// NewLineageDepthGauge registers the gauge of uncheckpointed lineage depth on reg.
+func NewLineageDepthGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "strata_operator_lineage_uncheckpointed_depth",
+		Help: "Length of the longest chain of written but uncheckpointed outputs ending at a Lineage: how many Jobs a loss could rerun.",
+	}, []string{"namespace", "lineage"})
+	if err := reg.Register(g); err != nil {
+		return nil, fmt.Errorf("registering the lineage depth gauge: %w", err)
+	}
+	return g, nil
+}
+
+// +kubebuilder:rbac:groups=data.strata.dev,resources=lineages,verbs=get;list;watch
+// +kubebuilder:rbac:groups=data.strata.dev,resources=lineages/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
+
+// Reconcile brings one Lineage's Job and status up to date.
+func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	l := &datav1alpha1.Lineage{}
+	if err := r.Client.Get(ctx, req.NamespacedName, l); err != nil {
+		if apierrors.IsNotFound(err) && r.Depth != nil {
+			r.Depth.DeleteLabelValues(req.Namespace, req.Name)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	before := l.DeepCopy()
+	ns, err := r.namespaceGraph(ctx, l.Namespace)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	ready, err := r.readyCondition(ctx, l, ns)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	ready.ObservedGeneration = l.Generation
+	meta.SetStatusCondition(&l.Status.Conditions, *ready)
+	written := ready.Status == metav1.ConditionTrue
+	r.setOutputs(ctx, l, written)
+	if written {
+		recomputing, err := r.recompute(ctx, l, ns)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		meta.SetStatusCondition(&l.Status.Conditions, recomputing)
+	}
+	ns.lineages[l.Name] = l
+	l.Status.UncheckpointedDepth = int32(ns.depth(l))
+	meta.SetStatusCondition(&l.Status.Conditions, checkpointedCondition(l))
+	l.Status.ObservedGeneration = l.Generation
+	if r.Depth != nil {
+		r.Depth.WithLabelValues(l.Namespace, l.Name).Set(float64(l.Status.UncheckpointedDepth))
+	}
+
+	var result ctrl.Result
+	switch {
+	case l.Status.ActiveRecomputation != nil:
+		// Pods that wait for the data may come with a higher priority: look again soon.
+		result.RequeueAfter = recomputeRecheck
+	case written && r.Master != nil:
+		// Outputs may be lost or checkpointed meanwhile.
+		result.RequeueAfter = cmp.Or(r.Refresh, usageRefresh)
+	}
+	if apiequality.Semantic.DeepEqual(before.Status, l.Status) {
+		return result, nil
+	}
+	if err := r.Client.Status().Patch(ctx, l, client.MergeFrom(before)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("patching status of Lineage %s/%s: %w", l.Namespace, l.Name, err)
+	}
+	r.recordTransition(before, l)
+	return result, nil
+}
+
+// namespace is what a Lineage is checked against: the Datasets and Lineages of its namespace.
+type namespace struct {
+	datasets map[string]*datav1alpha1.Dataset
+	lineages map[string]*datav1alpha1.Lineage
+	// producer maps an output Dataset to the Lineage that lists it.
+	producer map[string]string
+}
+
+func (r *LineageReconciler) namespaceGraph(ctx context.Context, name string) (*namespace, error) {
+	datasets := &datav1alpha1.DatasetList{}
+	if err := r.Client.List(ctx, datasets, client.InNamespace(name)); err != nil {
+		return nil, fmt.Errorf("listing Datasets in %s: %w", name, err)
+	}
+	lineages := &datav1alpha1.LineageList{}
+	if err := r.Client.List(ctx, lineages, client.InNamespace(name)); err != nil {
+		return nil, fmt.Errorf("listing Lineages in %s: %w", name, err)
+	}
+	ns := &namespace{datasets: map[string]*datav1alpha1.Dataset{}, lineages: map[string]*datav1alpha1.Lineage{}, producer: map[string]string{}}
+	for i := range datasets.Items {
+		ns.datasets[datasets.Items[i].Name] = &datasets.Items[i]
+	}
+	for i := range lineages.Items {
+		l := &lineages.Items[i]
+		ns.lineages[l.Name] = l
+		for _, out := range l.Spec.Outputs {
+			ns.producer[out] = l.Name
+		}
+	}
+	return ns, nil
+}
+
+// cycle returns the Lineages of a cycle through l ("a → b → a"), or "" if l is on none.
+func (ns *namespace) cycle(l *datav1alpha1.Lineage) string {
+	visited := map[string]bool{}
+	var walk func(name string, path []string) []string
+	walk = func(name string, path []string) []string {
+		current, ok := ns.lineages[name]
+		if !ok {
+			return nil
+		}
+		for _, in := range current.Spec.Inputs {
+			p, ok := ns.producer[in]
+			if !ok {
+				continue
+			}
+			if p == l.Name {
+				return append(path, p)
+			}
+			if visited[p] {
+				continue
+			}
+			visited[p] = true
+			if found := walk(p, append(path, p)); found != nil {
+				return found
+			}
+		}
+		return nil
+	}
+	if found := walk(l.Name, []string{l.Name}); found != nil {
+		return strings.Join(found, " → ")
+	}
+	return ""
+}
+
+// depth is the length of the longest chain of written, uncheckpointed outputs ending at l.
+func (ns *namespace) depth(l *datav1alpha1.Lineage) int {
+	var files []lineage.File
+	for _, other := range ns.lineages {
+		for _, out := range other.Spec.Outputs {
+			state := outputState(other, out)
+			files = append(files, lineage.File{
+				ID: out, Parents: other.Spec.Inputs,
+				// Outputs not written yet cannot be lost: they end every chain as a checkpoint does.
+				Checkpointed: state == datav1alpha1.OutputCheckpointed || state == datav1alpha1.OutputPending || state == "",
+			})
+		}
+	}
+	g := lineage.NewGraph(files)
+	deepest := 0
+	for _, out := range l.Spec.Outputs {
+		deepest = max(deepest, g.Depth(out))
+	}
+	return deepest
+}
+
+// readyCondition checks l and runs its Job when it can: Ready is True once the Job wrote the
+// outputs.
+func (r *LineageReconciler) readyCondition(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) (*metav1.Condition, error) {
+	notReady := func(reason, format string, args ...any) (*metav1.Condition, error) {
+		return &metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+			Message: fmt.Sprintf(format, args...)}, nil
+	}
+	for _, in := range l.Spec.Inputs {
+		if _, ok := ns.datasets[in]; !ok {
+			return notReady(ReasonInputNotFound, "input Dataset %q does not exist in namespace %s: create it, or remove it from spec.inputs", in, l.Namespace)
+		}
+	}
+	for _, out := range l.Spec.Outputs {
+		ds, ok := ns.datasets[out]
+		if !ok || ds.Spec.Lineage == nil || ds.Spec.Lineage.Name != l.Name {
+			return notReady(ReasonOutputNotDeclared,
+				"output %q must be a Dataset of namespace %s with spec.lineage.name: %s, so that pods can mount it and lost data is recomputed: create it",
+				out, l.Namespace, l.Name)
+		}
+	}
+	if c := ns.cycle(l); c != "" {
+		return notReady(ReasonCycle, "the Lineages form a cycle, %s: each reads an output of the one before, so none can run first; remove one of the inputs", c)
+	}
+
+	job := &batchv1.Job{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: runJobName(l)}, job)
+	switch {
+	case apierrors.IsNotFound(err):
+		if waiting := ns.missingInputs(l); len(waiting) > 0 {
+			return notReady(ReasonWaitingForInputs, "waiting for inputs %s before running the Job", strings.Join(waiting, ", "))
+		}
+		if job, err = r.createRunJob(ctx, l); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, fmt.Errorf("reading Job %s/%s: %w", l.Namespace, runJobName(l), err)
+	case !metav1.IsControlledBy(job, l):
+		return notReady(ReasonJobFailed, "a Job %s that this Lineage does not own is in the way: delete it or rename the Lineage", job.Name)
+	}
+	for _, c := range job.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete:
+			return &metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonWritten,
+				Message: fmt.Sprintf("Job %s wrote %s", job.Name, strings.Join(l.Spec.Outputs, ", "))}, nil
+		case batchv1.JobFailed:
+			return notReady(ReasonJobFailed, "Job %s failed (%s: %s); it is not retried: see `kubectl logs job/%s`, fix the template, and recreate the Lineage",
+				job.Name, c.Reason, c.Message, job.Name)
+		}
+	}
+	return notReady(ReasonRunning, "Job %s is writing %s", job.Name, strings.Join(l.Spec.Outputs, ", "))
+}
+
+// missingInputs are the inputs not available yet: a Dataset that is not Ready, or an output of
+// a Lineage that has not written it.
+func (ns *namespace) missingInputs(l *datav1alpha1.Lineage) []string {
+	var missing []string
+	for _, in := range l.Spec.Inputs {
+		ds := ns.datasets[in]
+		available := meta.IsStatusConditionTrue(ds.Status.Conditions, datav1alpha1.ConditionReady)
+		if p, ok := ns.producer[in]; ok && ds.Spec.Lineage != nil {
+			producer := ns.lineages[p]
+			state := outputState(producer, in)
+			// Written, and not lost since (or recomputed): parents are recomputed first.
+			available = meta.IsStatusConditionTrue(producer.Status.Conditions, datav1alpha1.ConditionReady) &&
+				state != datav1alpha1.OutputLost && state != datav1alpha1.OutputRecomputing
+		}
+		if !available {
+			missing = append(missing, in)
+		}
+	}
+	return missing
+}
+
+// runJobName is the name of the Job that writes a Lineage's outputs the first time.
+func runJobName(l *datav1alpha1.Lineage) string {
+	return objectName(l.Name, "-run")
+}
+
+// createRunJob creates the Job of l's template, owned by l.
+func (r *LineageReconciler) createRunJob(ctx context.Context, l *datav1alpha1.Lineage) (*batchv1.Job, error) {
+	tmpl := l.Spec.Template.DeepCopy()
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: runJobName(l), Namespace: l.Namespace,
+			Labels: tmpl.Labels, Annotations: tmpl.Annotations,
+		},
+		Spec: tmpl.Spec,
+	}
+	if job.Labels == nil {
+		job.Labels = map[string]string{}
+	}
+	job.Labels[lineageLabel] = l.Name
+	if err := controllerutil.SetControllerReference(l, job, r.Client.Scheme()); err != nil {
+		return nil, fmt.Errorf("owning Job %s: %w", job.Name, err)
+	}
+	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("creating Job %s/%s: %w", job.Namespace, job.Name, err)
+	}
+	r.Recorder.Eventf(l, corev1.EventTypeNormal, ReasonRunning, "created Job %s to write %s", job.Name, strings.Join(l.Spec.Outputs, ", "))
+	return job, nil
+}
+
+// setOutputs sets each output's state: Pending until the Job wrote it; then, from the master,
+// InMemory while every block has a live copy, Lost when one has none, Checkpointed when all of
+// it is in the under-store.
+func (r *LineageReconciler) setOutputs(ctx context.Context, l *datav1alpha1.Lineage, written bool) {
+	old := map[string]datav1alpha1.LineageOutputStatus{}
+	for _, o := range l.Status.Outputs {
+		old[o.Name] = o
+	}
+	l.Status.Outputs = nil
+	for _, out := range l.Spec.Outputs {
+		st := datav1alpha1.LineageOutputStatus{Name: out, State: datav1alpha1.OutputPending}
+		if written {
+			st = old[out]
+			st.Name = out
+			if st.State == "" || st.State == datav1alpha1.OutputPending {
+				st.State = datav1alpha1.OutputInMemory
+			}
+			r.outputUsage(ctx, l.Namespace, out, &st)
+		}
+		l.Status.Outputs = append(l.Status.Outputs, st)
+	}
+}
+
+// outputUsage updates st from the master's record of the output Dataset; without an answer it
+// keeps what st says.
+func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name string, st *datav1alpha1.LineageOutputStatus) {
+	if r.Master == nil {
+		return
+	}
+	ds := &datav1alpha1.Dataset{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ds); err != nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+	defer cancel()
+	usage, err := r.Master.GetDatasetUsage(cctx, &masterpb.GetDatasetUsageRequest{
+		Name: datav1alpha1.MasterDatasetName(namespace, name, string(ds.UID)), StaleOk: true,
+	})
+	switch {
+	case status.Code(err) == codes.NotFound:
+		// Nothing written into it (or forgotten for a recomputation, which says so itself):
+		// nothing to lose.
+		st.State = datav1alpha1.OutputInMemory
+		return
+	case err != nil:
+		ctrl.LoggerFrom(ctx).Info("cannot read an output's state from the master; keeping the last", "output", name, "error", err.Error())
+		return
+	}
+	st.CheckpointedBytes = usage.GetCheckpointedBytes()
+	switch {
+	case usage.GetTotalBytes() > 0 && usage.GetCheckpointedBytes() == usage.GetTotalBytes():
+		st.State = datav1alpha1.OutputCheckpointed
+	case usage.GetUncachedFiles() > 0:
+		st.State = datav1alpha1.OutputLost
+	default:
+		st.State = datav1alpha1.OutputInMemory
+	}
+}
+
+// checkpointedCondition says whether every output is in the under-store.
+func checkpointedCondition(l *datav1alpha1.Lineage) metav1.Condition {
+	c := metav1.Condition{Type: datav1alpha1.ConditionCheckpointed, Status: metav1.ConditionFalse, Reason: ReasonNotCheckpointed,
+		ObservedGeneration: l.Generation}
+	var pending []string
+	for _, o := range l.Status.Outputs {
+		if o.State != datav1alpha1.OutputCheckpointed {
+			pending = append(pending, o.Name)
+		}
+	}
+	if len(pending) == 0 {
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonAllCheckpointed, "every output is in the under-store"
+		return c
+	}
+	c.Message = fmt.Sprintf("%s not checkpointed: lineage recovers them if lost (depth %d)", strings.Join(pending, ", "), l.Status.UncheckpointedDepth)
+	return c
+}
+
+// recordTransition turns a change of the Ready reason into an event.
+func (r *LineageReconciler) recordTransition(before, after *datav1alpha1.Lineage) {
+	was := meta.FindStatusCondition(before.Status.Conditions, datav1alpha1.ConditionReady)
+	now := meta.FindStatusCondition(after.Status.Conditions, datav1alpha1.ConditionReady)
+	if now == nil || (was != nil && was.Reason == now.Reason) || now.Reason == ReasonRunning {
+		return // the Running event is the Job's creation
+	}
+	kind := corev1.EventTypeWarning
+	if now.Status == metav1.ConditionTrue || now.Reason == ReasonWaitingForInputs {
+		kind = corev1.EventTypeNormal
+	}
+	r.Recorder.Event(after, kind, now.Reason, now.Message)
+}
+
+// SetupWithManager watches Lineages, their Jobs, and the Datasets and Lineages of their
+// namespace, any of which can change what a Lineage waits for.
+func (r *LineageReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&datav1alpha1.Lineage{}).
+		Owns(&batchv1.Job{}).
+		Watches(&datav1alpha1.Dataset{}, handler.EnqueueRequestsFromMapFunc(r.lineagesInNamespace)).
+		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.lineagesInNamespace)).
+		Complete(r)
+}
+
+func (r *LineageReconciler) lineagesInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	lineages := &datav1alpha1.LineageList{}
+	if err := r.Client.List(ctx, lineages, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	names := map[string]bool{}
+	for _, l := range lineages.Items {
+		names[l.Name] = true
+	}
+	var reqs []reconcile.Request
+	for _, n := range slices.Sorted(maps.Keys(names)) {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: n}})
+	}
+	return reqs
+}

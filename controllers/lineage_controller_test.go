@@ -1,0 +1,260 @@
+package controllers
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+var _ = Describe("The Lineage reconciler", func() {
+	var namespace string
+
+	BeforeEach(func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "lineages-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+	})
+
+	output := func(name, lineage string) {
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: lineage}},
+		})).To(Succeed())
+	}
+	ready := func(name, reason string) metav1.Condition {
+		GinkgoHelper()
+		var cond metav1.Condition
+		Eventually(func(g Gomega) {
+			l := &datav1alpha1.Lineage{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, l)).To(Succeed())
+			c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(reason), "%s", c.Message)
+			cond = *c
+		}).Should(Succeed(), "waiting for Lineage %s to be %s", name, reason)
+		return cond
+	}
+	jobOf := func(lineage string) *batchv1.Job {
+		job := &batchv1.Job{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: lineage + "-run"}, job)).To(Succeed())
+		return job
+	}
+	noJob := func(lineage string) {
+		GinkgoHelper()
+		Consistently(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: lineage + "-run"}, &batchv1.Job{}))
+		}, "2s").Should(BeTrue(), "Lineage %s must not run", lineage)
+	}
+	It("runs a pipeline in dependency order: a step runs once the step before has written its input", func() {
+		output("raw", "extract")
+		output("features", "featurize")
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "featurize", []string{"raw"}, []string{"features"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "extract", nil, []string{"raw"}))).To(Succeed())
+
+		By("the first step runs at once; the second waits for its input")
+		ready("extract", ReasonRunning)
+		Expect(ready("featurize", ReasonWaitingForInputs).Message).To(ContainSubstring("raw"))
+		noJob("featurize")
+		job := jobOf("extract")
+		Expect(job.Labels).To(HaveKeyWithValue(lineageLabel, "extract"))
+		Expect(job.Spec.Template.Spec.Containers[0].Image).To(Equal("example.com/step:1"))
+
+		By("once the first step's Job completes, its output is in memory and the second step runs")
+		finishJob(job, true)
+		ready("extract", ReasonWritten)
+		ready("featurize", ReasonRunning)
+		l := &datav1alpha1.Lineage{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "extract"}, l)).To(Succeed())
+		Expect(l.Status.Outputs).To(HaveExactElements(And(HaveField("Name", "raw"), HaveField("State", datav1alpha1.OutputInMemory))))
+		Expect(l.Status.UncheckpointedDepth).To(BeEquivalentTo(1))
+		Expect(meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionCheckpointed)).
+			To(HaveField("Reason", ReasonNotCheckpointed))
+
+		By("the second step's output deepens the uncheckpointed chain to two")
+		finishJob(jobOf("featurize"), true)
+		ready("featurize", ReasonWritten)
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "featurize"}, l)).To(Succeed())
+			g.Expect(l.Status.UncheckpointedDepth).To(BeEquivalentTo(2))
+		}).Should(Succeed())
+	})
+
+	It("ends a bad Lineage with a condition that says what to fix, and runs nothing", func() {
+		By("an input that does not exist")
+		output("out-a", "a")
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "a", []string{"nowhere"}, []string{"out-a"}))).To(Succeed())
+		Expect(ready("a", ReasonInputNotFound).Message).To(ContainSubstring(`input Dataset "nowhere" does not exist`))
+		noJob("a")
+
+		By("an output that does not name the Lineage")
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "b", nil, []string{"undeclared"}))).To(Succeed())
+		Expect(ready("b", ReasonOutputNotDeclared).Message).To(ContainSubstring("spec.lineage.name: b"))
+		noJob("b")
+
+		By("a cycle through two Lineages")
+		output("x", "c1")
+		output("y", "c2")
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "c1", []string{"y"}, []string{"x"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "c2", []string{"x"}, []string{"y"}))).To(Succeed())
+		Expect(ready("c1", ReasonCycle).Message).To(ContainSubstring("c1 → c2 → c1"))
+		Expect(ready("c2", ReasonCycle).Message).To(ContainSubstring("c2 → c1 → c2"))
+		noJob("c1")
+		noJob("c2")
+	})
+
+	It("reports a failed Job once and does not retry it", func() {
+		output("out", "flaky")
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "flaky", nil, []string{"out"}))).To(Succeed())
+		ready("flaky", ReasonRunning)
+		job := jobOf("flaky")
+		finishJob(job, false)
+		Expect(ready("flaky", ReasonJobFailed).Message).To(ContainSubstring("backoff limit"))
+		Eventually(func() []string { return eventReasons(namespace, "flaky") }).Should(ContainElement(ReasonJobFailed))
+		Consistently(func() types.UID { return jobOf("flaky").UID }, "2s").Should(Equal(job.UID), "the failed Job is not recreated")
+	})
+})
+
+var _ = Describe("Recomputation of lost outputs", func() {
+	var namespace string
+
+	BeforeEach(func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "recompute-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+	})
+
+	lineageOf := func(name string) *datav1alpha1.Lineage {
+		l := &datav1alpha1.Lineage{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, l)).To(Succeed())
+		return l
+	}
+	priorityClass := func(name string, value int32) {
+		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}
+		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, pc))).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pc))).To(Succeed()) })
+	}
+
+	It("reruns the Job at the lowest priority, and at the priority of a pod that waits for the data", func() {
+		priorityClass(DefaultRecomputeClass, -100)
+		urgent := "urgent-" + namespace
+		priorityClass(urgent, 1000)
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "scores", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "score"}},
+		})).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "score", nil, []string{"scores"}))).To(Succeed())
+		job := &batchv1.Job{}
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "score-run"}, job)
+		}).Should(Succeed())
+		finishJob(job, true)
+
+		By("the Job wrote a file into a worker whose node is then lost")
+		ds := &datav1alpha1.Dataset{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "scores"}, ds)).To(Succeed())
+		name := datav1alpha1.MasterDatasetName(namespace, "scores", string(ds.UID))
+		root := datav1alpha1.MasterDatasetRoot(namespace, "scores", string(ds.UID))
+		worker := "pool/" + namespace
+		_, err := lineageMaster.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: worker, Node: namespace})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: root + "/part-0", Dataset: name})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.CommitBlock(ctx, &masterpb.CommitBlockRequest{
+			BlockId: uint64(time.Now().UnixNano()), Path: root + "/part-0", Size: 100, Worker: worker, Tier: "mem"})
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf("score"), "scores") }).
+			Should(Equal(datav1alpha1.OutputInMemory))
+		_, err = lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+
+		By("the output is recomputed by a Job at the lowest class, and the master forgot the lost files")
+		var first string
+		Eventually(func(g Gomega) {
+			l := lineageOf("score")
+			g.Expect(outputState(l, "scores")).To(Equal(datav1alpha1.OutputRecomputing))
+			g.Expect(l.Status.Recomputations).To(BeEquivalentTo(1))
+			g.Expect(l.Status.ActiveRecomputation).NotTo(BeNil())
+			g.Expect(l.Status.ActiveRecomputation.PriorityClassName).To(Equal(DefaultRecomputeClass))
+			first = l.Status.ActiveRecomputation.JobName
+		}).Should(Succeed())
+		Expect(first).To(HavePrefix("score-recompute-1-"))
+		recompute := &batchv1.Job{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: first}, recompute)).To(Succeed())
+		Expect(recompute.Spec.Template.Spec.PriorityClassName).To(Equal(DefaultRecomputeClass))
+		_, err = lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+		Expect(status.Code(err)).To(Equal(codes.NotFound))
+
+		By("a pod of a higher class that mounts the output makes the pending Job come back with that class")
+		Expect(k8sClient.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "dashboard", Namespace: namespace},
+			Spec: corev1.PodSpec{
+				PriorityClassName: urgent,
+				Containers:        []corev1.Container{{Name: "read", Image: "example.com/read:1"}},
+				Volumes: []corev1.Volume{{Name: "scores", VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "scores", ReadOnly: true}}}},
+			},
+		})).To(Succeed())
+		var second string
+		Eventually(func(g Gomega) {
+			l := lineageOf("score")
+			g.Expect(l.Status.ActiveRecomputation).NotTo(BeNil())
+			g.Expect(l.Status.ActiveRecomputation.PriorityClassName).To(Equal(urgent))
+			second = l.Status.ActiveRecomputation.JobName
+			g.Expect(l.Status.Recomputations).To(BeEquivalentTo(1), "raising the priority is no new recomputation")
+		}).WithTimeout(time.Minute).Should(Succeed())
+		Expect(second).NotTo(Equal(first))
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: second}, recompute)).To(Succeed())
+		Expect(recompute.Spec.Template.Spec.PriorityClassName).To(Equal(urgent))
+		Eventually(func() []string { return eventReasons(namespace, "score") }).Should(ContainElement(ReasonPriorityInherited))
+
+		By("once it completes, the output is in memory again and nothing more is recomputed")
+		finishJob(recompute, true)
+		Eventually(func(g Gomega) {
+			l := lineageOf("score")
+			g.Expect(l.Status.ActiveRecomputation).To(BeNil())
+			g.Expect(outputState(l, "scores")).To(Equal(datav1alpha1.OutputInMemory))
+			g.Expect(meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)).To(HaveField("Reason", ReasonNothingLost))
+		}).Should(Succeed())
+		Consistently(func() int32 { return lineageOf("score").Status.Recomputations }, "2s").Should(BeEquivalentTo(1))
+	})
+})
+
+// finishJob sets a Job's status as the Job controller (absent in envtest) would.
+func finishJob(job *batchv1.Job, succeeded bool) {
+	GinkgoHelper()
+	now := metav1.Now()
+	job.Status.StartTime = &now
+	if succeeded {
+		job.Status.CompletionTime = &now
+		job.Status.Succeeded = 1
+		job.Status.Conditions = []batchv1.JobCondition{
+			{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		}
+	} else {
+		job.Status.Failed = 1
+		job.Status.Conditions = []batchv1.JobCondition{
+			{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", LastTransitionTime: now},
+			{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded",
+				Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
+		}
+	}
+	Expect(k8sClient.Status().Update(ctx, job)).To(Succeed())
+}

@@ -1,0 +1,316 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+// Reasons of a Lineage's Recomputing condition.
+const (
+	ReasonRecomputing          = "Recomputing"
+	ReasonWaitingForLostInputs = "WaitingForLostInputs"
+	ReasonRecomputationLimit   = "RecomputationLimit"
+	ReasonRecomputationFailed  = "RecomputationFailed"
+	ReasonNothingLost          = "NothingLost"
+	ReasonPriorityInherited    = "PriorityInherited"
+)
+
+// DefaultRecomputeClass is the PriorityClass recomputation Jobs start at (the chart's).
+const DefaultRecomputeClass = "strata-recompute-lowest"
+
+// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+// recomputationLabel carries the number of a recomputation Job, 1 for the first.
+const recomputationLabel = "data.strata.dev/recomputation"
+
+// recompute runs a Job that writes l's outputs again when one is lost (Tachyon §5): only once
+// every input is available, so that a chain is recomputed parents first and no Job holds
+// resources while it waits; at the lowest PriorityClass, raised to the highest priority of the
+// pods that wait for the lost data (the Job is recreated with it while its pod is still
+// pending); at most spec.maxRecomputations times. It returns the Recomputing condition.
+//
+// What runs and how many were made is read from the Jobs themselves, uncached, never from the
+// status: a status read from the cache may be older than the last Job made, and trusting it
+// would make a second Job for one loss.
+func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) (metav1.Condition, error) {
+	cond := metav1.Condition{Type: datav1alpha1.ConditionRecomputing, Status: metav1.ConditionFalse, ObservedGeneration: l.Generation}
+	made, active, last, err := r.recomputeJobs(ctx, l)
+	if err != nil {
+		return cond, err
+	}
+	l.Status.Recomputations = made
+	l.Status.ActiveRecomputation = nil
+	if active != nil {
+		return r.followRecomputation(ctx, l, active)
+	}
+	var lost []string
+	for _, o := range l.Status.Outputs {
+		if o.State == datav1alpha1.OutputLost || o.State == datav1alpha1.OutputRecomputing {
+			lost = append(lost, o.Name)
+		}
+	}
+	switch {
+	case len(lost) == 0:
+		cond.Reason, cond.Message = ReasonNothingLost, "every written output has a live copy or a checkpoint"
+		return cond, nil
+	case made >= l.Spec.MaxRecomputations:
+		cond.Reason = ReasonRecomputationLimit
+		cond.Message = fmt.Sprintf("%s lost, and %d recomputations were made already (spec.maxRecomputations): not trying again; "+
+			"raise spec.maxRecomputations to try again", strings.Join(lost, ", "), made)
+		if last != nil && jobFinished(last) == batchv1.JobFailed {
+			cond.Message += fmt.Sprintf("; the last, Job %s, failed: see `kubectl logs job/%s`", last.Name, last.Name)
+		}
+		return cond, nil
+	}
+	if waiting := ns.missingInputs(l); len(waiting) > 0 {
+		cond.Reason = ReasonWaitingForLostInputs
+		cond.Message = fmt.Sprintf("%s lost; recomputing once inputs %s are there again", strings.Join(lost, ", "), strings.Join(waiting, ", "))
+		return cond, nil
+	}
+
+	// The Job writes every output again: forget what the master still lists of them, so that
+	// the new files can be sealed under the same paths.
+	for _, out := range l.Spec.Outputs {
+		if err := r.forgetOutput(ctx, l.Namespace, out); err != nil {
+			return cond, err
+		}
+	}
+	class, err := r.inheritedClass(ctx, l.Namespace, lost)
+	if err != nil {
+		return cond, err
+	}
+	job, err := r.createRecomputeJob(ctx, l, made+1, class)
+	if err != nil {
+		return cond, err
+	}
+	l.Status.Recomputations = made + 1
+	l.Status.ActiveRecomputation = &datav1alpha1.RecomputationStatus{JobName: job.Name, PriorityClassName: class, StartTime: job.CreationTimestamp}
+	markRecomputing(l, l.Spec.Outputs)
+	r.Recorder.Eventf(l, corev1.EventTypeWarning, ReasonRecomputing, "%s lost: recomputing with Job %s at PriorityClass %s",
+		strings.Join(lost, ", "), job.Name, class)
+	cond.Status, cond.Reason = metav1.ConditionTrue, ReasonRecomputing
+	cond.Message = fmt.Sprintf("Job %s recomputes %s at PriorityClass %s", job.Name, strings.Join(lost, ", "), class)
+	return cond, nil
+}
+
+// recomputeJobs reads l's recomputation Jobs from the API server: how many were made, the one
+// running (not finished, not being deleted), and the newest.
+func (r *LineageReconciler) recomputeJobs(ctx context.Context, l *datav1alpha1.Lineage) (made int32, active, last *batchv1.Job, err error) {
+	jobs := &batchv1.JobList{}
+	if err := r.reader().List(ctx, jobs, client.InNamespace(l.Namespace), client.MatchingLabels{lineageLabel: l.Name}); err != nil {
+		return 0, nil, nil, fmt.Errorf("listing the recomputation Jobs of Lineage %s: %w", l.Name, err)
+	}
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
+		n, err := strconv.ParseInt(job.Labels[recomputationLabel], 10, 32)
+		if err != nil || !metav1.IsControlledBy(job, l) {
+			continue // the first run, or not ours
+		}
+		made = max(made, int32(n))
+		if last == nil || job.CreationTimestamp.After(last.CreationTimestamp.Time) {
+			last = job
+		}
+		if job.DeletionTimestamp.IsZero() && jobFinished(job) == "" &&
+			(active == nil || job.CreationTimestamp.After(active.CreationTimestamp.Time)) {
+			active = job
+		}
+	}
+	return made, active, last, nil
+}
+
+// jobFinished is JobComplete or JobFailed once job ended, "" before.
+func jobFinished(job *batchv1.Job) batchv1.JobConditionType {
+	for _, c := range job.Status.Conditions {
+		if c.Status == corev1.ConditionTrue && (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) {
+			return c.Type
+		}
+	}
+	return ""
+}
+
+// followRecomputation reports the running recomputation, and recreates it with a higher class
+// when a pod of higher priority waits for the data and the Job's pods have no node yet.
+func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1alpha1.Lineage, job *batchv1.Job) (metav1.Condition, error) {
+	current := job.Spec.Template.Spec.PriorityClassName
+	l.Status.ActiveRecomputation = &datav1alpha1.RecomputationStatus{JobName: job.Name, PriorityClassName: current, StartTime: job.CreationTimestamp}
+	markRecomputing(l, l.Spec.Outputs) // the Job writes every output again
+	cond := metav1.Condition{Type: datav1alpha1.ConditionRecomputing, Status: metav1.ConditionTrue, Reason: ReasonRecomputing,
+		ObservedGeneration: l.Generation, Message: fmt.Sprintf("Job %s recomputes the lost outputs at PriorityClass %s", job.Name, current)}
+
+	// Priority inheritance: a pod's priority cannot change, so a Job whose pods all still wait
+	// for room is recreated with the higher class; one that runs is left alone.
+	class, err := r.inheritedClass(ctx, l.Namespace, l.Spec.Outputs)
+	if err != nil || class == current {
+		return cond, err
+	}
+	higher, err := r.higherClass(ctx, class, current)
+	if err != nil || !higher {
+		return cond, err
+	}
+	started, err := r.jobStarted(ctx, job)
+	if err != nil || started {
+		return cond, err
+	}
+	if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+		return cond, fmt.Errorf("deleting Job %s to raise its priority: %w", job.Name, err)
+	}
+	n, _ := strconv.ParseInt(job.Labels[recomputationLabel], 10, 32)
+	replacement, err := r.createRecomputeJob(ctx, l, int32(n), class)
+	if err != nil {
+		return cond, err
+	}
+	l.Status.ActiveRecomputation = &datav1alpha1.RecomputationStatus{JobName: replacement.Name, PriorityClassName: class, StartTime: replacement.CreationTimestamp}
+	r.Recorder.Eventf(l, corev1.EventTypeNormal, ReasonPriorityInherited,
+		"a pod of PriorityClass %s waits for the lost data: recreated the pending recomputation as Job %s with that class", class, replacement.Name)
+	cond.Message = fmt.Sprintf("Job %s recomputes the lost outputs at PriorityClass %s, inherited from a pod that waits for them", replacement.Name, class)
+	return cond, nil
+}
+
+// markRecomputing shows outputs as being recomputed.
+func markRecomputing(l *datav1alpha1.Lineage, lost []string) {
+	for i := range l.Status.Outputs {
+		if contains(lost, l.Status.Outputs[i].Name) {
+			l.Status.Outputs[i].State = datav1alpha1.OutputRecomputing
+		}
+	}
+}
+
+// forgetOutput makes the master forget the files of an output Dataset.
+func (r *LineageReconciler) forgetOutput(ctx context.Context, namespace, name string) error {
+	if r.Master == nil {
+		return nil
+	}
+	ds := &datav1alpha1.Dataset{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ds); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return (&DatasetReconciler{Master: r.Master}).forgetMetadata(ctx, ds)
+}
+
+// inheritedClass is the PriorityClass a recomputation of outputs runs at: the highest of the
+// pods of namespace that mount one of them and are not finished, if it is above the
+// recomputation class; the recomputation class otherwise.
+func (r *LineageReconciler) inheritedClass(ctx context.Context, namespace string, outputs []string) (string, error) {
+	base := r.RecomputeClass
+	if base == "" {
+		base = DefaultRecomputeClass
+	}
+	pods := &corev1.PodList{}
+	if err := r.reader().List(ctx, pods, client.InNamespace(namespace)); err != nil {
+		return "", fmt.Errorf("listing the pods of %s that wait for lost data: %w", namespace, err)
+	}
+	bestPriority, err := r.priorityOf(ctx, base)
+	if err != nil {
+		return "", err
+	}
+	best := base
+	for _, pod := range pods.Items {
+		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Labels[lineageLabel] != "" ||
+			pod.Spec.PriorityClassName == "" || pod.Spec.Priority == nil || !mountsAny(&pod, outputs) {
+			continue
+		}
+		if *pod.Spec.Priority > bestPriority {
+			best, bestPriority = pod.Spec.PriorityClassName, *pod.Spec.Priority
+		}
+	}
+	return best, nil
+}
+
+// mountsAny says whether pod mounts the claim of one of the Datasets (a Dataset's claim has its name).
+func mountsAny(pod *corev1.Pod, datasets []string) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil && contains(datasets, v.PersistentVolumeClaim.ClaimName) {
+			return true
+		}
+	}
+	return false
+}
+
+// priorityOf is the value of a PriorityClass; a class that does not exist counts as 0.
+func (r *LineageReconciler) priorityOf(ctx context.Context, name string) (int32, error) {
+	pc := &schedulingv1.PriorityClass{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, pc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("reading PriorityClass %s: %w", name, err)
+	}
+	return pc.Value, nil
+}
+
+func (r *LineageReconciler) higherClass(ctx context.Context, a, b string) (bool, error) {
+	pa, err := r.priorityOf(ctx, a)
+	if err != nil {
+		return false, err
+	}
+	pb, err := r.priorityOf(ctx, b)
+	return pa > pb, err
+}
+
+// jobStarted says whether a pod of job got a node.
+func (r *LineageReconciler) jobStarted(ctx context.Context, job *batchv1.Job) (bool, error) {
+	pods := &corev1.PodList{}
+	if err := r.reader().List(ctx, pods, client.InNamespace(job.Namespace), client.MatchingLabels{"job-name": job.Name}); err != nil {
+		return false, fmt.Errorf("listing the pods of Job %s: %w", job.Name, err)
+	}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// createRecomputeJob creates the n-th recomputation Job of l at class.
+func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string) (*batchv1.Job, error) {
+	tmpl := l.Spec.Template.DeepCopy()
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: objectName(l.Name, fmt.Sprintf("-recompute-%d-", n)), Namespace: l.Namespace,
+			Labels: tmpl.Labels, Annotations: tmpl.Annotations,
+		},
+		Spec: tmpl.Spec,
+	}
+	if job.Labels == nil {
+		job.Labels = map[string]string{}
+	}
+	job.Labels[lineageLabel] = l.Name
+	job.Labels[recomputationLabel] = strconv.Itoa(int(n))
+	job.Spec.Template.Spec.PriorityClassName = class
+	job.Spec.Template.Spec.Priority = nil // set by admission from the class
+	if job.Spec.Template.Labels == nil {
+		job.Spec.Template.Labels = map[string]string{}
+	}
+	job.Spec.Template.Labels[lineageLabel] = l.Name
+	if err := controllerutil.SetControllerReference(l, job, r.Client.Scheme()); err != nil {
+		return nil, fmt.Errorf("owning a recomputation Job: %w", err)
+	}
+	if err := r.Client.Create(ctx, job); err != nil {
+		return nil, fmt.Errorf("creating a recomputation Job for Lineage %s/%s: %w", l.Namespace, l.Name, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("created a recomputation Job", "job", job.Name, "priorityClass", class)
+	return job, nil
+}
+
+// reader reads what the operator does not cache: pods of tenants' namespaces.
+func (r *LineageReconciler) reader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
