@@ -231,23 +231,7 @@ var _ = Describe("The Dataset reconciler", func() {
 			Eventually(func(g Gomega) {
 				job := &batchv1.Job{}
 				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ds.Name + "-preload"}, job)).To(Succeed())
-				// envtest runs no Job controller either: write what it would.
-				now := metav1.Now()
-				job.Status.StartTime = &now
-				if ok {
-					job.Status.CompletionTime, job.Status.Succeeded = &now, 1
-					job.Status.Conditions = []batchv1.JobCondition{
-						{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now},
-						{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now},
-					}
-				} else {
-					job.Status.Failed = 3
-					job.Status.Conditions = []batchv1.JobCondition{
-						{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", LastTransitionTime: now},
-						{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded",
-							Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
-					}
-				}
+				endJob(job, ok)
 				g.Expect(k8sClient.Status().Update(ctx, job)).To(Succeed())
 			}).Should(Succeed(), "ending the preload Job of %s", ds.Name)
 		}

@@ -23,9 +23,10 @@
 // when a block has none (its node is gone), Checkpointed when the files are in the
 // under-store; and the depth of uncheckpointed lineage ending at each Lineage (status and the
 // strata_operator_lineage_uncheckpointed_depth gauge). A lost output is recomputed
-// (lineage_recompute.go): once its inputs are available again, so that a chain recovers parents
-// first, the master forgets the outputs and a Job from the template writes them again, at the
-// lowest PriorityClass, raised to the highest priority of the pods that mount the lost data by
+// (lineage_recompute.go): once its inputs are available again (asked of the master and of the
+// parent's recomputation Jobs, not of the parent's status, which may lag a loss), so that a
+// chain recovers parents first, a Job from the template is created suspended, the master
+// forgets the outputs, and the Job runs and writes them again, at the lowest PriorityClass, raised to the highest priority of the pods that mount the lost data by
 // recreating the Job while its pod waits for a node (Tachyon's priority inheritance), at most
 // spec.maxRecomputations times.
 package controllers

@@ -260,7 +260,7 @@ func (r *LineageReconciler) readyCondition(ctx context.Context, l *datav1alpha1.
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: runJobName(l)}, job)
 	switch {
 	case apierrors.IsNotFound(err):
-		if waiting := ns.missingInputs(l); len(waiting) > 0 {
+		if waiting := r.missingInputs(ctx, l, ns); len(waiting) > 0 {
 			return notReady(ReasonWaitingForInputs, "waiting for inputs %s before running the Job", strings.Join(waiting, ", "))
 		}
 		if job, err = r.createRunJob(ctx, l); err != nil {
@@ -288,8 +288,10 @@ func (r *LineageReconciler) readyCondition(ctx context.Context, l *datav1alpha1.
 }
 
 // missingInputs are the inputs not available yet: a Dataset that is not Ready, or an output of
-// a Lineage that has not written it.
-func (ns *namespace) missingInputs(l *datav1alpha1.Lineage) []string {
+// a Lineage that has not written it, or that has lost some of it. Loss is asked of the master
+// itself: the producer's status may not say it yet (a node's loss reaches every Lineage at
+// once), and a child recomputed before its parent would read holes.
+func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) []string {
 	var missing []string
 	for _, in := range l.Spec.Inputs {
 		ds := ns.datasets[in]
@@ -297,9 +299,14 @@ func (ns *namespace) missingInputs(l *datav1alpha1.Lineage) []string {
 		if p, ok := ns.producer[in]; ok && ds.Spec.Lineage != nil {
 			producer := ns.lineages[p]
 			state := outputState(producer, in)
-			// Written, and not lost since (or recomputed): parents are recomputed first.
 			available = meta.IsStatusConditionTrue(producer.Status.Conditions, datav1alpha1.ConditionReady) &&
 				state != datav1alpha1.OutputLost && state != datav1alpha1.OutputRecomputing
+			if available {
+				st := datav1alpha1.LineageOutputStatus{Name: in, State: state}
+				r.outputUsage(ctx, l.Namespace, in, &st)
+				_, active, _, err := r.recomputeJobs(ctx, producer)
+				available = st.State != datav1alpha1.OutputLost && active == nil && err == nil
+			}
 		}
 		if !available {
 			missing = append(missing, in)

@@ -149,6 +149,78 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pc))).To(Succeed()) })
 	}
 
+	// writeOn makes the master hold one file of the output Dataset name, on worker.
+	writeOn := func(name, worker string) {
+		GinkgoHelper()
+		ds := &datav1alpha1.Dataset{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ds)).To(Succeed())
+		master, root := datav1alpha1.MasterDatasetName(namespace, name, string(ds.UID)), datav1alpha1.MasterDatasetRoot(namespace, name, string(ds.UID))
+		_, err := lineageMaster.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: master, Root: root})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: worker, Node: namespace})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: root + "/part-0", Dataset: master})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.CommitBlock(ctx, &masterpb.CommitBlockRequest{
+			BlockId: uint64(time.Now().UnixNano()), Path: root + "/part-0", Size: 100, Worker: worker, Tier: "mem"})
+		Expect(err).NotTo(HaveOccurred())
+	}
+	recomputeJob := func(lineage string) *batchv1.Job {
+		var jobs batchv1.JobList
+		Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace), client.MatchingLabels{lineageLabel: lineage, recomputationLabel: "1"})).To(Succeed())
+		if len(jobs.Items) == 0 {
+			return nil
+		}
+		return &jobs.Items[0]
+	}
+
+	It("recomputes a parent before its child when one loss takes both", func() {
+		priorityClass(DefaultRecomputeClass, -100)
+		for _, step := range [][3]string{{"parent", "", "p-out"}, {"child", "p-out", "c-out"}} {
+			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: step[2], Namespace: namespace},
+				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: step[0]}},
+			})).To(Succeed())
+			var inputs []string
+			if step[1] != "" {
+				inputs = []string{step[1]}
+			}
+			Expect(k8sClient.Create(ctx, newLineage(namespace, step[0], inputs, []string{step[2]}))).To(Succeed())
+		}
+		for _, name := range []string{"parent", "child"} {
+			job := &batchv1.Job{}
+			Eventually(func() error {
+				return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name + "-run"}, job)
+			}).Should(Succeed())
+			finishJob(job, true)
+			Eventually(func() datav1alpha1.OutputState {
+				return outputState(lineageOf(name), map[string]string{"parent": "p-out", "child": "c-out"}[name])
+			}).
+				Should(Equal(datav1alpha1.OutputInMemory))
+		}
+		worker := "pool/" + namespace
+		writeOn("p-out", worker)
+		writeOn("c-out", worker)
+		_, err := lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+
+		By("the parent is recomputed; the child waits for it, however soon it sees its own loss")
+		var parentJob *batchv1.Job
+		Eventually(func() *batchv1.Job { parentJob = recomputeJob("parent"); return parentJob }).ShouldNot(BeNil())
+		Eventually(func() string {
+			c := meta.FindStatusCondition(lineageOf("child").Status.Conditions, datav1alpha1.ConditionRecomputing)
+			if c == nil {
+				return ""
+			}
+			return c.Reason
+		}).Should(Equal(ReasonWaitingForLostInputs))
+		Consistently(func() *batchv1.Job { return recomputeJob("child") }, "3s").Should(BeNil())
+
+		By("once the parent's Job is done, the child is recomputed")
+		finishJob(parentJob, true)
+		Eventually(func() *batchv1.Job { return recomputeJob("child") }).ShouldNot(BeNil())
+	})
+
 	It("reruns the Job at the lowest priority, and at the priority of a pod that waits for the data", func() {
 		priorityClass(DefaultRecomputeClass, -100)
 		urgent := "urgent-" + namespace
@@ -236,25 +308,29 @@ var _ = Describe("Recomputation of lost outputs", func() {
 	})
 })
 
-// finishJob sets a Job's status as the Job controller (absent in envtest) would.
+// finishJob ends a Job as the Job controller would, which envtest does not run.
 func finishJob(job *batchv1.Job, succeeded bool) {
 	GinkgoHelper()
+	endJob(job, succeeded)
+	Expect(k8sClient.Status().Update(ctx, job)).To(Succeed())
+}
+
+// endJob sets the status the Job controller gives a Job that succeeded or failed.
+func endJob(job *batchv1.Job, succeeded bool) {
 	now := metav1.Now()
 	job.Status.StartTime = &now
 	if succeeded {
-		job.Status.CompletionTime = &now
-		job.Status.Succeeded = 1
+		job.Status.CompletionTime, job.Status.Succeeded = &now, 1
 		job.Status.Conditions = []batchv1.JobCondition{
 			{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, LastTransitionTime: now},
 			{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, LastTransitionTime: now},
 		}
-	} else {
-		job.Status.Failed = 1
-		job.Status.Conditions = []batchv1.JobCondition{
-			{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", LastTransitionTime: now},
-			{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded",
-				Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
-		}
+		return
 	}
-	Expect(k8sClient.Status().Update(ctx, job)).To(Succeed())
+	job.Status.Failed = 1
+	job.Status.Conditions = []batchv1.JobCondition{
+		{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", LastTransitionTime: now},
+		{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded",
+			Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
+	}
 }

@@ -11,6 +11,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -32,7 +33,7 @@ const (
 const DefaultRecomputeClass = "strata-recompute-lowest"
 
 // +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch
-// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=delete
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=patch;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // recomputationLabel carries the number of a recomputation Job, 1 for the first.
@@ -77,25 +78,24 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 		}
 		return cond, nil
 	}
-	if waiting := ns.missingInputs(l); len(waiting) > 0 {
+	if waiting := r.missingInputs(ctx, l, ns); len(waiting) > 0 {
 		cond.Reason = ReasonWaitingForLostInputs
 		cond.Message = fmt.Sprintf("%s lost; recomputing once inputs %s are there again", strings.Join(lost, ", "), strings.Join(waiting, ", "))
 		return cond, nil
 	}
 
-	// The Job writes every output again: forget what the master still lists of them, so that
-	// the new files can be sealed under the same paths.
-	for _, out := range l.Spec.Outputs {
-		if err := r.forgetOutput(ctx, l.Namespace, out); err != nil {
-			return cond, err
-		}
-	}
 	class, err := r.inheritedClass(ctx, l.Namespace, lost)
 	if err != nil {
 		return cond, err
 	}
-	job, err := r.createRecomputeJob(ctx, l, made+1, class)
+	// Created suspended, then the outputs are forgotten, then it runs: from the moment this
+	// Lineage decides to recompute, a Job says so to the Lineages that read its outputs (see
+	// missingInputs), and it never writes before the master let go of the old files.
+	job, err := r.createRecomputeJob(ctx, l, made+1, class, true)
 	if err != nil {
+		return cond, err
+	}
+	if err := r.release(ctx, l, job); err != nil {
 		return cond, err
 	}
 	l.Status.Recomputations = made + 1
@@ -146,6 +146,12 @@ func jobFinished(job *batchv1.Job) batchv1.JobConditionType {
 // followRecomputation reports the running recomputation, and recreates it with a higher class
 // when a pod of higher priority waits for the data and the Job's pods have no node yet.
 func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1alpha1.Lineage, job *batchv1.Job) (metav1.Condition, error) {
+	if job.Spec.Suspend != nil && *job.Spec.Suspend {
+		// Made by a reconcile that could not forget the outputs: finish its work.
+		if err := r.release(ctx, l, job); err != nil {
+			return metav1.Condition{}, err
+		}
+	}
 	current := job.Spec.Template.Spec.PriorityClassName
 	l.Status.ActiveRecomputation = &datav1alpha1.RecomputationStatus{JobName: job.Name, PriorityClassName: current, StartTime: job.CreationTimestamp}
 	markRecomputing(l, l.Spec.Outputs) // the Job writes every output again
@@ -170,7 +176,7 @@ func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1al
 		return cond, fmt.Errorf("deleting Job %s to raise its priority: %w", job.Name, err)
 	}
 	n, _ := strconv.ParseInt(job.Labels[recomputationLabel], 10, 32)
-	replacement, err := r.createRecomputeJob(ctx, l, int32(n), class)
+	replacement, err := r.createRecomputeJob(ctx, l, int32(n), class, false) // the outputs are forgotten already
 	if err != nil {
 		return cond, err
 	}
@@ -276,8 +282,24 @@ func (r *LineageReconciler) jobStarted(ctx context.Context, job *batchv1.Job) (b
 	return false, nil
 }
 
-// createRecomputeJob creates the n-th recomputation Job of l at class.
-func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string) (*batchv1.Job, error) {
+// release lets a suspended recomputation Job run once the master forgot l's outputs, so that
+// its files can be sealed again under the same paths.
+func (r *LineageReconciler) release(ctx context.Context, l *datav1alpha1.Lineage, job *batchv1.Job) error {
+	for _, out := range l.Spec.Outputs {
+		if err := r.forgetOutput(ctx, l.Namespace, out); err != nil {
+			return err
+		}
+	}
+	before := job.DeepCopy()
+	job.Spec.Suspend = ptr.To(false)
+	if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("letting recomputation Job %s run: %w", job.Name, err)
+	}
+	return nil
+}
+
+// createRecomputeJob creates the n-th recomputation Job of l at class, suspended if asked.
+func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string, suspended bool) (*batchv1.Job, error) {
 	tmpl := l.Spec.Template.DeepCopy()
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{
@@ -291,6 +313,7 @@ func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alp
 	}
 	job.Labels[lineageLabel] = l.Name
 	job.Labels[recomputationLabel] = strconv.Itoa(int(n))
+	job.Spec.Suspend = ptr.To(suspended)
 	job.Spec.Template.Spec.PriorityClassName = class
 	job.Spec.Template.Spec.Priority = nil // set by admission from the class
 	if job.Spec.Template.Labels == nil {

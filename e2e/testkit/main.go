@@ -3,7 +3,7 @@
 //
 //	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
-//	testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] /data/imagenet
+//	testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] [--wait 5m --expect-files 3] /data/imagenet
 //	testkit copy /data/imagenet /scratch/imagenet
 //	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
 //	testkit worker put --master m-0:7001 --worker default/node-a --block b1 --size 8388608 --seed 7 --dataset e2e
@@ -137,26 +137,47 @@ func sumCommand(args []string, out *json.Encoder) error {
 	rate := flags.Int64("rate", 0, "read at most this many bytes per second (0: as fast as possible), to keep a read going for a while")
 	summary := flags.Bool("summary", false, "print one line with the total bytes and seconds instead of a line per file")
 	uncached := flags.Bool("uncached", false, "drop each file's pages from the page cache before reading it, so that every byte comes through the file system")
+	expect := flags.Int("expect-files", 0, "with --wait: read again until the folder holds at least this many files, all readable")
+	wait := flags.Duration("wait", 0, "keep reading again, every two seconds, for this long while a read fails or fewer than --expect-files files are there")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
 	if flags.NArg() != 1 {
-		return errors.New("usage: testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] DIR")
+		return errors.New("usage: testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] [--wait D --expect-files N] DIR")
 	}
-	var total result
-	start := time.Now()
-	err := sum(flags.Arg(0), *rate, *uncached, func(r result) error {
-		total.Bytes += r.Bytes
-		if *summary {
+	deadline := time.Now().Add(*wait)
+	for {
+		var results []result
+		var total result
+		start := time.Now()
+		err := sum(flags.Arg(0), *rate, *uncached, func(r result) error {
+			total.Bytes += r.Bytes
+			results = append(results, r)
 			return nil
+		})
+		if err == nil && len(results) < *expect {
+			err = fmt.Errorf("%d files, expecting %d", len(results), *expect)
 		}
-		return out.Encode(r)
-	})
-	if err != nil || !*summary {
-		return err
+		if err != nil && time.Now().Before(deadline) {
+			// Lost data is being recomputed: a reader that waits for it tries again.
+			fmt.Fprintln(os.Stderr, "testkit: not there yet:", err)
+			time.Sleep(2 * time.Second)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if *summary {
+			total.Seconds = time.Since(start).Seconds()
+			return out.Encode(total)
+		}
+		for _, r := range results {
+			if err := out.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	total.Seconds = time.Since(start).Seconds()
-	return out.Encode(total)
 }
 
 // sum reports the size, SHA-256 and read time of every regular file below dir, in walk order.
