@@ -168,6 +168,12 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 	setDatasetStatus(ds, problem, ready, preloaded)
+	if ds.Spec.Lineage != nil && problem == nil {
+		l := &datav1alpha1.Lineage{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: ds.Spec.Lineage.Name}, l); err == nil {
+			setOutputPhase(ds, outputState(l, ds.Name))
+		}
+	}
 	setSourceSummary(ds, summary)
 	var result ctrl.Result
 	switch {

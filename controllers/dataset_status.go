@@ -44,6 +44,22 @@ func setDatasetStatus(ds *datav1alpha1.Dataset, p *problem, serving, preloaded *
 	}
 }
 
+// setOutputPhase refines the phase of a servable output Dataset from the state its Lineage
+// reports: Loading until written, Degraded when lost, Recomputing while a Job writes it again.
+func setOutputPhase(ds *datav1alpha1.Dataset, state datav1alpha1.OutputState) {
+	if ds.Status.Phase != datav1alpha1.DatasetReady {
+		return
+	}
+	switch state {
+	case datav1alpha1.OutputPending:
+		ds.Status.Phase = datav1alpha1.DatasetLoading
+	case datav1alpha1.OutputLost:
+		ds.Status.Phase = datav1alpha1.DatasetDegraded
+	case datav1alpha1.OutputRecomputing:
+		ds.Status.Phase = datav1alpha1.DatasetRecomputing
+	}
+}
+
 // setDeletionBlocked says why a deleted Dataset is still there.
 func setDeletionBlocked(ds *datav1alpha1.Dataset, why string) {
 	meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
