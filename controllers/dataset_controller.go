@@ -563,13 +563,19 @@ func (r *DatasetReconciler) refreshUsage(ctx context.Context, ds *datav1alpha1.D
 // forgetMetadata deletes the Dataset's files and blocks from the master (the workers registered
 // them as they cached its blocks); a Dataset the master never knew is forgotten already.
 func (r *DatasetReconciler) forgetMetadata(ctx context.Context, ds *datav1alpha1.Dataset) error {
-	if r.Master == nil {
+	return forgetAtMaster(ctx, r.Master, datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)))
+}
+
+// forgetAtMaster makes the master forget the files of the dataset it knows as name, and with
+// them their blocks, which the workers then drop. One it does not know is forgotten already;
+// without a master there is nothing to forget.
+func forgetAtMaster(ctx context.Context, master DatasetMetadata, name string) error {
+	if master == nil {
 		return nil
 	}
-	name := datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID))
 	ctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
 	defer cancel()
-	resp, err := r.Master.DeleteDataset(ctx, name)
+	resp, err := master.DeleteDataset(ctx, name)
 	if status.Code(err) == codes.NotFound {
 		return nil
 	}

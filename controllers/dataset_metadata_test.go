@@ -143,7 +143,7 @@ func TestAReleasedVolumeLosesItsFiles(t *testing.T) {
 		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeReleased},
 	}
 	kube := fake.NewClientBuilder().WithObjects(pv).WithStatusSubresource(pv).Build()
-	r := &reclaimer{Client: kube, Recorder: record.NewFakeRecorder(10), Master: master}
+	r := &reclaimer{&ProvisionerReconciler{Client: kube, Recorder: record.NewFakeRecorder(10), Master: master}}
 	_, err = r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pv)})
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = master.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})

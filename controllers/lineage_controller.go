@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -451,13 +449,9 @@ func (r *LineageReconciler) lineagesInNamespace(ctx context.Context, o client.Ob
 	if err := r.Client.List(ctx, lineages, client.InNamespace(o.GetNamespace())); err != nil {
 		return nil
 	}
-	names := map[string]bool{}
+	reqs := make([]reconcile.Request, 0, len(lineages.Items))
 	for _, l := range lineages.Items {
-		names[l.Name] = true
-	}
-	var reqs []reconcile.Request
-	for _, n := range slices.Sorted(maps.Keys(names)) {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: n}})
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&l)})
 	}
 	return reqs
 }

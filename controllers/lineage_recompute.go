@@ -198,14 +198,11 @@ func markRecomputing(l *datav1alpha1.Lineage, lost []string) {
 
 // forgetOutput makes the master forget the files of an output Dataset.
 func (r *LineageReconciler) forgetOutput(ctx context.Context, namespace, name string) error {
-	if r.Master == nil {
-		return nil
-	}
 	ds := &datav1alpha1.Dataset{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ds); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	return (&DatasetReconciler{Master: r.Master}).forgetMetadata(ctx, ds)
+	return forgetAtMaster(ctx, r.Master, datav1alpha1.MasterDatasetName(namespace, name, string(ds.UID)))
 }
 
 // inheritedClass is the PriorityClass a recomputation of outputs runs at: the highest of the

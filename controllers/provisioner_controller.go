@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -190,7 +188,7 @@ func (r *ProvisionerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("reclaimer").
 		For(&corev1.PersistentVolume{}, builder.WithPredicates(predicate.NewPredicateFuncs(provisionedByStrata))).
-		Complete(&reclaimer{Client: r.Client, Recorder: r.Recorder, Master: r.Master})
+		Complete(&reclaimer{r})
 }
 
 // provisionedByStrata says whether o is a volume the provisioner made.
@@ -199,12 +197,9 @@ func provisionedByStrata(o client.Object) bool {
 	return ok && pv.Annotations[annProvisionedBy] == CSIDriverName && pv.Spec.CSI != nil && pv.Spec.CSI.Driver == CSIDriverName
 }
 
-// reclaimer deletes the provisioned volumes whose claim is gone and whose policy says Delete.
-type reclaimer struct {
-	Client   client.Client
-	Recorder record.EventRecorder
-	Master   DatasetMetadata
-}
+// reclaimer deletes the provisioned volumes whose claim is gone and whose policy says Delete:
+// the provisioner's other half, a controller of its own because it watches volumes.
+type reclaimer struct{ *ProvisionerReconciler }
 
 func (r *reclaimer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pv := &corev1.PersistentVolume{}
@@ -222,16 +217,10 @@ func (r *reclaimer) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 			"the volume's attributes do not name its claim (%q): delete it by hand", name)
 		return ctrl.Result{}, nil
 	}
-	if r.Master != nil {
-		mctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
-		defer cancel()
-		resp, err := r.Master.DeleteDataset(mctx, name)
-		if err != nil && status.Code(err) != codes.NotFound {
-			r.Recorder.Eventf(pv, corev1.EventTypeWarning, ReasonVolumeFailedDelete,
-				"the master could not forget the volume's files (it is kept and deletion retried): %v", err)
-			return ctrl.Result{}, fmt.Errorf("forgetting the files of volume %s at the master: %w", pv.Name, err)
-		}
-		ctrl.LoggerFrom(ctx).Info("the master forgot the volume's files", "files", resp.GetFilesDeleted())
+	if err := forgetAtMaster(ctx, r.Master, name); err != nil {
+		r.Recorder.Eventf(pv, corev1.EventTypeWarning, ReasonVolumeFailedDelete,
+			"the master could not forget the volume's files (it is kept and deletion retried): %v", err)
+		return ctrl.Result{}, fmt.Errorf("volume %s: %w", pv.Name, err)
 	}
 	if err := r.Client.Delete(ctx, pv); client.IgnoreNotFound(err) != nil {
 		return ctrl.Result{}, fmt.Errorf("deleting PersistentVolume %s: %w", pv.Name, err)

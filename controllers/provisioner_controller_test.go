@@ -34,7 +34,7 @@ var _ = Describe("The provisioner of output volumes", func() {
 		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
 		return class
 	}
-	claim := func(name, class string) *corev1.PersistentVolumeClaim {
+	claim := func(name, class string, changes ...func(*corev1.PersistentVolumeClaim)) *corev1.PersistentVolumeClaim {
 		pvc := &corev1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 			Spec: corev1.PersistentVolumeClaimSpec{
@@ -42,6 +42,9 @@ var _ = Describe("The provisioner of output volumes", func() {
 				StorageClassName: &class,
 				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")}},
 			},
+		}
+		for _, change := range changes {
+			change(pvc)
 		}
 		Expect(k8sClient.Create(ctx, pvc)).To(Succeed())
 		return pvc
@@ -98,12 +101,17 @@ var _ = Describe("The provisioner of output volumes", func() {
 	})
 
 	It("says what to fix in the claim's events when the class is wrong, and provisions nothing", func() {
+		pool := createPool(nil, nil, memTier("1Gi"))
+		block := corev1.PersistentVolumeBlock
 		cases := map[string]struct {
 			params map[string]string
+			change func(*corev1.PersistentVolumeClaim)
 			says   string
 		}{
-			"an unknown parameter":         {map[string]string{"replicas": "3"}, `parameter "replicas", which Strata does not know`},
-			"a TierPool that is not there": {map[string]string{ParameterTierPool: "no-such-pool"}, `TierPool "no-such-pool", which does not exist`},
+			"an unknown parameter":         {params: map[string]string{"replicas": "3"}, says: `parameter "replicas", which Strata does not know`},
+			"a TierPool that is not there": {params: map[string]string{ParameterTierPool: "no-such-pool"}, says: `TierPool "no-such-pool", which does not exist`},
+			"a block volume": {params: map[string]string{ParameterTierPool: pool.Name},
+				change: func(pvc *corev1.PersistentVolumeClaim) { pvc.Spec.VolumeMode = &block }, says: "remove volumeMode: Block"},
 		}
 		i := 0
 		for name, tc := range cases {
@@ -115,12 +123,38 @@ var _ = Describe("The provisioner of output volumes", func() {
 			}
 			Expect(k8sClient.Create(ctx, class)).To(Succeed())
 			DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
-			pvc := claim("bad-"+string(rune('a'+i)), class.Name)
+			var changes []func(*corev1.PersistentVolumeClaim)
+			if tc.change != nil {
+				changes = append(changes, tc.change)
+			}
+			pvc := claim("bad-"+string(rune('a'+i)), class.Name, changes...)
 			Eventually(func() []string { return eventMessages(namespace, pvc.Name, ReasonProvisioningFailed) }).
 				Should(ContainElement(ContainSubstring(tc.says)))
 			Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "pvc-" + string(pvc.UID)}, &corev1.PersistentVolume{})).
 				To(Satisfy(apierrors.IsNotFound))
 		}
+	})
+
+	It("waits for the scheduler's node when the class binds at first use", func() {
+		pool := createPool(nil, nil, memTier("1Gi"))
+		class := &storagev1.StorageClass{
+			ObjectMeta:        metav1.ObjectMeta{Name: "strata-late-" + namespace},
+			Provisioner:       CSIDriverName,
+			Parameters:        map[string]string{ParameterTierPool: pool.Name},
+			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		}
+		Expect(k8sClient.Create(ctx, class)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
+		pvc := claim("late", class.Name)
+		Consistently(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Name: "pvc-" + string(pvc.UID)}, &corev1.PersistentVolume{})
+		}, "2s").Should(Satisfy(apierrors.IsNotFound), "no volume before a pod is scheduled")
+
+		By("the scheduler names a node on the claim, as it does for a pod that uses it")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)).To(Succeed())
+		pvc.Annotations = map[string]string{annSelectedNode: "node-a"}
+		Expect(k8sClient.Update(ctx, pvc)).To(Succeed())
+		volumeOf(pvc)
 	})
 
 	It("leaves claims of other provisioners alone", func() {

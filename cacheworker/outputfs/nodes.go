@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -110,12 +111,7 @@ func (d *dirNode) Create(ctx context.Context, name string, _, mode uint32, out *
 		}
 		d.RmChild(name) // forgotten at the master (lost, and being recomputed): write it again
 	}
-	token, err := newToken()
-	if err != nil {
-		d.o.log.Error(err, "making a file token")
-		return nil, nil, 0, syscall.EIO
-	}
-	staged, err := os.OpenFile(filepath.Join(d.o.cfg.StagingDir, token), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	token, staged, err := d.o.newStaged()
 	if err != nil {
 		d.o.log.Error(err, "creating a staging file", "name", name)
 		return nil, nil, 0, errnoOf(err)
@@ -464,12 +460,9 @@ func (n *fileNode) remove(ctx context.Context, rel string) syscall.Errno {
 
 // restage makes a sealed file that the master forgot a new, empty file to write; n.mu is held.
 func (n *fileNode) restage() syscall.Errno {
-	token, err := newToken()
+	token, staged, err := n.o.newStaged()
 	if err != nil {
-		return syscall.EIO
-	}
-	staged, err := os.OpenFile(filepath.Join(n.o.cfg.StagingDir, token), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
+		n.o.log.Error(err, "creating a staging file", "file", n.Path(nil))
 		return errnoOf(err)
 	}
 	n.token, n.staged, n.size, n.sealed = token, staged, 0, false
@@ -491,13 +484,18 @@ func (n *fileNode) discard() {
 	}
 }
 
-// newToken is a file's token: 128 random bits in hex.
-func newToken() (string, error) {
+// newStaged makes a new file version: its token, 128 random bits in hex, and its staging file.
+func (o *output) newStaged() (string, *os.File, error) {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
-		return "", err
+		return "", nil, fmt.Errorf("making a file token: %w", err)
 	}
-	return hex.EncodeToString(b), nil
+	token := hex.EncodeToString(b)
+	staged, err := os.OpenFile(filepath.Join(o.cfg.StagingDir, token), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", nil, err
+	}
+	return token, staged, nil
 }
 
 // errnoOf is the errno of a failed system call, EIO for anything else.

@@ -8,12 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"k8s.io/utils/ptr"
 
 	"github.com/strata-cache/strata/cacheworker/fusefs"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
@@ -132,7 +132,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		},
 		// Only this process changes the tree the kernel sees (other nodes' files appear at
 		// the next mount), so the kernel may trust names and attributes.
-		EntryTimeout: durationPtr(time.Minute), AttrTimeout: durationPtr(time.Minute),
+		EntryTimeout: ptr.To(time.Minute), AttrTimeout: ptr.To(time.Minute),
 		OnAdd: func(ctx context.Context) { o.addSealed(ctx, root, files) },
 	}
 	rawFS := fs.NewNodeFS(root, opts)
@@ -174,8 +174,6 @@ func resetStaging(dir string, log logr.Logger) error {
 	}
 	return nil
 }
-
-func durationPtr(d time.Duration) *time.Duration { return &d }
 
 // Dir is the mount point.
 func (s *Server) Dir() string { return s.dir }
@@ -229,17 +227,15 @@ func (o *output) masterContext(ctx context.Context) (context.Context, context.Ca
 	return context.WithTimeout(context.WithoutCancel(ctx), o.cfg.MasterTimeout)
 }
 
-// sealedFile is a file the master lists.
-type sealedFile struct {
-	rel   string
-	token string
-	size  int64
-	mtime time.Time
+// listedFile is a file the master lists, by its path in the Dataset.
+type listedFile struct {
+	rel  string
+	file *masterpb.File
 }
 
 // listSealed lists the Dataset's files at the master, leaving out the sealing folder.
-func (o *output) listSealed(ctx context.Context) ([]sealedFile, error) {
-	var files []sealedFile
+func (o *output) listSealed(ctx context.Context) ([]listedFile, error) {
+	var files []listedFile
 	sealing := o.cfg.Root + "/" + SealingDir + "/"
 	after := ""
 	for {
@@ -252,13 +248,11 @@ func (o *output) listSealed(ctx context.Context) ([]sealedFile, error) {
 			if e.GetDir() || f == nil || strings.HasPrefix(e.GetPath(), sealing) {
 				continue
 			}
-			rel := strings.TrimPrefix(e.GetPath(), o.cfg.Root+"/")
-			if f.GetClientToken() == "" || !validToken(f.GetClientToken()) {
+			if !validToken(f.GetClientToken()) {
 				o.log.Info("leaving out a file that was not written through an output mount", "file", e.GetPath())
 				continue
 			}
-			files = append(files, sealedFile{rel: rel, token: f.GetClientToken(), size: f.GetSize(),
-				mtime: time.Unix(0, f.GetModifiedUnixNano())})
+			files = append(files, listedFile{rel: strings.TrimPrefix(e.GetPath(), o.cfg.Root+"/"), file: f})
 		}
 		if after = resp.GetNextStartAfter(); after == "" {
 			return files, nil
@@ -267,31 +261,25 @@ func (o *output) listSealed(ctx context.Context) ([]sealedFile, error) {
 }
 
 // addSealed puts the files the master listed into the tree, as read-only files owned by root.
-func (o *output) addSealed(ctx context.Context, root *dirNode, files []sealedFile) {
-	for _, f := range files {
-		parts := strings.Split(f.rel, "/")
-		dir := &root.Inode
+func (o *output) addSealed(ctx context.Context, root *dirNode, files []listedFile) {
+	for _, lf := range files {
+		parts := strings.Split(lf.rel, "/")
+		dir := root
 		for _, p := range parts[:len(parts)-1] {
 			child := dir.GetChild(p)
 			if child == nil {
-				d := &dirNode{o: o, attrs: attrs{mode: 0o755, mtime: f.mtime}}
-				child = dir.NewPersistentInode(ctx, d, fs.StableAttr{Mode: syscall.S_IFDIR})
-				dir.AddChild(p, child, false)
+				child = o.addDir(ctx, dir, p, time.Unix(0, lf.file.GetModifiedUnixNano()))
 			}
-			if !child.IsDir() {
-				o.log.Info("leaving out a file hidden by a file of the same name as its folder", "file", f.rel)
-				dir = nil
+			if dir, _ = child.Operations().(*dirNode); dir == nil {
+				o.log.Info("leaving out a file hidden by a file of the same name as its folder", "file", lf.rel)
 				break
 			}
-			dir = child
 		}
-		if dir == nil {
+		if dir == nil || o.addFile(ctx, dir, parts[len(parts)-1], lf.file) == nil {
 			continue
 		}
-		n := &fileNode{o: o, attrs: attrs{mode: 0o444, mtime: f.mtime}, token: f.token, size: f.size, sealed: true}
-		dir.AddChild(parts[len(parts)-1], dir.NewPersistentInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG}), false)
 		o.startFiles++
-		o.startBytes += f.size
+		o.startBytes += lf.file.GetSize()
 	}
 }
 

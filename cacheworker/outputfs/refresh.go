@@ -83,7 +83,7 @@ func (o *output) fetch(ctx context.Context, d *dirNode, name string) *fs.Inode {
 	if err != nil || len(resp.GetEntries()) == 0 {
 		return nil
 	}
-	return o.addDir(ctx, d, name)
+	return o.addDir(ctx, d, name, time.Now())
 }
 
 // refreshDir adds to d what the master lists in it and d lacks.
@@ -106,7 +106,7 @@ func (o *output) refreshDir(ctx context.Context, d *dirNode) {
 				continue
 			}
 			if e.GetDir() {
-				o.addDir(ctx, d, name)
+				o.addDir(ctx, d, name, time.Now())
 			} else if e.GetFile() != nil {
 				o.addFile(ctx, d, name, e.GetFile())
 			}
@@ -117,12 +117,14 @@ func (o *output) refreshDir(ctx context.Context, d *dirNode) {
 	}
 }
 
-func (o *output) addDir(ctx context.Context, d *dirNode, name string) *fs.Inode {
-	child := d.NewPersistentInode(ctx, &dirNode{o: o, attrs: attrs{mode: 0o755, mtime: time.Now()}}, fs.StableAttr{Mode: syscall.S_IFDIR})
+// addDir adds the folder name, sealed files' parent, to d.
+func (o *output) addDir(ctx context.Context, d *dirNode, name string, mtime time.Time) *fs.Inode {
+	child := d.NewPersistentInode(ctx, &dirNode{o: o, attrs: attrs{mode: 0o755, mtime: mtime}}, fs.StableAttr{Mode: syscall.S_IFDIR})
 	d.AddChild(name, child, false)
 	return d.GetChild(name)
 }
 
+// addFile adds the sealed file name, as the master records f, to d: read-only, owned by root.
 func (o *output) addFile(ctx context.Context, d *dirNode, name string, f *masterpb.File) *fs.Inode {
 	if !validToken(f.GetClientToken()) {
 		return nil
