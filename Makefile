@@ -30,6 +30,10 @@ KUBECTL ?= $(K8S_BIN)/kubectl
 
 # The e2e Kind cluster. Every image it runs is built here (no registry is reachable).
 KIND_CLUSTER ?= strata
+# The disk the cluster needs in Docker's root folder: a run of the csi and lineage suites took
+# 6 GiB (nodes, images loaded into each, pods' data), and 2 more leave room to spare. kind-up and
+# kind-load refuse to start with less, saying what to free.
+E2E_DISK_GIB ?= 8
 NODE_IMAGE ?= $(IMAGE_PREFIX)/kind-node:$(KUBERNETES_VERSION)
 ROOTFS_TAR ?= $(LOCALBIN)/kind/rootfs-bookworm.tar
 ROOTFS_IMAGE ?= $(IMAGE_PREFIX)/kind-rootfs:bookworm
@@ -150,6 +154,7 @@ node-image: kubeadm-images ## Build the Kind node image with every kubeadm image
 
 .PHONY: kind-up
 kind-up: node-image $(KIND) podnet-image ## Create the Kind cluster (1 control plane, 2 workers) if it does not exist.
+	hack/docker-room.sh $(E2E_DISK_GIB)
 	KIND=$(KIND) KUBECTL=$(KUBECTL) KIND_CLUSTER=$(KIND_CLUSTER) NODE_IMAGE=$(NODE_IMAGE) \
 		PODNET_IMAGE=$(IMAGE_PREFIX)/podnet:e2e hack/kind/up.sh
 
@@ -171,6 +176,8 @@ IMAGES := $(IMAGE_PREFIX)/operator:$(VERSION) $(IMAGE_PREFIX)/master:$(VERSION) 
 E2E_IMAGES := $(IMAGE_PREFIX)/testkit:e2e $(IMAGE_PREFIX)/minio:e2e
 KUBE_CONTEXT ?= kind-$(KIND_CLUSTER)
 STRATA_NAMESPACE ?= strata-system
+# The chart's values on the Kind cluster (where its masters and operator run).
+KIND_VALUES ?= hack/kind/strata-values.yaml
 
 .PHONY: images
 images: docker-up ## Build the project's images, tagged $(VERSION).
@@ -191,6 +198,7 @@ e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and
 
 .PHONY: kind-load
 kind-load: images e2e-images $(KIND) ## Load the images into the Kind cluster.
+	hack/docker-room.sh $(E2E_DISK_GIB)
 	for img in $(IMAGES) $(E2E_IMAGES); do $(KIND) load docker-image --name $(KIND_CLUSTER) $$img >/dev/null; done
 
 .PHONY: chart-crds
@@ -203,7 +211,7 @@ deploy: chart-crds $(HELM) $(KUBECTL) kind-load ## Install or upgrade Strata in 
 	@# upgraded operator finds the fields it writes (the API server drops unknown ones).
 	$(KUBECTL) --context $(KUBE_CONTEXT) apply --server-side --force-conflicts -f charts/strata/crds/
 	$(HELM) upgrade --install strata charts/strata --kube-context $(KUBE_CONTEXT) \
-		--namespace $(STRATA_NAMESPACE) --create-namespace --set image.tag=$(VERSION) --wait --timeout 5m
+		--namespace $(STRATA_NAMESPACE) --create-namespace --values $(KIND_VALUES) --set image.tag=$(VERSION) --wait --timeout 5m
 
 .PHONY: undeploy
 undeploy: $(HELM) ## Uninstall Strata from the Kind cluster (CRDs and Datasets stay, as Helm keeps CRDs).

@@ -92,6 +92,10 @@ type DatasetReconciler struct {
 type DatasetMetadata interface {
 	GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error)
 	DeleteDataset(ctx context.Context, name string) (*masterpb.DeleteDatasetResponse, error)
+	// The Lineage reconciler closes the outputs a Job wrote (see completeAtMaster).
+	RegisterDataset(ctx context.Context, req *masterpb.RegisterDatasetRequest) (*masterpb.Dataset, error)
+	GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest) (*masterpb.Dataset, error)
+	CompleteDataset(ctx context.Context, name string) (*masterpb.Dataset, error)
 }
 
 // masterCallTimeout bounds one call to the master from a reconcile.

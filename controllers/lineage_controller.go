@@ -61,7 +61,7 @@ type LineageReconciler struct {
 	Client   client.Client
 	Recorder record.EventRecorder
 	// Master, when the operator runs one, tells which outputs are written, whole, and lost.
-	Master DatasetMetadata
+	Master LineageMaster
 	// Depth, when set, receives each Lineage's uncheckpointed depth.
 	Depth *prometheus.GaugeVec
 	// RecomputeClass is the PriorityClass recomputation Jobs start at; empty means
@@ -71,6 +71,13 @@ type LineageReconciler struct {
 	APIReader client.Reader
 	// Refresh is how often written outputs are looked up at the master; 0 means usageRefresh.
 	Refresh time.Duration
+}
+
+// LineageMaster is the part of the master the Lineage reconciler talks to: the outputs'
+// records, and the workers, whose lost nodes recomputations avoid.
+type LineageMaster interface {
+	DatasetMetadata
+	ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error)
 }
 
 // NewLineageDepthGauge registers the gauge of uncheckpointed lineage depth on reg.
@@ -117,6 +124,9 @@ func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, err
 		}
 		meta.SetStatusCondition(&l.Status.Conditions, recomputing)
+		if l.Status.ActiveRecomputation == nil {
+			r.completeOutputs(ctx, l)
+		}
 	}
 	ns.lineages[l.Name] = l
 	l.Status.UncheckpointedDepth = int32(ns.depth(l))
@@ -318,23 +328,50 @@ func runJobName(l *datav1alpha1.Lineage) string {
 	return objectName(l.Name, "-run")
 }
 
-// createRunJob creates the Job of l's template, owned by l.
-func (r *LineageReconciler) createRunJob(ctx context.Context, l *datav1alpha1.Lineage) (*batchv1.Job, error) {
+// jobFromTemplate is a Job of l's template, labelled as l's and owned by it, in l's namespace.
+func (r *LineageReconciler) jobFromTemplate(l *datav1alpha1.Lineage) (*batchv1.Job, error) {
 	tmpl := l.Spec.Template.DeepCopy()
 	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: runJobName(l), Namespace: l.Namespace,
-			Labels: tmpl.Labels, Annotations: tmpl.Annotations,
-		},
-		Spec: tmpl.Spec,
+		ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Labels: tmpl.Labels, Annotations: tmpl.Annotations},
+		Spec:       tmpl.Spec,
 	}
 	if job.Labels == nil {
 		job.Labels = map[string]string{}
 	}
 	job.Labels[lineageLabel] = l.Name
+	ignoreDisruptions(&job.Spec)
 	if err := controllerutil.SetControllerReference(l, job, r.Client.Scheme()); err != nil {
-		return nil, fmt.Errorf("owning Job %s: %w", job.Name, err)
+		return nil, fmt.Errorf("owning a Job of Lineage %s/%s: %w", l.Namespace, l.Name, err)
 	}
+	return job, nil
+}
+
+// ignoreDisruptions makes a Job replace a pod that was disrupted (evicted from a lost node,
+// preempted, drained) instead of counting it as a failure: a Lineage must not fail, and a
+// recomputation must not stop, for what its program did not do. A pod failure policy needs pods
+// that are never restarted in place; a template whose pods are is left as it is.
+func ignoreDisruptions(spec *batchv1.JobSpec) {
+	if spec.Template.Spec.RestartPolicy != corev1.RestartPolicyNever {
+		return
+	}
+	rule := batchv1.PodFailurePolicyRule{
+		Action:          batchv1.PodFailurePolicyActionIgnore,
+		OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
+	}
+	if spec.PodFailurePolicy == nil {
+		spec.PodFailurePolicy = &batchv1.PodFailurePolicy{}
+	}
+	// First, so that no rule of the template's fails the Job on a disruption before it.
+	spec.PodFailurePolicy.Rules = append([]batchv1.PodFailurePolicyRule{rule}, spec.PodFailurePolicy.Rules...)
+}
+
+// createRunJob creates the Job of l's template, owned by l.
+func (r *LineageReconciler) createRunJob(ctx context.Context, l *datav1alpha1.Lineage) (*batchv1.Job, error) {
+	job, err := r.jobFromTemplate(l)
+	if err != nil {
+		return nil, err
+	}
+	job.Name = runJobName(l)
 	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("creating Job %s/%s: %w", job.Namespace, job.Name, err)
 	}
@@ -363,6 +400,52 @@ func (r *LineageReconciler) setOutputs(ctx context.Context, l *datav1alpha1.Line
 		}
 		l.Status.Outputs = append(l.Status.Outputs, st)
 	}
+}
+
+// completeOutputs tells the master that the outputs' writer finished, so that their mounts
+// take no more changes: a pod that mounts an output after its Job (a reader that forgot
+// readOnly, a second run of a step) finds it read-only instead of changing data that Lineages
+// downstream have read. A recomputation forgets the outputs first, which opens them again. When
+// the master cannot be reached, the next reconcile tries again.
+func (r *LineageReconciler) completeOutputs(ctx context.Context, l *datav1alpha1.Lineage) {
+	if r.Master == nil {
+		return
+	}
+	for _, out := range l.Spec.Outputs {
+		ds := &datav1alpha1.Dataset{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: out}, ds); err != nil {
+			continue // reported by the Ready condition
+		}
+		uid := string(ds.UID)
+		cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+		err := completeAtMaster(cctx, r.Master, datav1alpha1.MasterDatasetName(l.Namespace, out, uid),
+			datav1alpha1.MasterDatasetRoot(l.Namespace, out, uid))
+		cancel()
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Info("cannot mark an output complete at the master yet; it stays writable until then",
+				"output", out, "error", err.Error())
+		}
+	}
+}
+
+// completeAtMaster marks the Dataset complete at the master, registering it first when the
+// writer wrote nothing into it, so that it stays empty.
+func completeAtMaster(ctx context.Context, master DatasetMetadata, name, root string) error {
+	ds, err := master.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name, StaleOk: true})
+	switch {
+	case err == nil && ds.GetComplete():
+		return nil
+	case status.Code(err) == codes.NotFound:
+		if _, err := master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root}); err != nil {
+			return fmt.Errorf("registering %s: %w", name, err)
+		}
+	case err != nil:
+		return fmt.Errorf("reading %s: %w", name, err)
+	}
+	if _, err := master.CompleteDataset(ctx, name); err != nil {
+		return fmt.Errorf("completing %s: %w", name, err)
+	}
+	return nil
 }
 
 // outputUsage updates st from the master's record of the output Dataset; without an answer it

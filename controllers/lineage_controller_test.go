@@ -187,20 +187,18 @@ var _ = Describe("Recomputation of lost outputs", func() {
 			}
 			Expect(k8sClient.Create(ctx, newLineage(namespace, step[0], inputs, []string{step[2]}))).To(Succeed())
 		}
+		worker := "pool/" + namespace
 		for _, name := range []string{"parent", "child"} {
 			job := &batchv1.Job{}
 			Eventually(func() error {
 				return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name + "-run"}, job)
 			}).Should(Succeed())
+			out := map[string]string{"parent": "p-out", "child": "c-out"}[name]
+			writeOn(out, worker)
 			finishJob(job, true)
-			Eventually(func() datav1alpha1.OutputState {
-				return outputState(lineageOf(name), map[string]string{"parent": "p-out", "child": "c-out"}[name])
-			}).
+			Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(name), out) }).
 				Should(Equal(datav1alpha1.OutputInMemory))
 		}
-		worker := "pool/" + namespace
-		writeOn("p-out", worker)
-		writeOn("c-out", worker)
 		_, err := lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
 		Expect(err).NotTo(HaveOccurred())
 
@@ -234,9 +232,8 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		Eventually(func() error {
 			return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "score-run"}, job)
 		}).Should(Succeed())
-		finishJob(job, true)
 
-		By("the Job wrote a file into a worker whose node is then lost")
+		By("the Job writes a file into a worker, and succeeds")
 		ds := &datav1alpha1.Dataset{}
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "scores"}, ds)).To(Succeed())
 		name := datav1alpha1.MasterDatasetName(namespace, "scores", string(ds.UID))
@@ -251,8 +248,18 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		_, err = lineageMaster.CommitBlock(ctx, &masterpb.CommitBlockRequest{
 			BlockId: uint64(time.Now().UnixNano()), Path: root + "/part-0", Size: 100, Worker: worker, Tier: "mem"})
 		Expect(err).NotTo(HaveOccurred())
+		finishJob(job, true)
 		Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf("score"), "scores") }).
 			Should(Equal(datav1alpha1.OutputInMemory))
+		completeAtMaster := func() bool {
+			ds, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+			return err == nil && ds.GetComplete()
+		}
+		Eventually(completeAtMaster).Should(BeTrue(), "its writer finished: the output takes no more files")
+		_, err = lineageMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: root + "/late", Dataset: name})
+		Expect(status.Code(err)).To(Equal(codes.FailedPrecondition))
+
+		By("the node holding it is lost")
 		_, err = lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
 		Expect(err).NotTo(HaveOccurred())
 
@@ -270,6 +277,13 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		recompute := &batchv1.Job{}
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: first}, recompute)).To(Succeed())
 		Expect(recompute.Spec.Template.Spec.PriorityClassName).To(Equal(DefaultRecomputeClass))
+		Expect(recompute.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms).
+			To(HaveExactElements(HaveField("MatchExpressions", ContainElement(And(
+				HaveField("Key", corev1.LabelHostname), HaveField("Operator", corev1.NodeSelectorOpNotIn),
+				HaveField("Values", ContainElement(namespace)))))), // the suite's other lost workers too
+				"the recomputation keeps off the node whose worker is lost")
+		Expect(recompute.Spec.PodFailurePolicy.Rules[0].Action).To(Equal(batchv1.PodFailurePolicyActionIgnore),
+			"a pod evicted from a lost node is replaced, not counted as a failure")
 		_, err = lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
 		Expect(status.Code(err)).To(Equal(codes.NotFound))
 
@@ -304,6 +318,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 			g.Expect(outputState(l, "scores")).To(Equal(datav1alpha1.OutputInMemory))
 			g.Expect(meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)).To(HaveField("Reason", ReasonNothingLost))
 		}).Should(Succeed())
+		Eventually(completeAtMaster).Should(BeTrue(), "the recomputation finished: the output is closed again")
 		Consistently(func() int32 { return lineageOf("score").Status.Recomputations }, "2s").Should(BeEquivalentTo(1))
 	})
 })

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,9 +15,9 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 // Reasons of a Lineage's Recomputing condition.
@@ -297,18 +298,11 @@ func (r *LineageReconciler) release(ctx context.Context, l *datav1alpha1.Lineage
 
 // createRecomputeJob creates the n-th recomputation Job of l at class, suspended if asked.
 func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string, suspended bool) (*batchv1.Job, error) {
-	tmpl := l.Spec.Template.DeepCopy()
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: objectName(l.Name, fmt.Sprintf("-recompute-%d-", n)), Namespace: l.Namespace,
-			Labels: tmpl.Labels, Annotations: tmpl.Annotations,
-		},
-		Spec: tmpl.Spec,
+	job, err := r.jobFromTemplate(l)
+	if err != nil {
+		return nil, err
 	}
-	if job.Labels == nil {
-		job.Labels = map[string]string{}
-	}
-	job.Labels[lineageLabel] = l.Name
+	job.GenerateName = objectName(l.Name, fmt.Sprintf("-recompute-%d-", n))
 	job.Labels[recomputationLabel] = strconv.Itoa(int(n))
 	job.Spec.Suspend = ptr.To(suspended)
 	job.Spec.Template.Spec.PriorityClassName = class
@@ -317,14 +311,62 @@ func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alp
 		job.Spec.Template.Labels = map[string]string{}
 	}
 	job.Spec.Template.Labels[lineageLabel] = l.Name
-	if err := controllerutil.SetControllerReference(l, job, r.Client.Scheme()); err != nil {
-		return nil, fmt.Errorf("owning a recomputation Job: %w", err)
-	}
+	avoidNodes(&job.Spec.Template.Spec, r.lostNodes(ctx))
 	if err := r.Client.Create(ctx, job); err != nil {
 		return nil, fmt.Errorf("creating a recomputation Job for Lineage %s/%s: %w", l.Namespace, l.Name, err)
 	}
 	ctrl.LoggerFrom(ctx).Info("created a recomputation Job", "job", job.Name, "priorityClass", class)
 	return job, nil
+}
+
+// lostNodes are the nodes whose worker the master holds lost. The master finds a stopped node
+// before the node controller marks it NotReady, so the scheduler would still place a
+// recomputation there, where it waits for a node that may never come back. Without an answer
+// from the master, nothing is avoided.
+func (r *LineageReconciler) lostNodes(ctx context.Context) []string {
+	if r.Master == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+	defer cancel()
+	resp, err := r.Master.ListWorkers(cctx, &masterpb.ListWorkersRequest{StaleOk: true})
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Info("cannot list the workers; the recomputation may be placed on a lost node", "error", err.Error())
+		return nil
+	}
+	var nodes []string
+	for _, w := range resp.GetWorkers() {
+		if w.GetState() == masterpb.WorkerState_WORKER_STATE_LOST && w.GetNode() != "" && !slices.Contains(nodes, w.GetNode()) {
+			nodes = append(nodes, w.GetNode())
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
+// avoidNodes keeps the pods of spec off nodes, whatever node affinity they already require: a
+// required node affinity is a union of terms, so the exclusion joins each term.
+func avoidNodes(spec *corev1.PodSpec, nodes []string) {
+	if len(nodes) == 0 {
+		return
+	}
+	notIn := corev1.NodeSelectorRequirement{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: nodes}
+	if spec.Affinity == nil {
+		spec.Affinity = &corev1.Affinity{}
+	}
+	if spec.Affinity.NodeAffinity == nil {
+		spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	required := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	if required == nil || len(required.NodeSelectorTerms) == 0 {
+		spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{notIn}}},
+		}
+		return
+	}
+	for i := range required.NodeSelectorTerms {
+		required.NodeSelectorTerms[i].MatchExpressions = append(required.NodeSelectorTerms[i].MatchExpressions, notIn)
+	}
 }
 
 // reader reads what the operator does not cache: pods of tenants' namespaces.

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,6 +51,9 @@ type MasterSpec struct {
 	// rescheduled replica starts empty and rejoins its peers, which send it the state.
 	StorageSize      resource.Quantity
 	StorageClassName string
+	// Tolerations let replicas run on tainted nodes, such as the control plane's: a cluster
+	// with few untainted nodes would otherwise put a majority of replicas on one of them.
+	Tolerations []corev1.Toleration
 	// Owner, when set, is the operator's Deployment: the master is garbage-collected with it, so
 	// that uninstalling Strata leaves no master behind.
 	Owner *metav1.OwnerReference
@@ -205,15 +209,18 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 						FSGroup:        &user,
 						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 					},
-					// Replicas on different nodes, when the cluster has enough of them.
-					Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-						PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
-							Weight: 100,
-							PodAffinityTerm: corev1.PodAffinityTerm{
-								LabelSelector: &metav1.LabelSelector{MatchLabels: s.selector()},
-								TopologyKey:   corev1.LabelHostname,
-							},
-						}},
+					// Replicas spread evenly over the nodes they may run on, strictly: with a
+					// majority on one node, stopping that node stops the master. Nodes whose
+					// taints the replicas do not tolerate (among them a stopped node's) are not
+					// counted, so that a cluster with fewer nodes than replicas still runs
+					// them all, and a stopped node's replica moves to the others.
+					Tolerations: s.Tolerations,
+					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+						MaxSkew:           1,
+						TopologyKey:       corev1.LabelHostname,
+						WhenUnsatisfiable: corev1.DoNotSchedule,
+						LabelSelector:     &metav1.LabelSelector{MatchLabels: s.selector()},
+						NodeTaintsPolicy:  ptr.To(corev1.NodeInclusionPolicyHonor),
 					}},
 					Containers: []corev1.Container{{
 						Name:            "master",

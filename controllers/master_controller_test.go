@@ -21,6 +21,7 @@ var testMasterSpec = MasterSpec{
 	Resources: corev1.ResourceRequirements{
 		Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
 	},
+	Tolerations: []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}},
 }
 
 var _ = Describe("The master reconciler", func() {
@@ -43,6 +44,19 @@ var _ = Describe("The master reconciler", func() {
 			g.Expect(container.Args).To(ContainElements("--statefulset", "--service=strata-master-peers", "--replicas=3"))
 			g.Expect(sts.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", "data")),
 				"without a storage size the data directory is an emptyDir")
+		}).Should(Succeed(), "waiting for StatefulSet %s", key)
+	})
+
+	It("spreads the replicas one per node, strictly, over the nodes whose taints they tolerate", func() {
+		Eventually(func(g Gomega) {
+			pod := getStatefulSet(g).Spec.Template.Spec
+			g.Expect(pod.Tolerations).To(Equal(testMasterSpec.Tolerations))
+			g.Expect(pod.TopologySpreadConstraints).To(HaveExactElements(And(
+				HaveField("MaxSkew", int32(1)),
+				HaveField("TopologyKey", corev1.LabelHostname),
+				HaveField("WhenUnsatisfiable", corev1.DoNotSchedule),
+				HaveField("NodeTaintsPolicy", HaveValue(Equal(corev1.NodeInclusionPolicyHonor))),
+			)))
 		}).Should(Succeed(), "waiting for StatefulSet %s", key)
 	})
 

@@ -53,7 +53,8 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 		helm("uninstall", releaseName, "--wait", "--timeout", "3m")
 		// Reinstalled whatever happens next, so that the specs that follow find Strata running.
 		DeferCleanup(func() {
-			helm("upgrade", "--install", releaseName, "../charts/strata", "--set", "image.tag="+imageTag, "--wait", "--timeout", "5m")
+			helm("upgrade", "--install", releaseName, "../charts/strata", "--values", "../hack/kind/strata-values.yaml",
+				"--set", "image.tag="+imageTag, "--wait", "--timeout", "5m")
 		})
 
 		released := client.MatchingLabels{"app.kubernetes.io/instance": releaseName, "app.kubernetes.io/managed-by": "Helm"}

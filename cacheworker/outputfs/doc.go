@@ -25,7 +25,8 @@
 // in FLUSH (close(2)) when possible, so that close returns only once the file is in the Dataset
 // and reports what went wrong (EEXIST when another node sealed the same path first, ENOSPC when
 // the tier is full of data that is not checkpointed yet, EIO when the master cannot be
-// reached). A failed seal leaves the file unsealed, its bytes staged; RELEASE tries once more.
+// reached). A failed seal leaves the file unsealed, its bytes staged, until it is written and
+// closed again. RELEASE seals a file whose last writer went without a FLUSH.
 //
 // Blocks are named by the file's token, not its path, so that readers on any node find them
 // from the master's record alone. Renaming a sealed file or a folder that holds one would leave
@@ -35,11 +36,19 @@
 //
 // # Reading
 //
-// A mount starts with the Dataset's sealed files as the master lists them (files that other
-// nodes seal later are not shown until the Dataset is mounted afresh on this node). Blocks are
+// A mount starts with the Dataset's sealed files as the master lists them, and looks up and
+// lists folders at the master again, so that files other nodes seal later appear. Blocks are
 // read from a local tier when one holds them and otherwise from the worker that does (Peers);
 // a block that no live worker holds is EIO, and logged, since recomputing it is the lineage
 // controller's work. An unsealed file reads back from its staging file.
+//
+// # Complete Datasets
+//
+// Once the Dataset's writer has finished (the operator marks it complete at the master when the
+// Lineage's Job succeeds), the mount takes no more changes: creating, removing or renaming
+// fails with EROFS, and a file still open for writing is not published (its close is EROFS).
+// A recomputation makes the master forget the Dataset, which opens it again, through the same
+// mount: the next seal registers it anew.
 //
 // # What a restart costs
 //

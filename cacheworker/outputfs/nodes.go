@@ -105,6 +105,9 @@ func (d *dirNode) Create(ctx context.Context, name string, _, mode uint32, out *
 	if d.reserved(name) {
 		return nil, nil, 0, syscall.EPERM
 	}
+	if errno := d.o.writable(ctx); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	if existing := d.GetChild(name); existing != nil {
 		if !staleSealed(ctx, existing) {
 			return nil, nil, 0, syscall.EEXIST
@@ -126,6 +129,9 @@ func (d *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if d.reserved(name) {
 		return nil, syscall.EPERM
 	}
+	if errno := d.o.writable(ctx); errno != 0 {
+		return nil, errno
+	}
 	if d.GetChild(name) != nil {
 		return nil, syscall.EEXIST
 	}
@@ -145,10 +151,13 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if !ok {
 		return syscall.EISDIR
 	}
+	if errno := d.o.writable(ctx); errno != 0 {
+		return errno
+	}
 	return n.remove(ctx, child.Path(nil))
 }
 
-func (d *dirNode) Rmdir(_ context.Context, name string) syscall.Errno {
+func (d *dirNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	child := d.GetChild(name)
 	if child == nil {
 		return syscall.ENOENT
@@ -159,7 +168,7 @@ func (d *dirNode) Rmdir(_ context.Context, name string) syscall.Errno {
 	if len(child.Children()) > 0 {
 		return syscall.ENOTEMPTY
 	}
-	return 0
+	return d.o.writable(ctx)
 }
 
 // Rename moves unsealed files and folders that hold none; a sealed file's blocks are reported
@@ -178,6 +187,9 @@ func (d *dirNode) Rename(ctx context.Context, name string, newParent fs.InodeEmb
 	child := d.GetChild(name)
 	if child == nil {
 		return syscall.ENOENT
+	}
+	if errno := d.o.writable(ctx); errno != 0 {
+		return errno
 	}
 	if holdsSealed(child) {
 		return syscall.EXDEV
@@ -258,6 +270,9 @@ type fileNode struct {
 	// writers counts the handles open for writing.
 	writers int
 	sealed  bool
+	// sealFailed: the last writer's close tried to seal the file and was told why it could
+	// not; nothing was written since, so its RELEASE does not try again.
+	sealFailed bool
 	// unlinked: removed while open for writing; discarded when the last writer closes.
 	unlinked bool
 }
@@ -358,6 +373,7 @@ func (n *fileNode) Write(_ context.Context, fh fs.FileHandle, data []byte, off i
 	if n.sealed {
 		return 0, syscall.EPERM
 	}
+	n.sealFailed = false
 	w, err := n.staged.WriteAt(data, off)
 	if end := off + int64(w); end > n.size {
 		n.size = end
@@ -410,10 +426,13 @@ func (n *fileNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	if n.sealed || n.unlinked || n.writers > 1 {
 		return 0
 	}
-	return n.seal(ctx)
+	errno := n.seal(ctx)
+	n.sealFailed = errno != 0
+	return errno
 }
 
-// Release ends a handle; the last writer's seals the file if its flush did not.
+// Release ends a handle; the last writer's seals the file if no flush tried to (a writer that
+// was told at close why its file could not be sealed fixes that and writes it again).
 func (n *fileNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	h, _ := fh.(*handle)
 	if h == nil {
@@ -427,7 +446,7 @@ func (n *fileNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno 
 	defer n.mu.Unlock()
 	n.writers--
 	switch {
-	case n.writers > 0 || n.sealed:
+	case n.writers > 0 || n.sealed || n.sealFailed:
 	case n.unlinked:
 		n.discard()
 	default:

@@ -27,6 +27,7 @@ const SealingDir = ".strata-sealing"
 // Master is the part of the master client an output mount uses.
 type Master interface {
 	RegisterDataset(ctx context.Context, req *masterpb.RegisterDatasetRequest) (*masterpb.Dataset, error)
+	GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest) (*masterpb.Dataset, error)
 	CreateFile(ctx context.Context, req *masterpb.CreateFileRequest) (*masterpb.File, error)
 	GetFile(ctx context.Context, req *masterpb.GetFileRequest) (*masterpb.File, error)
 	RenameFile(ctx context.Context, from, to string) (*masterpb.File, error)
@@ -212,8 +213,9 @@ func (s *Server) Abort() error { return fusefs.AbortConnection(s.conn, s.dir) }
 
 // output is the state one mount shares between its nodes.
 type output struct {
-	cfg Config
-	log logr.Logger
+	cfg        Config
+	log        logr.Logger
+	completion completion
 
 	startFiles int
 	startBytes int64

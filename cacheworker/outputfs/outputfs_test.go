@@ -345,3 +345,40 @@ func TestSignalsDoNotFailASeal(t *testing.T) {
 		g.Expect(os.ReadFile(p)).To(Equal(data))
 	}
 }
+
+// TestCompleteDatasetIsReadOnly completes the Dataset at the master while the mount is in use,
+// as the operator does when the Lineage's Job succeeds: nothing is added, renamed or removed any
+// more, a file still open is not published, what was sealed reads on. Forgetting the Dataset,
+// as a recomputation does, makes the same mount writable again.
+func TestCompleteDatasetIsReadOnly(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	ctx := context.Background()
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorker(t, master, "pool/node-a", 64<<20)
+	mnt := mountOutput(t, master, w)
+	in := func(name string) string { return filepath.Join(mnt.Dir(), name) }
+
+	g.Expect(os.WriteFile(in("a.txt"), []byte("written"), 0o644)).To(Succeed())
+	late, err := os.Create(in("late.txt"))
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = master.CompleteDataset(ctx, dataset)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	_, err = late.WriteString("after the writer finished")
+	g.Expect(err).NotTo(HaveOccurred(), "the bytes are only staged")
+	g.Expect(late.Close()).To(MatchError(syscall.EROFS), "a file closed after completion is not published")
+	g.Expect(os.WriteFile(in("new.txt"), nil, 0o644)).To(MatchError(syscall.EROFS))
+	g.Expect(os.Mkdir(in("dir"), 0o755)).To(MatchError(syscall.EROFS))
+	g.Expect(os.Remove(in("a.txt"))).To(MatchError(syscall.EROFS))
+	g.Expect(os.Rename(in("a.txt"), in("b.txt"))).To(MatchError(syscall.EROFS))
+	g.Expect(os.ReadFile(in("a.txt"))).To(Equal([]byte("written")))
+	g.Expect(masterFiles(ctx, master)).To(Equal(map[string]int64{"a.txt": 7}))
+
+	t.Log("forgotten for a recomputation, the Dataset takes files again through the same mount")
+	_, err = master.DeleteDataset(ctx, dataset)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() error { return os.WriteFile(in("again.txt"), []byte("recomputed"), 0o644) }).
+		WithTimeout(10 * time.Second).Should(Succeed())
+	g.Expect(masterFiles(ctx, master)).To(HaveKeyWithValue("again.txt", int64(10)))
+}

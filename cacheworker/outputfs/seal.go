@@ -39,6 +39,8 @@ func (n *fileNode) seal(ctx context.Context) syscall.Errno {
 			errno = syscall.ENOSPC
 		case errors.Is(err, errSealedElsewhere):
 			errno = syscall.EEXIST
+		case status.Code(err) == codes.FailedPrecondition && n.o.isComplete(ctx, true):
+			errno = syscall.EROFS
 		}
 		n.o.cfg.Metrics.sealFailures.WithLabelValues(unix.ErrnoName(errno)).Inc()
 		log.Error(err, "sealing an output file failed; it stays staged on this node", "errno", errno.Error())
@@ -58,7 +60,7 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 	final, sealing := o.masterPath(rel), o.cfg.Root+"/"+SealingDir+"/"+token
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
-	if _, err := o.cfg.Master.CreateFile(mctx, &masterpb.CreateFileRequest{Path: sealing, Dataset: o.cfg.Dataset, ClientToken: token}); err != nil {
+	if err := o.createSealing(mctx, sealing, token); err != nil {
 		return fmt.Errorf("creating %s at the master: %w", sealing, err)
 	}
 	var stored []int64 // offsets of the blocks stored, whose staged bytes are freed
@@ -96,6 +98,21 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 		return fmt.Errorf("publishing %s at the master: %w", final, err)
 	}
 	return nil
+}
+
+// createSealing creates the file being sealed at the master. A Dataset the master forgot (to
+// recompute it, while this mount stayed) is registered again first: its new writer is here.
+func (o *output) createSealing(ctx context.Context, sealing, token string) error {
+	req := &masterpb.CreateFileRequest{Path: sealing, Dataset: o.cfg.Dataset, ClientToken: token}
+	_, err := o.cfg.Master.CreateFile(ctx, req)
+	if status.Code(err) != codes.NotFound {
+		return err
+	}
+	if _, err := o.cfg.Master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: o.cfg.Dataset, Root: o.cfg.Root}); err != nil {
+		return fmt.Errorf("registering output Dataset %s again at the master: %w", o.cfg.Dataset, err)
+	}
+	_, err = o.cfg.Master.CreateFile(ctx, req)
+	return err
 }
 
 // undoSeal puts back the staged bytes of the blocks stored by a failed seal, then forgets the

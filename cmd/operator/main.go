@@ -73,12 +73,13 @@ type workerOptions struct {
 
 // masterOptions describe the master StatefulSet; the chart's master.* values set them.
 type masterOptions struct {
-	image         string
-	pullPolicy    string
-	replicas      int
-	resourcesJSON string
-	storageSize   string
-	storageClass  string
+	image           string
+	pullPolicy      string
+	replicas        int
+	resourcesJSON   string
+	storageSize     string
+	storageClass    string
+	tolerationsJSON string
 }
 
 func main() {
@@ -107,6 +108,8 @@ func main() {
 		"Size of each master replica's PersistentVolumeClaim, such as 10Gi; empty means an emptyDir.")
 	flag.StringVar(&opts.master.storageClass, "master-storage-class", "",
 		"StorageClass of the master's claims; empty means the cluster's default class.")
+	flag.StringVar(&opts.master.tolerationsJSON, "master-tolerations", "[]",
+		`Tolerations of the master replicas, as JSON, such as [{"key":"node-role.kubernetes.io/control-plane","effect":"NoSchedule"}].`)
 	flag.StringVar(&opts.worker.image, "worker-image", "",
 		"Image of the cache worker; empty means the operator deploys no worker.")
 	flag.StringVar(&opts.worker.pullPolicy, "worker-image-pull-policy", string(corev1.PullIfNotPresent),
@@ -208,6 +211,7 @@ func run(opts options) error {
 		WorkerImage: controllers.WorkerImage{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
 		APIReader:   mgr.GetAPIReader(),
 	}
+	var lineageMaster controllers.LineageMaster
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {
 			owner, err := ownerReference(context.Background(), mgr.GetAPIReader(), opts.namespace, opts.ownerDeployment)
@@ -231,6 +235,7 @@ func run(opts options) error {
 		}
 		datasets.Master = masters
 		pools.Master = masters
+		lineageMaster = masters
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TierPool controller: %w", err)
@@ -248,7 +253,7 @@ func run(opts options) error {
 		return err
 	}
 	if err := (&controllers.LineageReconciler{
-		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: datasets.Master, Depth: depth,
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: lineageMaster, Depth: depth,
 		RecomputeClass: opts.recomputeClass, APIReader: mgr.GetAPIReader(),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lineage controller: %w", err)
@@ -307,6 +312,9 @@ func (o options) masterSpec() (*controllers.MasterSpec, error) {
 	}
 	if err := json.Unmarshal([]byte(o.master.resourcesJSON), &spec.Resources); err != nil {
 		return nil, fmt.Errorf("--master-resources is not a JSON ResourceRequirements: %w", err)
+	}
+	if err := json.Unmarshal([]byte(o.master.tolerationsJSON), &spec.Tolerations); err != nil {
+		return nil, fmt.Errorf("--master-tolerations is not a JSON list of Tolerations: %w", err)
 	}
 	if o.master.storageSize != "" {
 		size, err := resource.ParseQuantity(o.master.storageSize)

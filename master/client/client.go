@@ -291,6 +291,12 @@ func (c *Client) GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest
 	return ds, err
 }
 
+// CompleteDataset marks a dataset complete (idempotent): its files no longer change.
+func (c *Client) CompleteDataset(ctx context.Context, name string) (*masterpb.Dataset, error) {
+	ds, _, err := call(ctx, c, "CompleteDataset", &masterpb.CompleteDatasetRequest{Name: name}, masterpb.MasterClient.CompleteDataset)
+	return ds, err
+}
+
 // GetDatasetUsage sums what the workers hold of a dataset.
 func (c *Client) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error) {
 	u, _, err := call(ctx, c, "GetDatasetUsage", req, masterpb.MasterClient.GetDatasetUsage)

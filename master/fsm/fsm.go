@@ -209,6 +209,8 @@ func apply(txn *badger.Txn, cmd *masterpb.Command) (proto.Message, error) {
 		return removeBlockCopy(txn, op.RemoveBlockCopy)
 	case *masterpb.Command_RemovePeer:
 		return removePeer(txn, op.RemovePeer)
+	case *masterpb.Command_CompleteDataset:
+		return completeDataset(txn, op.CompleteDataset)
 	default:
 		return nil, fmt.Errorf("operation %T has no handler", op)
 	}

@@ -83,6 +83,10 @@ func dataset(name, root string) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_RegisterDataset{RegisterDataset: &masterpb.RegisterDatasetRequest{Name: name, Root: root}}}
 }
 
+func complete(name string) *masterpb.Command {
+	return &masterpb.Command{Op: &masterpb.Command_CompleteDataset{CompleteDataset: &masterpb.CompleteDatasetRequest{Name: name}}}
+}
+
 func deleteDataset(name string, limit uint32) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_DeleteDataset{DeleteDataset: &masterpb.DeleteDatasetStep{Name: name, Limit: limit}}}
 }
@@ -196,6 +200,38 @@ func TestCommandOutcomes(t *testing.T) {
 		},
 		"a dataset root may not nest in another": {
 			setup: []*masterpb.Command{dataset("ds", "/d")}, cmd: dataset("other", "/d/e"), wantErr: ErrFailedPrecondition,
+		},
+		"a complete dataset takes no new file": {
+			setup:   []*masterpb.Command{dataset("ds", "/d"), complete("ds")},
+			cmd:     createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}),
+			wantErr: ErrFailedPrecondition,
+		},
+		"a retried create that came before completion still succeeds": {
+			setup: []*masterpb.Command{dataset("ds", "/d"),
+				createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds", ClientToken: "t1"}), complete("ds")},
+			cmd: createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds", ClientToken: "t1"}),
+		},
+		"a complete dataset's files are not renamed": {
+			setup: []*masterpb.Command{dataset("ds", "/d"), createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}), complete("ds")},
+			cmd:   rename("/d/x", "/d/y"), wantErr: ErrFailedPrecondition,
+		},
+		"a complete dataset's files are not deleted": {
+			setup: []*masterpb.Command{dataset("ds", "/d"), createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}), complete("ds")},
+			cmd:   remove("/d/x"), wantErr: ErrFailedPrecondition,
+		},
+		"completing a dataset twice is a no-op": {
+			setup: []*masterpb.Command{dataset("ds", "/d"), complete("ds")},
+			cmd:   complete("ds"),
+			check: func(t *testing.T, _ *FSM, resp proto.Message) {
+				if !resp.(*masterpb.Dataset).Complete {
+					t.Error("the dataset is not complete")
+				}
+			},
+		},
+		"completing an unknown dataset fails": {cmd: complete("nope"), wantErr: ErrNotFound},
+		"a deleted and registered again dataset is writable": {
+			setup: []*masterpb.Command{dataset("ds", "/d"), complete("ds"), deleteDataset("ds", 0), dataset("ds", "/d")},
+			cmd:   createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}),
 		},
 		"a block needs an alive worker": {
 			setup: []*masterpb.Command{create("/a")}, cmd: commit(1, "/a", 0, "w1", "MEM"), wantErr: ErrFailedPrecondition,

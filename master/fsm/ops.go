@@ -101,6 +101,18 @@ func getFileByID(txn *badger.Txn, id uint64) (*masterpb.File, error) {
 	return getFile(txn, string(p))
 }
 
+func getDataset(txn *badger.Txn, name string) (*masterpb.Dataset, error) {
+	ds := &masterpb.Dataset{}
+	found, err := getProto(txn, datasetKey(name), ds)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, notFound("dataset %s", name)
+	}
+	return ds, nil
+}
+
 func getBlock(txn *badger.Txn, id uint64) (*masterpb.Block, error) {
 	b := &masterpb.Block{}
 	found, err := getProto(txn, blockKey(id), b)
@@ -145,14 +157,11 @@ func createFile(txn *badger.Txn, at int64, req *masterpb.CreateFileRequest) (pro
 			return nil, invalid("lineage parent: %v", err)
 		}
 	}
+	ds := &masterpb.Dataset{}
 	if req.Dataset != "" {
-		ds := &masterpb.Dataset{}
-		found, err := getProto(txn, datasetKey(req.Dataset), ds)
-		if err != nil {
+		var err error
+		if ds, err = getDataset(txn, req.Dataset); err != nil {
 			return nil, err
-		}
-		if !found {
-			return nil, notFound("dataset %s", req.Dataset)
 		}
 		if !under(req.Path, ds.Root) {
 			return nil, invalid("path %s is outside dataset %s (root %s)", req.Path, ds.Name, ds.Root)
@@ -169,6 +178,9 @@ func createFile(txn *badger.Txn, at int64, req *masterpb.CreateFileRequest) (pro
 			return existing, nil
 		}
 		return nil, alreadyExists("file %s", req.Path)
+	}
+	if ds.Complete {
+		return nil, completeError(ds, "create", req.Path)
 	}
 	if err := checkNamespace(txn, req.Path); err != nil {
 		return nil, err
@@ -253,6 +265,9 @@ func renameFile(txn *badger.Txn, at int64, req *masterpb.RenameFileRequest) (pro
 		if ds.Root != "" && !under(req.To, ds.Root) {
 			return nil, failedPrecondition("cannot move %s out of dataset %s (root %s)", req.From, ds.Name, ds.Root)
 		}
+		if ds.Complete {
+			return nil, completeError(ds, "rename", req.From)
+		}
 	}
 	if err := del(txn, fileKey(req.From)); err != nil {
 		return nil, err
@@ -309,10 +324,41 @@ func deleteFile(txn *badger.Txn, req *masterpb.DeleteFileRequest) (proto.Message
 	if err != nil {
 		return nil, err
 	}
+	if f.Dataset != "" {
+		ds := &masterpb.Dataset{}
+		if _, err := getProto(txn, datasetKey(f.Dataset), ds); err != nil {
+			return nil, err
+		}
+		if ds.Complete {
+			return nil, completeError(ds, "delete", req.Path)
+		}
+	}
 	if _, err := removeFile(txn, f); err != nil {
 		return nil, err
 	}
 	return &masterpb.DeleteFileResponse{BlocksDeleted: uint64(len(f.BlockIds))}, nil
+}
+
+// completeError refuses to change a complete dataset's files.
+func completeError(ds *masterpb.Dataset, action, p string) error {
+	return failedPrecondition("cannot %s %s: dataset %s is complete (its writer finished), so its files no longer change; "+
+		"deleting the dataset, as a recomputation does, makes it writable again", action, p, ds.Name)
+}
+
+// completeDataset marks a dataset complete (see masterpb.Dataset); marking it again is a no-op.
+func completeDataset(txn *badger.Txn, req *masterpb.CompleteDatasetRequest) (proto.Message, error) {
+	ds, err := getDataset(txn, req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if ds.Complete {
+		return ds, nil
+	}
+	ds.Complete = true
+	if err := putProto(txn, datasetKey(ds.Name), ds); err != nil {
+		return nil, err
+	}
+	return ds, nil
 }
 
 func registerDataset(txn *badger.Txn, at int64, req *masterpb.RegisterDatasetRequest) (proto.Message, error) {
@@ -366,13 +412,9 @@ func registerDataset(txn *badger.Txn, at int64, req *masterpb.RegisterDatasetReq
 const defaultStepLimit = 1024
 
 func deleteDatasetStep(txn *badger.Txn, req *masterpb.DeleteDatasetStep) (proto.Message, error) {
-	ds := &masterpb.Dataset{}
-	found, err := getProto(txn, datasetKey(req.Name), ds)
+	ds, err := getDataset(txn, req.Name)
 	if err != nil {
 		return nil, err
-	}
-	if !found {
-		return nil, notFound("dataset %s", req.Name)
 	}
 	limit := int(req.Limit)
 	if limit == 0 {

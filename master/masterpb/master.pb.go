@@ -180,8 +180,12 @@ type Dataset struct {
 	// dataset produced by a lineage.
 	Source          string `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
 	CreatedUnixNano int64  `protobuf:"varint,4,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// complete is set once the dataset's writer finished (its Lineage's Job succeeded): from then
+	// on no file under root may be created, renamed or deleted. Deleting the dataset, as a
+	// recomputation does, is the only way to write it again.
+	Complete      bool `protobuf:"varint,5,opt,name=complete,proto3" json:"complete,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Dataset) Reset() {
@@ -240,6 +244,13 @@ func (x *Dataset) GetCreatedUnixNano() int64 {
 		return x.CreatedUnixNano
 	}
 	return 0
+}
+
+func (x *Dataset) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
 }
 
 // AccessStats are the read statistics the eviction and checkpoint policies rank files by.
@@ -1748,6 +1759,50 @@ func (x *DeleteDatasetRequest) GetName() string {
 	return ""
 }
 
+type CompleteDatasetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteDatasetRequest) Reset() {
+	*x = CompleteDatasetRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteDatasetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteDatasetRequest) ProtoMessage() {}
+
+func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteDatasetRequest.ProtoReflect.Descriptor instead.
+func (*CompleteDatasetRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CompleteDatasetRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type DeleteDatasetResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	FilesDeleted  uint64                 `protobuf:"varint,1,opt,name=files_deleted,json=filesDeleted,proto3" json:"files_deleted,omitempty"`
@@ -1757,7 +1812,7 @@ type DeleteDatasetResponse struct {
 
 func (x *DeleteDatasetResponse) Reset() {
 	*x = DeleteDatasetResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1824,7 @@ func (x *DeleteDatasetResponse) String() string {
 func (*DeleteDatasetResponse) ProtoMessage() {}
 
 func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1837,7 @@ func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteDatasetResponse) GetFilesDeleted() uint64 {
@@ -1802,7 +1857,7 @@ type GetDatasetUsageRequest struct {
 
 func (x *GetDatasetUsageRequest) Reset() {
 	*x = GetDatasetUsageRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1814,7 +1869,7 @@ func (x *GetDatasetUsageRequest) String() string {
 func (*GetDatasetUsageRequest) ProtoMessage() {}
 
 func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1827,7 +1882,7 @@ func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetDatasetUsageRequest) GetName() string {
@@ -1870,7 +1925,7 @@ type DatasetUsage struct {
 
 func (x *DatasetUsage) Reset() {
 	*x = DatasetUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +1937,7 @@ func (x *DatasetUsage) String() string {
 func (*DatasetUsage) ProtoMessage() {}
 
 func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +1950,7 @@ func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetUsage.ProtoReflect.Descriptor instead.
 func (*DatasetUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DatasetUsage) GetName() string {
@@ -1964,7 +2019,7 @@ type NodeUsage struct {
 
 func (x *NodeUsage) Reset() {
 	*x = NodeUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2031,7 @@ func (x *NodeUsage) String() string {
 func (*NodeUsage) ProtoMessage() {}
 
 func (x *NodeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2044,7 @@ func (x *NodeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
 func (*NodeUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeUsage) GetNode() string {
@@ -2021,7 +2076,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2088,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2101,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -2108,7 +2163,7 @@ type RemoveBlockCopyRequest struct {
 
 func (x *RemoveBlockCopyRequest) Reset() {
 	*x = RemoveBlockCopyRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2175,7 @@ func (x *RemoveBlockCopyRequest) String() string {
 func (*RemoveBlockCopyRequest) ProtoMessage() {}
 
 func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2188,7 @@ func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
@@ -2163,7 +2218,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2230,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2243,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -2221,7 +2276,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2288,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2301,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2268,7 +2323,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2335,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2348,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -2334,7 +2389,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2401,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2414,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -2385,7 +2440,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2452,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2465,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -2430,7 +2485,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2497,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2510,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -2486,7 +2541,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2553,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2566,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2551,7 +2606,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2618,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2631,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -2595,7 +2650,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2607,7 +2662,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2620,7 +2675,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -2641,7 +2696,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2653,7 +2708,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2666,7 +2721,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -2698,7 +2753,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2765,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2778,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 type LeaderRequest struct {
@@ -2734,7 +2789,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2746,7 +2801,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2759,7 +2814,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 type LeaderResponse struct {
@@ -2781,7 +2836,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2793,7 +2848,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2806,7 +2861,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -2898,6 +2953,7 @@ type Command struct {
 	//	*Command_SetPeer
 	//	*Command_RemovePeer
 	//	*Command_RemoveBlockCopy
+	//	*Command_CompleteDataset
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2905,7 +2961,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +2973,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +2986,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -3080,6 +3136,15 @@ func (x *Command) GetRemoveBlockCopy() *RemoveBlockCopyRequest {
 	return nil
 }
 
+func (x *Command) GetCompleteDataset() *CompleteDatasetRequest {
+	if x != nil {
+		if x, ok := x.Op.(*Command_CompleteDataset); ok {
+			return x.CompleteDataset
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -3140,6 +3205,10 @@ type Command_RemoveBlockCopy struct {
 	RemoveBlockCopy *RemoveBlockCopyRequest `protobuf:"bytes,23,opt,name=remove_block_copy,json=removeBlockCopy,proto3,oneof"`
 }
 
+type Command_CompleteDataset struct {
+	CompleteDataset *CompleteDatasetRequest `protobuf:"bytes,24,opt,name=complete_dataset,json=completeDataset,proto3,oneof"`
+}
+
 func (*Command_CreateFile) isCommand_Op() {}
 
 func (*Command_RenameFile) isCommand_Op() {}
@@ -3168,6 +3237,8 @@ func (*Command_RemovePeer) isCommand_Op() {}
 
 func (*Command_RemoveBlockCopy) isCommand_Op() {}
 
+func (*Command_CompleteDataset) isCommand_Op() {}
+
 // DeleteDatasetStep deletes at most limit keys' worth of the dataset's files; the dataset record
 // goes with the last step. Large datasets take several steps because one step is one Badger
 // transaction, whose size is bounded.
@@ -3181,7 +3252,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3193,7 +3264,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3206,7 +3277,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -3233,7 +3304,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3316,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3329,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3288,7 +3359,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3371,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3384,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3347,7 +3418,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3359,7 +3430,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3372,7 +3443,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3398,7 +3469,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3410,7 +3481,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3423,7 +3494,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3442,7 +3513,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3454,7 +3525,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3467,7 +3538,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -3481,12 +3552,13 @@ var File_master_masterpb_master_proto protoreflect.FileDescriptor
 
 const file_master_masterpb_master_proto_rawDesc = "" +
 	"\n" +
-	"\x1cmaster/masterpb/master.proto\x12\x10strata.master.v1\"u\n" +
+	"\x1cmaster/masterpb/master.proto\x12\x10strata.master.v1\"\x91\x01\n" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\tR\x04root\x12\x16\n" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12*\n" +
-	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\"V\n" +
+	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12\x1a\n" +
+	"\bcomplete\x18\x05 \x01(\bR\bcomplete\"V\n" +
 	"\vAccessStats\x12\x14\n" +
 	"\x05reads\x18\x01 \x01(\x04R\x05reads\x121\n" +
 	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\xd2\x03\n" +
@@ -3597,6 +3669,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"*\n" +
 	"\x14DeleteDatasetRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\",\n" +
+	"\x16CompleteDatasetRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"<\n" +
 	"\x15DeleteDatasetResponse\x12#\n" +
 	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"G\n" +
@@ -3672,7 +3746,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12\x12\n" +
 	"\x04term\x18\a \x01(\x04R\x04term\x12#\n" +
 	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12,\n" +
-	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\xf0\b\n" +
+	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\xc7\t\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12 \n" +
 	"\fat_unix_nano\x18\x02 \x01(\x03R\n" +
@@ -3695,7 +3769,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\bset_peer\x18\x15 \x01(\v2\x19.strata.master.v1.SetPeerH\x00R\asetPeer\x12?\n" +
 	"\vremove_peer\x18\x16 \x01(\v2\x1c.strata.master.v1.RemovePeerH\x00R\n" +
 	"removePeer\x12V\n" +
-	"\x11remove_block_copy\x18\x17 \x01(\v2(.strata.master.v1.RemoveBlockCopyRequestH\x00R\x0fremoveBlockCopyB\x04\n" +
+	"\x11remove_block_copy\x18\x17 \x01(\v2(.strata.master.v1.RemoveBlockCopyRequestH\x00R\x0fremoveBlockCopy\x12U\n" +
+	"\x10complete_dataset\x18\x18 \x01(\v2(.strata.master.v1.CompleteDatasetRequestH\x00R\x0fcompleteDatasetB\x04\n" +
 	"\x02op\"=\n" +
 	"\x11DeleteDatasetStep\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -3725,7 +3800,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xf8\r\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xd0\x0e\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -3741,7 +3816,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x0fRegisterDataset\x12(.strata.master.v1.RegisterDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12L\n" +
 	"\n" +
 	"GetDataset\x12#.strata.master.v1.GetDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12`\n" +
-	"\rDeleteDataset\x12&.strata.master.v1.DeleteDatasetRequest\x1a'.strata.master.v1.DeleteDatasetResponse\x12[\n" +
+	"\rDeleteDataset\x12&.strata.master.v1.DeleteDatasetRequest\x1a'.strata.master.v1.DeleteDatasetResponse\x12V\n" +
+	"\x0fCompleteDataset\x12(.strata.master.v1.CompleteDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12[\n" +
 	"\x0fGetDatasetUsage\x12(.strata.master.v1.GetDatasetUsageRequest\x1a\x1e.strata.master.v1.DatasetUsage\x12L\n" +
 	"\vCommitBlock\x12$.strata.master.v1.CommitBlockRequest\x1a\x17.strata.master.v1.Block\x12l\n" +
 	"\x11GetBlockLocations\x12*.strata.master.v1.GetBlockLocationsRequest\x1a+.strata.master.v1.GetBlockLocationsResponse\x12T\n" +
@@ -3766,7 +3842,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -3795,32 +3871,33 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*RegisterDatasetRequest)(nil),    // 24: strata.master.v1.RegisterDatasetRequest
 	(*GetDatasetRequest)(nil),         // 25: strata.master.v1.GetDatasetRequest
 	(*DeleteDatasetRequest)(nil),      // 26: strata.master.v1.DeleteDatasetRequest
-	(*DeleteDatasetResponse)(nil),     // 27: strata.master.v1.DeleteDatasetResponse
-	(*GetDatasetUsageRequest)(nil),    // 28: strata.master.v1.GetDatasetUsageRequest
-	(*DatasetUsage)(nil),              // 29: strata.master.v1.DatasetUsage
-	(*NodeUsage)(nil),                 // 30: strata.master.v1.NodeUsage
-	(*CommitBlockRequest)(nil),        // 31: strata.master.v1.CommitBlockRequest
-	(*RemoveBlockCopyRequest)(nil),    // 32: strata.master.v1.RemoveBlockCopyRequest
-	(*GetBlockLocationsRequest)(nil),  // 33: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 34: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 35: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 36: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 37: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 38: strata.master.v1.MarkWorkerLostRequest
-	(*MarkWorkerLostResponse)(nil),    // 39: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 40: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 41: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 42: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 43: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 44: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 45: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 46: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 47: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 48: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 49: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 50: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 51: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 52: strata.master.v1.RemovePeer
+	(*CompleteDatasetRequest)(nil),    // 27: strata.master.v1.CompleteDatasetRequest
+	(*DeleteDatasetResponse)(nil),     // 28: strata.master.v1.DeleteDatasetResponse
+	(*GetDatasetUsageRequest)(nil),    // 29: strata.master.v1.GetDatasetUsageRequest
+	(*DatasetUsage)(nil),              // 30: strata.master.v1.DatasetUsage
+	(*NodeUsage)(nil),                 // 31: strata.master.v1.NodeUsage
+	(*CommitBlockRequest)(nil),        // 32: strata.master.v1.CommitBlockRequest
+	(*RemoveBlockCopyRequest)(nil),    // 33: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 34: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 35: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 36: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 37: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 38: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 39: strata.master.v1.MarkWorkerLostRequest
+	(*MarkWorkerLostResponse)(nil),    // 40: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 41: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 42: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 43: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 44: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 45: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 46: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 47: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 48: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 49: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 50: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 51: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 52: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 53: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	0,  // 0: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
@@ -3833,7 +3910,7 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	20, // 7: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
 	0,  // 8: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
 	9,  // 9: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
-	30, // 10: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
+	31, // 10: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
 	8,  // 11: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
 	9,  // 12: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
 	9,  // 13: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
@@ -3844,65 +3921,68 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	16, // 18: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
 	17, // 19: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
 	24, // 20: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	47, // 21: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	31, // 22: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	35, // 23: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	36, // 24: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	49, // 25: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	48, // 21: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	32, // 22: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	36, // 23: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	37, // 24: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	50, // 25: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
 	22, // 26: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
 	23, // 27: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	51, // 28: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	52, // 29: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	32, // 30: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
-	39, // 31: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	11, // 32: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	12, // 33: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	13, // 34: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	14, // 35: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	16, // 36: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	17, // 37: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	19, // 38: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	22, // 39: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	23, // 40: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	24, // 41: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	25, // 42: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	26, // 43: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	28, // 44: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	31, // 45: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	33, // 46: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	32, // 47: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	35, // 48: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	36, // 49: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	38, // 50: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	40, // 51: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	42, // 52: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	44, // 53: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	5,  // 54: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	5,  // 55: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	15, // 56: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	5,  // 57: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	18, // 58: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	21, // 59: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	5,  // 60: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	5,  // 61: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 62: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 63: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	27, // 64: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	29, // 65: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	8,  // 66: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	34, // 67: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	8,  // 68: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	10, // 69: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	37, // 70: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	39, // 71: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	41, // 72: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	43, // 73: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	45, // 74: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	54, // [54:75] is the sub-list for method output_type
-	33, // [33:54] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	52, // 28: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	53, // 29: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	33, // 30: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	27, // 31: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
+	40, // 32: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	11, // 33: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	12, // 34: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	13, // 35: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	14, // 36: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	16, // 37: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	17, // 38: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	19, // 39: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	22, // 40: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	23, // 41: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	24, // 42: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	25, // 43: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	26, // 44: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	27, // 45: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
+	29, // 46: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	32, // 47: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	34, // 48: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	33, // 49: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	36, // 50: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	37, // 51: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	39, // 52: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	41, // 53: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	43, // 54: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	45, // 55: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	5,  // 56: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	5,  // 57: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	15, // 58: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	5,  // 59: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	18, // 60: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	21, // 61: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	5,  // 62: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	5,  // 63: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 64: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 65: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	28, // 66: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	3,  // 67: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
+	30, // 68: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 69: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	35, // 70: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	8,  // 71: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	10, // 72: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	38, // 73: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	40, // 74: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	42, // 75: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	44, // 76: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	46, // 77: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	56, // [56:78] is the sub-list for method output_type
+	34, // [34:56] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -3910,7 +3990,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[43].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[44].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -3925,6 +4005,7 @@ func file_master_masterpb_master_proto_init() {
 		(*Command_SetPeer)(nil),
 		(*Command_RemovePeer)(nil),
 		(*Command_RemoveBlockCopy)(nil),
+		(*Command_CompleteDataset)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3932,7 +4013,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,7 @@ const (
 	Master_RegisterDataset_FullMethodName   = "/strata.master.v1.Master/RegisterDataset"
 	Master_GetDataset_FullMethodName        = "/strata.master.v1.Master/GetDataset"
 	Master_DeleteDataset_FullMethodName     = "/strata.master.v1.Master/DeleteDataset"
+	Master_CompleteDataset_FullMethodName   = "/strata.master.v1.Master/CompleteDataset"
 	Master_GetDatasetUsage_FullMethodName   = "/strata.master.v1.Master/GetDatasetUsage"
 	Master_CommitBlock_FullMethodName       = "/strata.master.v1.Master/CommitBlock"
 	Master_GetBlockLocations_FullMethodName = "/strata.master.v1.Master/GetBlockLocations"
@@ -66,6 +67,7 @@ type MasterClient interface {
 	RegisterDataset(ctx context.Context, in *RegisterDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	GetDataset(ctx context.Context, in *GetDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	DeleteDataset(ctx context.Context, in *DeleteDatasetRequest, opts ...grpc.CallOption) (*DeleteDatasetResponse, error)
+	CompleteDataset(ctx context.Context, in *CompleteDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error)
 	CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error)
 	GetBlockLocations(ctx context.Context, in *GetBlockLocationsRequest, opts ...grpc.CallOption) (*GetBlockLocationsResponse, error)
@@ -198,6 +200,16 @@ func (c *masterClient) DeleteDataset(ctx context.Context, in *DeleteDatasetReque
 	return out, nil
 }
 
+func (c *masterClient) CompleteDataset(ctx context.Context, in *CompleteDatasetRequest, opts ...grpc.CallOption) (*Dataset, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Dataset)
+	err := c.cc.Invoke(ctx, Master_CompleteDataset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DatasetUsage)
@@ -318,6 +330,7 @@ type MasterServer interface {
 	RegisterDataset(context.Context, *RegisterDatasetRequest) (*Dataset, error)
 	GetDataset(context.Context, *GetDatasetRequest) (*Dataset, error)
 	DeleteDataset(context.Context, *DeleteDatasetRequest) (*DeleteDatasetResponse, error)
+	CompleteDataset(context.Context, *CompleteDatasetRequest) (*Dataset, error)
 	GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error)
 	CommitBlock(context.Context, *CommitBlockRequest) (*Block, error)
 	GetBlockLocations(context.Context, *GetBlockLocationsRequest) (*GetBlockLocationsResponse, error)
@@ -372,6 +385,9 @@ func (UnimplementedMasterServer) GetDataset(context.Context, *GetDatasetRequest)
 }
 func (UnimplementedMasterServer) DeleteDataset(context.Context, *DeleteDatasetRequest) (*DeleteDatasetResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteDataset not implemented")
+}
+func (UnimplementedMasterServer) CompleteDataset(context.Context, *CompleteDatasetRequest) (*Dataset, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CompleteDataset not implemented")
 }
 func (UnimplementedMasterServer) GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetDatasetUsage not implemented")
@@ -622,6 +638,24 @@ func _Master_DeleteDataset_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_CompleteDataset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompleteDatasetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).CompleteDataset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_CompleteDataset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).CompleteDataset(ctx, req.(*CompleteDatasetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_GetDatasetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetDatasetUsageRequest)
 	if err := dec(in); err != nil {
@@ -852,6 +886,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteDataset",
 			Handler:    _Master_DeleteDataset_Handler,
+		},
+		{
+			MethodName: "CompleteDataset",
+			Handler:    _Master_CompleteDataset_Handler,
 		},
 		{
 			MethodName: "GetDatasetUsage",

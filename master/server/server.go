@@ -163,6 +163,14 @@ func (s *Server) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUs
 	return usage, err
 }
 
+// CompleteDataset marks a dataset complete: its files no longer change.
+func (s *Server) CompleteDataset(ctx context.Context, req *masterpb.CompleteDatasetRequest) (*masterpb.Dataset, error) {
+	if err := required("name", req.Name); err != nil {
+		return nil, err
+	}
+	return apply[*masterpb.Dataset](ctx, s, &masterpb.Command{Op: &masterpb.Command_CompleteDataset{CompleteDataset: req}})
+}
+
 // DeleteDataset deletes a dataset and its files.
 func (s *Server) DeleteDataset(ctx context.Context, req *masterpb.DeleteDatasetRequest) (*masterpb.DeleteDatasetResponse, error) {
 	if err := required("name", req.Name); err != nil {
