@@ -319,10 +319,11 @@ func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alp
 	return job, nil
 }
 
-// lostNodes are the nodes whose worker the master holds lost. The master finds a stopped node
-// before the node controller marks it NotReady, so the scheduler would still place a
-// recomputation there, where it waits for a node that may never come back. Without an answer
-// from the master, nothing is avoided.
+// lostNodes are the nodes whose workers the master holds lost, none alive (workers of TierPools
+// deleted since stay lost on nodes that are well). The master finds a stopped node before the
+// node controller marks it NotReady, so the scheduler would still place a recomputation there,
+// where it waits for a node that may never come back. Without an answer from the master,
+// nothing is avoided.
 func (r *LineageReconciler) lostNodes(ctx context.Context) []string {
 	if r.Master == nil {
 		return nil
@@ -334,10 +335,24 @@ func (r *LineageReconciler) lostNodes(ctx context.Context) []string {
 		ctrl.LoggerFrom(ctx).Info("cannot list the workers; the recomputation may be placed on a lost node", "error", err.Error())
 		return nil
 	}
+	return lostNodesOf(resp.GetWorkers())
+}
+
+// lostNodesOf are the nodes of workers that have a lost worker and no live one, sorted.
+func lostNodesOf(workers []*masterpb.Worker) []string {
+	lost, alive := map[string]bool{}, map[string]bool{}
+	for _, w := range workers {
+		switch w.GetState() {
+		case masterpb.WorkerState_WORKER_STATE_LOST:
+			lost[w.GetNode()] = true
+		case masterpb.WorkerState_WORKER_STATE_ALIVE:
+			alive[w.GetNode()] = true
+		}
+	}
 	var nodes []string
-	for _, w := range resp.GetWorkers() {
-		if w.GetState() == masterpb.WorkerState_WORKER_STATE_LOST && w.GetNode() != "" && !slices.Contains(nodes, w.GetNode()) {
-			nodes = append(nodes, w.GetNode())
+	for node := range lost {
+		if node != "" && !alive[node] {
+			nodes = append(nodes, node)
 		}
 	}
 	slices.Sort(nodes)

@@ -1,11 +1,14 @@
 package controllers
 
 import (
+	"slices"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 func TestAvoidNodes(t *testing.T) {
@@ -86,6 +89,31 @@ func TestIgnoreDisruptions(t *testing.T) {
 			ignoreDisruptions(&tc.spec)
 			if !apiequality.Semantic.DeepEqual(tc.spec, tc.want) {
 				t.Errorf("got %+v, want %+v", tc.spec.PodFailurePolicy, tc.want.PodFailurePolicy)
+			}
+		})
+	}
+}
+
+func TestLostNodesOf(t *testing.T) {
+	w := func(node string, state masterpb.WorkerState) *masterpb.Worker {
+		return &masterpb.Worker{Id: "pool/" + node, Node: node, State: state}
+	}
+	lost, alive := masterpb.WorkerState_WORKER_STATE_LOST, masterpb.WorkerState_WORKER_STATE_ALIVE
+	tests := map[string]struct {
+		workers []*masterpb.Worker
+		want    []string
+	}{
+		"no worker":                   {},
+		"every worker alive":          {workers: []*masterpb.Worker{w("a", alive), w("b", alive)}},
+		"lost workers name the nodes": {workers: []*masterpb.Worker{w("b", lost), w("a", lost), w("c", alive)}, want: []string{"a", "b"}},
+		"a node with a live worker is well, whatever else it lost (a deleted pool's)": {
+			workers: []*masterpb.Worker{w("a", lost), w("a", alive)},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := lostNodesOf(tc.workers); !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
 	}
