@@ -17,12 +17,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/eviction"
 )
 
 // Reasons of a CachePolicy's Ready condition.
 const (
 	ReasonPolicyAccepted     = "Accepted"
 	ReasonInvalidPinnedPaths = "InvalidPinnedPaths"
+	// ReasonEvictionNotImplemented: the policy names an eviction policy the workers lack.
+	ReasonEvictionNotImplemented = "EvictionNotImplemented"
 )
 
 // CachePolicyReconciler reports on each CachePolicy: whether the workers can apply it, and how
@@ -55,9 +58,14 @@ func (r *CachePolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	cp.Status.ObservedGeneration = cp.Generation
 	ready := metav1.Condition{Type: datav1alpha1.ConditionReady, ObservedGeneration: cp.Generation,
 		Status: metav1.ConditionTrue, Reason: ReasonPolicyAccepted,
-		Message: "the workers of its Datasets' pools pin its pinnedPaths; its eviction, promotion, replication, checkpoint and prefetch settings are not applied yet"}
+		Message: "the workers of its Datasets' pools apply its pinnedPaths, eviction policy, watermarks and promotion threshold; " +
+			"its replication, checkpoint and prefetch settings are not applied yet"}
 	if why := pinnedPathsProblem(cp.Spec.PinnedPaths); why != "" {
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonInvalidPinnedPaths, why+": fix the pattern; its Datasets are not served until then"
+	} else if _, err := eviction.ConfigFromSpec(cp.Spec.Eviction); err != nil {
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonEvictionNotImplemented,
+			fmt.Sprintf("spec.eviction.policy %s is not implemented by the workers yet: its Datasets' blocks are ranked by the workers' own policy; "+
+				"choose LRU, LFU or LRFU. The rest of the policy applies", cp.Spec.Eviction.Policy)
 	}
 	meta.SetStatusCondition(&cp.Status.Conditions, ready)
 	if apiequality.Semantic.DeepEqual(before.Status, cp.Status) {

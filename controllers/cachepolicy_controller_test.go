@@ -65,5 +65,16 @@ var _ = Describe("The CachePolicy reconciler", func() {
 			To(ContainSubstring(`spec.pinnedPaths[1]: pinned path "shards/[0-9"`))
 		Eventually(func() []string { return eventReasons(ns.Name, cp.Name) }).
 			Should(ContainElement(ReasonInvalidPinnedPaths), "a Warning event says it too")
+
+		By("saying that DAG-aware eviction is not implemented, while the rest applies")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
+			cp.Spec.PinnedPaths = []string{"index/**"}
+			cp.Spec.Eviction.Policy = datav1alpha1.EvictMRD
+			g.Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		}).Should(Succeed())
+		status(1, ReasonEvictionNotImplemented)
+		Expect(meta.FindStatusCondition(cp.Status.Conditions, datav1alpha1.ConditionReady).Message).
+			To(ContainSubstring("spec.eviction.policy MRD is not implemented"))
 	})
 })

@@ -12,11 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/eviction"
 	"github.com/strata-cache/strata/cacheworker/policy"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
 )
 
 // testWorkerSpec is what the suite's operator deploys as the workers of every pool.
@@ -114,6 +117,19 @@ var _ = Describe("The worker reconciler", func() {
 			g.Expect(set.Pinned(master, "labels/2024/a.txt")).To(BeFalse())
 		}).Should(Succeed(), "waiting for the pool's policies file to follow the CachePolicy")
 		Expect(getDaemonSet(Default).Spec.Template).To(Equal(rolled.Spec.Template), "the workers apply policies live: their pods are not rolled")
+
+		By("carrying its eviction policy, its share of the tiers and its promotion threshold")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
+			cp.Spec.Eviction = datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictLRFU, Lambda: ptr.To(0.25),
+				Watermarks: &datav1alpha1.Watermarks{High: 0.5, Low: 0.3}}
+			cp.Spec.Promotion.AccessThreshold = 1
+			g.Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(policies(g).Rules()).To(HaveKeyWithValue(master, tierstore.DatasetRules{
+				Eviction: eviction.Config{Kind: eviction.LRFU, Lambda: 0.25}, High: 0.5, Low: 0.3, PromotionThreshold: 1}))
+		}).Should(Succeed(), "waiting for the pool's policies file to carry the rules")
 
 		By("leaving out a Dataset whose CachePolicy has a bad pattern, which the Dataset's status names")
 		setPinned("images/[a-")

@@ -11,13 +11,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/eviction"
 	"github.com/strata-cache/strata/cacheworker/policy"
 )
 
 // policiesFile is the pool's policies file (see cacheworker/policy): the CachePolicy settings
 // of its Datasets that the workers apply, in a stable order so that an unchanged set writes
 // nothing. A Dataset whose CachePolicy is missing or names a bad pattern is left out; its own
-// status says why.
+// status says why. A Dataset without a CachePolicy follows the workers' own settings.
 func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.TierPool) (string, error) {
 	var datasets datav1alpha1.DatasetList
 	if err := r.Client.List(ctx, &datasets); err != nil {
@@ -35,14 +36,10 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 			}
 			continue
 		}
-		if len(cp.Spec.PinnedPaths) == 0 || pinnedPathsProblem(cp.Spec.PinnedPaths) != "" {
+		if pinnedPathsProblem(cp.Spec.PinnedPaths) != "" {
 			continue
 		}
-		file.Datasets = append(file.Datasets, policy.Dataset{
-			Name:        datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)),
-			CachePolicy: cp.Namespace + "/" + cp.Name,
-			PinnedPaths: cp.Spec.PinnedPaths,
-		})
+		file.Datasets = append(file.Datasets, datasetPolicy(datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)), &cp))
 	}
 	slices.SortFunc(file.Datasets, func(a, b policy.Dataset) int { return strings.Compare(a.Name, b.Name) })
 	raw, err := json.MarshalIndent(file, "", "  ")
@@ -50,6 +47,26 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 		return "", fmt.Errorf("writing the policies of TierPool %s: %w", pool.Name, err)
 	}
 	return string(raw) + "\n", nil
+}
+
+// datasetPolicy is what the workers apply to the blocks of the Dataset named name at the master
+// from its CachePolicy cp: pins, its eviction policy among its own blocks (none for MRD, which
+// the CachePolicy's status reports), its share of each tier, its promotion threshold.
+func datasetPolicy(name string, cp *datav1alpha1.CachePolicy) policy.Dataset {
+	d := policy.Dataset{
+		Name: name, CachePolicy: cp.Namespace + "/" + cp.Name, PinnedPaths: cp.Spec.PinnedPaths,
+		PromotionThreshold: int(cp.Spec.Promotion.AccessThreshold),
+	}
+	if ev, err := eviction.ConfigFromSpec(cp.Spec.Eviction); err == nil {
+		d.Eviction = string(ev.Kind)
+		if ev.Kind == eviction.LRFU {
+			d.Lambda = &ev.Lambda
+		}
+	}
+	if w := cp.Spec.Eviction.Watermarks; w != nil {
+		d.Watermarks = &policy.Watermarks{High: w.High, Low: w.Low}
+	}
+	return d
 }
 
 // pinnedPathsProblem says what is wrong with a CachePolicy's pinnedPaths, or "".

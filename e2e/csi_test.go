@@ -191,11 +191,13 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		By("a pod that mounts an output read-only cannot write to it")
 		intruder := claimPod(namespace, nodes[1], "corpus-copy", "copy", "/data/big", "/data/big-again")
 		Expect(k8sClient.Create(ctx, intruder)).To(Succeed())
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(intruder), intruder)).To(Succeed())
-			g.Expect(intruder.Status.Phase).To(Equal(corev1.PodFailed))
-		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the write into a read-only mount to fail")
-		Expect(podLogs(ctx, intruder)).To(ContainSubstring("read-only file system"))
+		waitFailedWith(ctx, intruder, "read-only file system")
+
+		By("a second run of the step, mounting the output writable on " + nodes[0] + ", finds it complete")
+		rerun := copyPod(namespace, nodes[0], "corpus", "corpus-copy", "/out/again")
+		Expect(k8sClient.Create(ctx, rerun)).To(Succeed())
+		waitFailedWith(ctx, rerun, "read-only file system")
+		Expect(sumClaim(ctx, namespace, nodes[1], "corpus-copy")).To(Equal(contents(written)), "the output is as its Job wrote it")
 	})
 
 	It("provisions a writable volume for a claim of a Strata StorageClass, and deletes it with the claim", func(ctx SpecContext) {
@@ -296,6 +298,53 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			g.Expect(k8sClient.Update(ctx, policy)).To(Succeed())
 		}).WithContext(ctx).Should(Succeed())
 		Eventually(pinnedBlocks).WithContext(ctx).WithTimeout(3*minute).Should(Equal(200), "waiting for the worker to pin 001/ as well")
+		Expect(workerPod(ctx, pool, nodes[0]).UID).To(Equal(before.UID), "a policy change is applied live, not by a new pod")
+	})
+
+	It("keeps a Dataset within the share of the memory tier its CachePolicy gives it, and follows a change live", func(ctx SpecContext) {
+		// 4% of the pool's 256 MiB memory tier is about 10 MiB, two and a half of its 4 MiB blocks:
+		// the 21 MiB file cannot stay whole in memory on its own node.
+		policy := &datav1alpha1.CachePolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "small-share", Namespace: namespace},
+			Spec: datav1alpha1.CachePolicySpec{Eviction: datav1alpha1.EvictionSpec{
+				Policy: datav1alpha1.EvictLFU, Watermarks: &datav1alpha1.Watermarks{High: 0.04, Low: 0.02}}},
+		}
+		Expect(k8sClient.Create(ctx, policy)).To(Succeed())
+		ds := minioDataset(namespace, "shared", pool, "s3://"+bucket+"/"+namespace+"/big/")
+		ds.Spec.CachePolicyName = policy.Name
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		waitReady(ctx, ds)
+		var big object
+		for _, o := range written {
+			if o.Key == "big/train.bin" {
+				big = o
+			}
+		}
+		readAndCount := func(g Gomega) *datav1alpha1.Dataset {
+			read := sumClaim(ctx, namespace, nodes[0], "shared")
+			g.Expect(read).To(HaveExactElements(HaveField("SHA256", big.SHA256)), "every byte is right, whatever stays cached")
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			return ds
+		}
+
+		By("reading it on " + nodes[0] + ": its cached bytes stay within its share")
+		before := workerPod(ctx, pool, nodes[0])
+		// The kubelet refreshes the workers' ConfigMap within a minute or so, and the status
+		// follows the master every half minute: read until both have.
+		Eventually(func(g Gomega) {
+			ds := readAndCount(g)
+			g.Expect(ds.Status.CachedBytes).To(And(BeNumerically(">", 0), BeNumerically("<=", 11<<20)))
+		}).WithContext(ctx).WithTimeout(4*minute).WithPolling(minute/6).Should(Succeed(), "waiting for the share to hold")
+
+		By("lifting the share: reading it again keeps all of it in memory, the worker's pod untouched")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(policy), policy)).To(Succeed())
+			policy.Spec.Eviction.Watermarks = nil
+			g.Expect(k8sClient.Update(ctx, policy)).To(Succeed())
+		}).WithContext(ctx).Should(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(readAndCount(g).Status.CachedPercentage).To(Equal("100%"))
+		}).WithContext(ctx).WithTimeout(4*minute).WithPolling(minute/6).Should(Succeed(), "waiting for the lifted share to let all of it stay")
 		Expect(workerPod(ctx, pool, nodes[0]).UID).To(Equal(before.UID), "a policy change is applied live, not by a new pod")
 	})
 
@@ -484,6 +533,16 @@ func claimPod(namespace, node, claim string, args ...string) *corev1.Pod {
 		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true},
 	}}}
 	return pod
+}
+
+// waitFailedWith waits for pod to fail, and for its logs to say why.
+func waitFailedWith(ctx context.Context, pod *corev1.Pod, why string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+		g.Expect(pod.Status.Phase).To(Equal(corev1.PodFailed))
+	}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for pod %s to fail", pod.Name)
+	Expect(podLogs(ctx, pod)).To(ContainSubstring(why))
 }
 
 // copyPod is a testkit pod on node that copies the claim from, mounted read-only at /data, to

@@ -25,7 +25,9 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.lambda) || (has(self.policy) && self.policy == 'LRFU')",message="spec.eviction.lambda only applies to policy: LRFU"
 type EvictionSpec struct {
-	// Policy is LRU, LFU, LRFU or MRD (DAG-aware).
+	// Policy is LRU, LFU, LRFU or MRD (DAG-aware, not implemented yet). It ranks the
+	// Dataset's own blocks: when a tier needs room, the TierPool's workers pick the Dataset of the
+	// block they rank coldest, and that Dataset gives up the block its policy ranks coldest.
 	// +kubebuilder:default=LRU
 	// +optional
 	Policy EvictionPolicy `json:"policy,omitempty"`
@@ -35,7 +37,10 @@ type EvictionSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self >= 0.0 && self <= 1.0",message="spec.eviction.lambda must be in [0, 1]: 0 behaves like LFU, 1 like LRU"
 	Lambda *float64 `json:"lambda,omitempty"`
 
-	// Watermarks, when set, override the TierPool's watermarks for this policy's Datasets.
+	// Watermarks, when set, bound each of this policy's Datasets to a share of every tier: when
+	// a write would take the Dataset's blocks in a tier past High of its quota, its own coldest
+	// blocks move down a tier (or, from the last, are dropped when that is safe) until it is back
+	// at Low. Without them a Dataset may fill a tier up to the TierPool's watermarks.
 	// +optional
 	Watermarks *Watermarks `json:"watermarks,omitempty"`
 }

@@ -4,8 +4,10 @@
 // watches it (Watch) and applies a change live: new blocks of a pinned path are stored pinned,
 // and the blocks already held are pinned or unpinned (Repin).
 //
-// What applies per Dataset today is pinning: a CachePolicy's pinnedPaths are glob patterns of
-// a Dataset's files whose blocks are never evicted.
+// What applies per Dataset: a CachePolicy's pinnedPaths (glob patterns of a Dataset's files
+// whose blocks are never evicted), its eviction policy (how the Dataset's blocks rank against
+// each other when its tier needs room), its watermarks (the Dataset's share of every tier) and
+// its promotion threshold (see tierstore.DatasetRules).
 package policy
 
 import (
@@ -19,6 +21,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/strata-cache/strata/cacheworker/eviction"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
 
 // FileName is the key of the policies file in the workers' ConfigMap.
@@ -38,11 +45,40 @@ type Dataset struct {
 	// PinnedPaths are glob patterns of the Dataset's files (relative to its root) whose
 	// blocks are never evicted.
 	PinnedPaths []string `json:"pinnedPaths,omitempty"`
+	// Eviction ranks the Dataset's blocks against each other: LRU, LFU or LRFU, whose Lambda
+	// weighs recency against frequency. Empty means the worker's own policy.
+	Eviction string   `json:"eviction,omitempty"`
+	Lambda   *float64 `json:"lambda,omitempty"`
+	// Watermarks, when set, bound the Dataset's share of every tier, as fractions of its quota.
+	Watermarks *Watermarks `json:"watermarks,omitempty"`
+	// PromotionThreshold is how many reads one of its blocks in a lower tier needs to move up;
+	// 0 means the worker's own.
+	PromotionThreshold int `json:"promotionThreshold,omitempty"`
 }
 
-// Set is a parsed policies file. The zero Set pins nothing.
+// Watermarks are a share of a tier: above High, the Dataset's coldest blocks leave the tier
+// until it is back at Low.
+type Watermarks struct {
+	High float64 `json:"high"`
+	Low  float64 `json:"low"`
+}
+
+// rules are d's tier-store rules, and whether it has any.
+func (d Dataset) rules() (tierstore.DatasetRules, bool) {
+	r := tierstore.DatasetRules{Eviction: eviction.Config{Kind: eviction.Kind(d.Eviction)}, PromotionThreshold: d.PromotionThreshold}
+	if d.Lambda != nil {
+		r.Eviction.Lambda = *d.Lambda
+	}
+	if d.Watermarks != nil {
+		r.High, r.Low = d.Watermarks.High, d.Watermarks.Low
+	}
+	return r, r != tierstore.DatasetRules{}
+}
+
+// Set is a parsed policies file. The zero Set pins nothing and has no rules.
 type Set struct {
-	pins map[string][]pattern
+	pins  map[string][]pattern
+	rules map[string]tierstore.DatasetRules
 }
 
 // Parse reads a policies file. A pattern that does not parse is an error naming it: the
@@ -54,7 +90,7 @@ func Parse(raw []byte) (*Set, error) {
 			return nil, fmt.Errorf("reading the policies file: %w", err)
 		}
 	}
-	s := &Set{pins: map[string][]pattern{}}
+	s := &Set{pins: map[string][]pattern{}, rules: map[string]tierstore.DatasetRules{}}
 	for _, d := range f.Datasets {
 		for _, p := range d.PinnedPaths {
 			compiled, err := Compile(p)
@@ -63,16 +99,46 @@ func Parse(raw []byte) (*Set, error) {
 			}
 			s.pins[d.Name] = append(s.pins[d.Name], compiled)
 		}
+		if r, ok := d.rules(); ok {
+			if err := r.Validate(); err != nil {
+				return nil, fmt.Errorf("Dataset %s, CachePolicy %s: %w", d.Name, d.CachePolicy, err)
+			}
+			s.rules[d.Name] = r
+		}
 	}
 	return s, nil
 }
 
-// Datasets is the number of Datasets the set pins paths of.
+// Datasets is the number of Datasets the set has a policy for.
 func (s *Set) Datasets() int {
 	if s == nil {
 		return 0
 	}
-	return len(s.pins)
+	n := len(s.pins)
+	for name := range s.rules {
+		if _, pinned := s.pins[name]; !pinned {
+			n++
+		}
+	}
+	return n
+}
+
+// Rules are the tier-store rules of the Datasets that have any, by name.
+func (s *Set) Rules() map[string]tierstore.DatasetRules {
+	if s == nil {
+		return nil
+	}
+	return s.rules
+}
+
+// DatasetOf names the Dataset of a block from its origin (a workerpb.BlockOrigin), "" for a
+// block that is no Dataset's: tierstore.Config.DatasetOf.
+func DatasetOf(origin []byte) string {
+	var o workerpb.BlockOrigin
+	if err := proto.Unmarshal(origin, &o); err != nil {
+		return ""
+	}
+	return o.GetDataset()
 }
 
 // Pinned says whether the blocks of file, a path relative to the root of the Dataset named

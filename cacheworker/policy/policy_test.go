@@ -152,3 +152,41 @@ func TestAWorkerThatReadNoPoliciesLeavesThePinsItFound(t *testing.T) {
 	a.repin(context.Background(), "resweep")
 	g.Expect(pinnedIDs(store)).To(ConsistOf("a1"))
 }
+
+// TestAPolicyFileBoundsADatasetsShareLive gives Dataset a half of a small tier by the policies
+// file: once applied, a's writes past its share drop its own oldest blocks (clean, from the last
+// tier), and b's are not touched.
+func TestAPolicyFileBoundsADatasetsShareLive(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	store, err := tierstore.Open(context.Background(), tierstore.Config{
+		Tiers:     []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(dir, "mem")}, Quota: 40}},
+		IndexDir:  filepath.Join(dir, "index"),
+		DatasetOf: DatasetOf,
+		Log:       logr.Discard(),
+	})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() { _ = store.Close() })
+	file := filepath.Join(t.TempDir(), FileName)
+	g.Expect(os.WriteFile(file, []byte(`{"datasets":[
+		{"name":"ns/a/uid","cachePolicy":"ns/half","eviction":"LFU","watermarks":{"high":0.5,"low":0.25},"promotionThreshold":1}]}`), 0o644)).To(Succeed())
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := &Applier{Store: store, Log: logr.Discard()}
+	done := make(chan struct{})
+	go func() { a.Run(ctx, file, 20*time.Millisecond, time.Hour); close(done) }()
+	g.Eventually(func() int { return a.current.Load().Datasets() }).Should(Equal(1))
+
+	put(t, store, "b1", "ns/b/uid", "x")
+	for _, id := range []string{"a1", "a2", "a3", "a4", "a5"} {
+		put(t, store, id, "ns/a/uid", id)
+	}
+	g.Expect(store.DatasetUsage("mem")).To(Equal(map[string]int64{"ns/a/uid": 10, "ns/b/uid": 5}),
+		"a, at its share of 20 bytes, went down to 10 to write a5")
+	cancel()
+	<-done
+
+	_, err = Parse([]byte(`{"datasets":[{"name":"ns/c/uid","cachePolicy":"ns/p","eviction":"MRU"}]}`))
+	g.Expect(err).To(MatchError(And(ContainSubstring("ns/c/uid"), ContainSubstring("MRU"))))
+}

@@ -22,6 +22,12 @@ type BlockStore interface {
 	Pin(ctx context.Context, id string, pinned bool) error
 }
 
+// RuleStore is the tier store an Applier gives the Datasets' rules to.
+type RuleStore interface {
+	BlockStore
+	SetDatasetRules(ctx context.Context, rules map[string]tierstore.DatasetRules) error
+}
+
 // Repin makes the pin of every block of a Dataset that the store holds what set says, and
 // returns how many blocks it pinned and unpinned. Blocks without an origin (not a Dataset's)
 // are left as they are. A block gone meanwhile is skipped; other failures are joined.
@@ -56,10 +62,10 @@ func Repin(ctx context.Context, store BlockStore, set *Set) (pinned, unpinned in
 	return pinned, unpinned, errors.Join(errs...)
 }
 
-// Applier keeps the current policies of a worker: the set new blocks are stored by, and the
-// pins of the blocks the store holds.
+// Applier keeps the current policies of a worker: the set new blocks are stored by, the pins of
+// the blocks the store holds, and the store's rules for each Dataset.
 type Applier struct {
-	Store BlockStore
+	Store RuleStore
 	Log   logr.Logger
 	// Applied counts the policy files applied; nil counts nothing.
 	Applied prometheus.Counter
@@ -88,6 +94,9 @@ func (a *Applier) Run(ctx context.Context, p string, interval, resweep time.Dura
 		}
 	}()
 	Watch(ctx, p, interval, a.Log, func(set *Set) {
+		if err := a.Store.SetDatasetRules(ctx, set.Rules()); err != nil {
+			a.Log.Error(err, "Applying the Datasets' eviction, watermark and promotion rules did not finish; their shares are enforced at the next writes")
+		}
 		a.current.Store(set)
 		if a.Applied != nil {
 			a.Applied.Inc()

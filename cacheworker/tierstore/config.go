@@ -69,6 +69,10 @@ type Config struct {
 	// PromotionThreshold is how many reads a block in a lower tier needs before it is
 	// queued to move up one tier; 0 means DefaultPromotionThreshold.
 	PromotionThreshold int
+	// DatasetOf names the Dataset a block belongs to, from its PutOptions.Origin, so that the
+	// rules of its Dataset apply to it (SetDatasetRules). Nil puts every block in one unnamed
+	// Dataset. It runs with the store's lock held and must not call the store.
+	DatasetOf func(origin []byte) string
 	// SafeToDrop says whether a block may leave the last tier without being persisted first
 	// (it is checkpointed, replicated, or can be read again from the under-store). Nil means
 	// the block's Clean flag decides.

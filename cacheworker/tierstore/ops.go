@@ -47,7 +47,8 @@ func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opt
 	}()
 
 	top := s.tiers[0]
-	if err := s.reserve(ctx, top, size); err != nil {
+	dataset := s.datasetOf(opts.Origin)
+	if err := s.reserve(ctx, top, size, dataset); err != nil {
 		return BlockInfo{}, fmt.Errorf("storing block %s: %w", id, err)
 	}
 	d := s.pickDir(top, size)
@@ -59,7 +60,7 @@ func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opt
 	}
 	now := s.cfg.Now()
 	b := &block{id: id, tier: top, dir: d, size: size, checksum: sum, created: now, lastAccess: now,
-		clean: opts.Clean, pinned: opts.Pinned, origin: slices.Clone(opts.Origin)}
+		clean: opts.Clean, pinned: opts.Pinned, origin: slices.Clone(opts.Origin), dataset: dataset}
 
 	l := s.stripe(id)
 	l.Lock()
@@ -72,11 +73,7 @@ func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opt
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.blocks[id] = b
-	top.blocks++
-	top.policy.Add(id)
-	if b.pinned {
-		top.policy.SetPinned(id, true)
-	}
+	top.enter(b)
 	return b.info(), nil
 }
 
@@ -150,7 +147,7 @@ func (s *Store) read(ctx context.Context, id string, fn func(b BlockInfo, path s
 }
 
 // touch records a successful read of b and queues it for promotion once it has been read
-// PromotionThreshold times in a lower tier.
+// PromotionThreshold times (its Dataset's, or the store's) in a lower tier.
 func (s *Store) touch(b *block) BlockInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -158,8 +155,8 @@ func (s *Store) touch(b *block) BlockInfo {
 	b.lastAccess = s.cfg.Now()
 	b.dirty = true
 	b.tierReads++
-	b.tier.policy.Touch(b.id)
-	if s.blocks[b.id] == b && b.tier.index > 0 && !b.queued && b.tierReads >= s.cfg.PromotionThreshold {
+	b.tier.touched(b)
+	if s.blocks[b.id] == b && b.tier.index > 0 && !b.queued && b.tierReads >= s.promotionThreshold(b.dataset) {
 		b.queued = true
 		s.queue[b.id] = true
 		select {
@@ -244,10 +241,9 @@ func (s *Store) forgetLocked(b *block) {
 	}
 	delete(s.blocks, b.id)
 	delete(s.queue, b.id)
-	b.tier.policy.Remove(b.id)
+	b.tier.leave(b)
 	b.tier.used -= b.size
 	b.dir.used -= b.size
-	b.tier.blocks--
 }
 
 // Info describes a stored block without counting as an access.
@@ -316,7 +312,7 @@ func (s *Store) update(ctx context.Context, id, what string, change func(b *bloc
 	}
 	s.mu.Lock()
 	change(b)
-	b.tier.policy.SetPinned(id, b.pinned)
+	b.tier.setPinned(b, b.pinned)
 	s.mu.Unlock()
 	return nil
 }

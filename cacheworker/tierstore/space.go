@@ -20,15 +20,85 @@ type room struct {
 	colderThan   *block
 }
 
-// reserve takes need bytes of t's quota for a write. Below the high watermark that is all;
-// above it, it makes room under evictMu.
-func (s *Store) reserve(ctx context.Context, t *tier, need int64) error {
-	if s.tryReserve(t, need, t.high) {
+// reserve takes need bytes of t's quota for a write of a block of dataset. Below the high
+// watermarks (the tier's, and the Dataset's share of it) that is all; above them, it makes room
+// under evictMu.
+func (s *Store) reserve(ctx context.Context, t *tier, need int64, dataset string) error {
+	if !s.overShare(t, dataset, need) && s.tryReserve(t, need, t.high) {
 		return nil
 	}
 	s.evictMu.Lock()
 	defer s.evictMu.Unlock()
+	if err := s.makeShareRoom(ctx, t, dataset, need); err != nil {
+		return err
+	}
 	return s.makeRoom(ctx, t, need, room{})
+}
+
+// overShare says whether need more bytes of dataset in t would pass its share's high watermark.
+func (s *Store) overShare(t *tier, dataset string, need int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	high, _, ok := s.shareLimits(t, dataset)
+	return ok && t.shareOf(dataset).used+need > high
+}
+
+// makeShareRoom moves dataset's own blocks out of t, coldest first by its policy, when need
+// more bytes would pass its share's high watermark, until they fit under its low one. When no
+// more of its blocks can leave, the write goes ahead all the same: a share bounds what a Dataset
+// keeps in a tier, it is no reason to fail a write. evictMu must be held.
+func (s *Store) makeShareRoom(ctx context.Context, t *tier, dataset string, need int64) error {
+	if !s.overShare(t, dataset, need) {
+		return nil
+	}
+	failed := make(map[string]bool)
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("making room for Dataset %s in tier %s: %w", dataset, t.Name, err)
+		}
+		s.mu.Lock()
+		_, low, _ := s.shareLimits(t, dataset)
+		sh := t.shareOf(dataset)
+		var v *block
+		if sh.used+need > low && sh.policy != nil {
+			if id, ok := sh.policy.Victim(func(id string) bool { b := s.blocks[id]; return b == nil || b.moving || failed[id] }); ok {
+				v = s.blocks[id]
+			}
+		}
+		if v == nil {
+			s.mu.Unlock()
+			return nil
+		}
+		stayed, err := s.evictLocked(ctx, v)
+		if err != nil {
+			return fmt.Errorf("making room for Dataset %s in tier %s: %w", dataset, t.Name, err)
+		}
+		if stayed != nil {
+			failed[v.id] = true
+			s.log.V(1).Info("block cannot leave its tier", "block", v.id, "tier", t.Name, "dataset", dataset, "reason", stayed.Error())
+		}
+	}
+}
+
+// evictLocked evicts v, found under mu, which it releases on the way. It returns why v could
+// not leave (nil when it left, or was gone already), or the error that ended ctx.
+func (s *Store) evictLocked(ctx context.Context, v *block) (stayed, err error) {
+	v.moving = true
+	s.mu.Unlock()
+
+	err = s.evict(ctx, v)
+
+	s.mu.Lock()
+	v.moving = false
+	s.mu.Unlock()
+	switch {
+	case err == nil || errors.Is(err, errGone):
+		return nil, nil
+	case ctx.Err() != nil:
+		return nil, err
+	default:
+		return err, nil
+	}
 }
 
 // tryReserve takes need bytes of t if that keeps it at or under limit.
@@ -105,24 +175,16 @@ func (s *Store) makeRoom(ctx context.Context, t *tier, need int64, rm room) erro
 			s.mu.Unlock()
 			return &TierFullError{Tier: t.Name, Need: need, Used: used, Quota: t.Quota, Reason: fullReason(len(failed), firstFailure, rm)}
 		}
-		v.moving = true
-		s.mu.Unlock()
-
-		err := s.evict(ctx, v)
-
-		s.mu.Lock()
-		v.moving = false
-		s.mu.Unlock()
-		switch {
-		case err == nil || errors.Is(err, errGone):
-		case ctx.Err() != nil:
+		stayed, err := s.evictLocked(ctx, v)
+		if err != nil {
 			return fmt.Errorf("making room in tier %s: %w", t.Name, err)
-		default:
+		}
+		if stayed != nil {
 			failed[v.id] = true
 			if firstFailure == nil {
-				firstFailure = err
+				firstFailure = stayed
 			}
-			s.log.V(1).Info("block cannot leave its tier", "block", v.id, "tier", t.Name, "reason", err.Error())
+			s.log.V(1).Info("block cannot leave its tier", "block", v.id, "tier", t.Name, "reason", stayed.Error())
 		}
 	}
 }
@@ -144,14 +206,22 @@ func (s *Store) usedOf(t *tier) int64 {
 	return t.used
 }
 
-// victimLocked is the coldest block of t that may leave now. mu must be held.
+// victimLocked is the block of t that leaves next, of those that may leave now: the coldest by
+// the tier's policy, exchanged for the coldest of the same Dataset by the Dataset's own policy
+// when it has one (see DatasetRules). mu must be held.
 func (s *Store) victimLocked(t *tier, failed map[string]bool, colderThan *block) *block {
-	id, ok := t.policy.Victim(func(id string) bool {
+	skip := func(id string) bool {
 		b := s.blocks[id]
 		return b == nil || b.moving || failed[id] || (colderThan != nil && b.tierReads >= colderThan.tierReads)
-	})
+	}
+	id, ok := t.policy.Victim(skip)
 	if !ok {
 		return nil
+	}
+	if sh := t.shares[s.blocks[id].dataset]; sh != nil && sh.policy != nil {
+		if own, ok := sh.policy.Victim(skip); ok {
+			id = own
+		}
 	}
 	return s.blocks[id]
 }
@@ -242,18 +312,13 @@ func (s *Store) move(ctx context.Context, b *block, to *tier, rm room) error {
 	s.mu.Lock()
 	from.used -= b.size
 	fromDir.used -= b.size
-	from.blocks--
-	from.policy.Remove(b.id)
+	from.leave(b)
 	b.tier, b.dir = to, d
 	b.tierReads = 0
 	b.queued = false
 	delete(s.queue, b.id)
 	b.dirty = b.accesses != e.Accesses
-	to.blocks++
-	to.policy.Add(b.id)
-	if b.pinned {
-		to.policy.SetPinned(b.id, true)
-	}
+	to.enter(b)
 	s.mu.Unlock()
 	if err := os.Remove(oldPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.log.Error(err, "removing the old copy of a moved block; the next start removes it", "path", oldPath)

@@ -83,6 +83,7 @@ type Store struct {
 	stripes [64]sync.Mutex
 
 	mu      sync.Mutex
+	rules   map[string]DatasetRules // by Dataset
 	blocks  map[string]*block
 	pending map[string]bool // ids being written
 	queue   map[string]bool // ids waiting for promotion
@@ -96,6 +97,9 @@ type tier struct {
 	high, low int64
 	policy    eviction.Policy
 	dirs      []*dir
+
+	// Guarded by Store.mu.
+	shares map[string]*share // by Dataset
 
 	// Guarded by Store.mu.
 	used                                                 int64
@@ -118,6 +122,7 @@ type block struct {
 	checksum uint32
 	created  time.Time
 	origin   []byte
+	dataset  string // Config.DatasetOf(origin)
 
 	clean, pinned bool
 	accesses      uint64
@@ -164,7 +169,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		t := &tier{Tier: tc, index: i, policy: p,
+		t := &tier{Tier: tc, index: i, policy: p, shares: make(map[string]*share),
 			high: int64(tc.High * float64(tc.Quota)), low: int64(tc.Low * float64(tc.Quota))}
 		for _, d := range tc.Dirs {
 			if err := os.MkdirAll(d, 0o750); err != nil {
@@ -217,15 +222,11 @@ func (s *Store) load(rep blockindex.Report) {
 			continue // Reconcile only keeps blocks in configured directories.
 		}
 		b := &block{id: e.ID, tier: t, dir: d, size: e.Size, checksum: e.Checksum, created: e.Created, origin: e.Origin,
-			clean: e.Clean, pinned: e.Pinned, accesses: e.Accesses, lastAccess: e.LastAccess}
+			dataset: s.datasetOf(e.Origin), clean: e.Clean, pinned: e.Pinned, accesses: e.Accesses, lastAccess: e.LastAccess}
 		s.blocks[e.ID] = b
 		t.used += e.Size
 		d.used += e.Size
-		t.blocks++
-		t.policy.Add(e.ID)
-		if e.Pinned {
-			t.policy.SetPinned(e.ID, true)
-		}
+		t.enter(b)
 	}
 	s.log.Info("tier store ready", "blocks", len(kept), "dropped", len(rep.Findings))
 }

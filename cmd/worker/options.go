@@ -13,6 +13,7 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/eviction"
+	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 )
 
@@ -156,6 +157,7 @@ func (o *options) resolve() (tierstore.Config, error) {
 		}
 	}
 	return tierstore.Config{
+		DatasetOf:          policy.DatasetOf,
 		Tiers:              storeTiers,
 		IndexDir:           o.indexDir,
 		Eviction:           ev,

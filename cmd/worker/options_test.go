@@ -97,6 +97,8 @@ func TestResolve(t *testing.T) {
 				return
 			}
 			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(cfg.DatasetOf).NotTo(BeNil(), "blocks are told apart by Dataset, for the Datasets' CachePolicies")
+			cfg.DatasetOf = nil // funcs do not compare
 			g.Expect(cfg).To(Equal(tc.want))
 		})
 	}
