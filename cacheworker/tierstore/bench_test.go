@@ -40,7 +40,7 @@ func BenchmarkAScanAgainstAHotDataset(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer s.Close()
+			defer func() { _ = s.Close() }()
 			if err := s.SetDatasetRules(ctx, bc.rules); err != nil {
 				b.Fatal(err)
 			}
