@@ -67,6 +67,7 @@ func NewMetrics(reg prometheus.Registerer, stats StatsSource) (*Metrics, error) 
 type tierCollector struct {
 	stats                                                                             StatsSource
 	used, quota, blocks, pinned, promotions, demotions, evictions, corrupt, persisted *prometheus.Desc
+	datasetUsed                                                                       *prometheus.Desc
 }
 
 func newTierCollector(stats StatsSource) *tierCollector {
@@ -84,11 +85,14 @@ func newTierCollector(stats StatsSource) *tierCollector {
 		evictions:  desc("tier_evictions_total", "Blocks dropped from a tier."),
 		persisted:  desc("tier_persisted_before_drop_total", "Dropped blocks that had to be persisted first."),
 		corrupt:    desc("tier_corrupt_blocks_total", "Blocks found corrupt in a tier and removed."),
+		datasetUsed: prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, "tier_dataset_bytes"),
+			"Bytes of a Dataset (namespace/name/uid) a tier holds: what its CachePolicy's watermarks bound.",
+			[]string{"tier", "medium", "dataset"}, nil),
 	}
 }
 
 func (c *tierCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.used, c.quota, c.blocks, c.pinned, c.promotions, c.demotions, c.evictions, c.persisted, c.corrupt} {
+	for _, d := range []*prometheus.Desc{c.used, c.quota, c.blocks, c.pinned, c.promotions, c.demotions, c.evictions, c.persisted, c.corrupt, c.datasetUsed} {
 		ch <- d
 	}
 }
@@ -105,5 +109,10 @@ func (c *tierCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(t.Evictions), labels...)
 		ch <- prometheus.MustNewConstMetric(c.persisted, prometheus.CounterValue, float64(t.Persisted), labels...)
 		ch <- prometheus.MustNewConstMetric(c.corrupt, prometheus.CounterValue, float64(t.Corrupt), labels...)
+		for dataset, n := range t.Datasets {
+			if dataset != "" {
+				ch <- prometheus.MustNewConstMetric(c.datasetUsed, prometheus.GaugeValue, float64(n), t.Name, string(t.Medium), dataset)
+			}
+		}
 	}
 }

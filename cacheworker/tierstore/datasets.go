@@ -224,6 +224,11 @@ func (s *Store) DatasetUsage(tier string) map[string]int64 {
 	if t == nil {
 		return nil
 	}
+	return t.datasetBytes()
+}
+
+// datasetBytes is how many bytes of each Dataset t holds. mu must be held.
+func (t *tier) datasetBytes() map[string]int64 {
 	out := make(map[string]int64, len(t.shares))
 	for name, sh := range t.shares {
 		if sh.used > 0 {
@@ -231,4 +236,11 @@ func (s *Store) DatasetUsage(tier string) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// overShareLocked says whether n more bytes of dataset in t would pass its share's high
+// watermark. mu must be held.
+func (s *Store) overShareLocked(t *tier, dataset string, n int64) bool {
+	high, _, ok := s.shareLimits(t, dataset)
+	return ok && t.shareOf(dataset).used+n > high
 }

@@ -129,3 +129,24 @@ func TestDatasetRulesAreValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestAPromotionKeepsADatasetWithinItsShare: a's hot block in a lower tier stays there while a
+// holds its whole share of the tier above; b's moves up.
+func TestAPromotionKeepsADatasetWithinItsShare(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	s := newStore(t, []tierSpec{memTier, nvmeTier}, byOrigin)
+	g.Expect(s.SetDatasetRules(ctx, map[string]DatasetRules{
+		"a": {High: 0.1, Low: 0.05, PromotionThreshold: 1}, "b": {PromotionThreshold: 1}})).To(Succeed())
+	for _, id := range []string{"a1", "b1"} {
+		s.put(id, in(id[:1]))
+		g.Expect(s.Move(ctx, id, "nvme")).To(Succeed())
+	}
+	s.put("a0", in("a")) // a's whole share of mem
+	s.get("a1")
+	s.get("b1")
+	_, err := s.PromotePending(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s.layout("a0", "a1", "b1")).To(Equal(map[string]string{"a0": "mem", "a1": "nvme", "b1": "mem"}))
+	g.Expect(s.stats("mem").Datasets).To(Equal(map[string]int64{"a": unit, "b": unit}), "the tier's stats count each Dataset's bytes")
+}

@@ -39,8 +39,7 @@ func (s *Store) reserve(ctx context.Context, t *tier, need int64, dataset string
 func (s *Store) overShare(t *tier, dataset string, need int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	high, _, ok := s.shareLimits(t, dataset)
-	return ok && t.shareOf(dataset).used+need > high
+	return s.overShareLocked(t, dataset, need)
 }
 
 // makeShareRoom moves dataset's own blocks out of t, coldest first by its policy, when need
@@ -461,6 +460,11 @@ func (s *Store) Promote(ctx context.Context, id string) (bool, error) {
 		return false, nil
 	}
 	to := s.tiers[b.tier.index-1]
+	if s.overShareLocked(to, b.dataset, b.size) {
+		// A promotion is an optimisation: it never takes a Dataset past its share of a tier.
+		s.mu.Unlock()
+		return false, nil
+	}
 	b.moving = true
 	s.mu.Unlock()
 

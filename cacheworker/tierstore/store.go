@@ -60,6 +60,8 @@ type TierStats struct {
 	// it, Evictions blocks dropped from it, Persisted the dropped blocks that had to be
 	// persisted first, Corrupt the blocks found corrupt in it (at start, on read or on a move).
 	Promotions, Demotions, Evictions, Persisted, Corrupt uint64
+	// Datasets are the bytes of each Dataset the tier holds (see Config.DatasetOf).
+	Datasets map[string]int64
 }
 
 // Store is a node's tiered block store. Its methods are safe for concurrent use.
@@ -260,7 +262,7 @@ func (s *Store) Stats() []TierStats {
 	for i, t := range s.tiers {
 		// The tier's eviction policy tracks its pinned blocks already, as it must skip them.
 		out[i] = TierStats{Name: t.Name, Medium: t.Medium, Quota: t.Quota, High: t.high, Low: t.low, Used: t.used,
-			Blocks: t.blocks, Pinned: t.policy.Pinned(),
+			Blocks: t.blocks, Pinned: t.policy.Pinned(), Datasets: t.datasetBytes(),
 			Promotions: t.promotions, Demotions: t.demotions, Evictions: t.evictions, Persisted: t.persisted, Corrupt: t.corrupt}
 	}
 	return out
