@@ -150,3 +150,19 @@ func TestAPromotionKeepsADatasetWithinItsShare(t *testing.T) {
 	g.Expect(s.layout("a0", "a1", "b1")).To(Equal(map[string]string{"a0": "mem", "a1": "nvme", "b1": "mem"}))
 	g.Expect(s.stats("mem").Datasets).To(Equal(map[string]int64{"a": unit, "b": unit}), "the tier's stats count each Dataset's bytes")
 }
+
+// TestADatasetsShareBoundsEveryTier holds a to 30% of both tiers: what its writes push out of
+// memory may take 30% of NVMe, and its oldest blocks leave NVMe (dropped, being clean) for the
+// newer ones.
+func TestADatasetsShareBoundsEveryTier(t *testing.T) {
+	g := NewWithT(t)
+	s := newStore(t, []tierSpec{memTier, nvmeTier}, byOrigin)
+	g.Expect(s.SetDatasetRules(context.Background(), map[string]DatasetRules{"a": {High: 0.3, Low: 0.2}})).To(Succeed())
+	for _, id := range names("a", 15) {
+		s.put(id, PutOptions{Clean: true, Origin: []byte("a")})
+		g.Expect(s.DatasetUsage("mem")["a"]).To(BeNumerically("<=", 3*unit), "after writing %s", id)
+		g.Expect(s.DatasetUsage("nvme")["a"]).To(BeNumerically("<=", 6*unit), "after writing %s", id)
+	}
+	g.Expect(s.tierOf("a0")).To(BeEmpty(), "the oldest block left the last tier")
+	g.Expect(s.tierOf("a14")).To(Equal("mem"))
+}

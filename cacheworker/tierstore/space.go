@@ -233,6 +233,11 @@ func (s *Store) evict(ctx context.Context, b *block) error {
 		return s.drop(ctx, b)
 	}
 	to := s.tiers[from.index+1]
+	// The Dataset's share of the tier below bounds it too: its own coldest blocks there go
+	// further down first.
+	if err := s.makeShareRoom(ctx, to, b.dataset, b.size); err != nil {
+		return err
+	}
 	err := s.move(ctx, b, to, room{})
 	if err == nil {
 		s.mu.Lock()
