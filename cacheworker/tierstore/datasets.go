@@ -129,16 +129,16 @@ func (s *Store) SetDatasetRules(ctx context.Context, rules map[string]DatasetRul
 	return errors.Join(errs...)
 }
 
-// replaceRules swaps the rules, and the policies of the Datasets whose eviction changed.
+// replaceRules swaps the rules, and the policies of the Datasets whose own ranking changed.
 func (s *Store) replaceRules(rules map[string]DatasetRules) error {
-	fresh := map[string][]eviction.Policy{} // per Dataset, one policy per tier
+	fresh := map[string][]eviction.Policy{} // per Dataset that ranks its own blocks, one per tier
 	for name, r := range rules {
 		if err := r.Validate(); err != nil {
 			return fmt.Errorf("rules of Dataset %s: %w", name, err)
 		}
-		c := r.Eviction
-		if c.Kind == "" {
-			c = s.cfg.Eviction
+		c, own := s.ownRanking(r)
+		if !own {
+			continue
 		}
 		for range s.tiers {
 			p, err := eviction.New(c)
@@ -153,14 +153,13 @@ func (s *Store) replaceRules(rules map[string]DatasetRules) error {
 	old := s.rules
 	s.rules = maps.Clone(rules)
 	changed := map[string]bool{}
-	for name, r := range rules {
-		if o, ok := old[name]; !ok || o.Eviction != r.Eviction {
-			changed[name] = true
-		}
-	}
-	for name := range old {
-		if _, ok := rules[name]; !ok {
-			changed[name] = true
+	for _, names := range []map[string]DatasetRules{rules, old} {
+		for name := range names {
+			oc, oown := s.ownRanking(old[name])
+			nc, nown := s.ownRanking(rules[name])
+			if oown != nown || oc != nc {
+				changed[name] = true
+			}
 		}
 	}
 	for _, t := range s.tiers {
@@ -188,6 +187,22 @@ func (s *Store) replaceRules(rules map[string]DatasetRules) error {
 		}
 	}
 	return nil
+}
+
+// ownRanking is how a Dataset of rules r ranks its own blocks, and whether it needs a policy of
+// its own to: it does to keep to a share (whose victims are its own), or to rank unlike the
+// tier. One of the tier's kind would only pick the block the tier picked, at the cost of a
+// second ranking of every block on every read.
+func (s *Store) ownRanking(r DatasetRules) (eviction.Config, bool) {
+	tier := s.cfg.Eviction
+	if tier.Kind == "" {
+		tier.Kind = eviction.LRU
+	}
+	c := r.Eviction
+	if c.Kind == "" {
+		c = tier
+	}
+	return c, r.High != 0 || c != tier
 }
 
 // datasetOf names the Dataset of a block from its origin.

@@ -31,6 +31,10 @@ func TestADatasetsPolicyChoosesWhichOfItsBlocksLeave(t *testing.T) {
 			rules:   map[string]DatasetRules{"a": {Eviction: eviction.Config{Kind: eviction.LFU}}},
 			demoted: []string{"a1", "a2"}, stayedUp: []string{"a0"},
 		},
+		"a's LRU, the tier's own, picks what the tier picks": {
+			rules:   map[string]DatasetRules{"a": {Eviction: eviction.Config{Kind: eviction.LRU}, PromotionThreshold: 3}},
+			demoted: []string{"a0", "a1"}, stayedUp: []string{"a2"},
+		},
 		"rules of another Dataset change nothing for a": {
 			rules:   map[string]DatasetRules{"b": {Eviction: eviction.Config{Kind: eviction.LFU}}},
 			demoted: []string{"a0", "a1"}, stayedUp: []string{"a2"},
