@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -429,6 +430,43 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		})
 		By("finding in the restarted worker's log that it took the mount over")
 		Expect(podLogs(ctx, workerPod(ctx, pool, node))).To(ContainSubstring("took over the mount of an earlier worker"))
+	})
+
+	It("keeps a step writing its output while the worker that serves the output is killed", func(ctx SpecContext) {
+		node := nodes[0]
+		var big object
+		for _, o := range written {
+			if o.Key == "big/train.bin" {
+				big = o
+			}
+		}
+		By("starting a step on " + node + " that writes the large file into its output at 2 MiB/s")
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "slow-copy", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "slow-copy"}, TierPoolName: pool},
+		})).To(Succeed())
+		step := copyLineage(namespace, "slow-copy", "corpus", "slow-copy", node, true)
+		step.Spec.Template.Spec.Template.Spec.Containers[0].Args = []string{"copy", "--rate", "2097152", "/data/big", "/out/big"}
+		Expect(k8sClient.Create(ctx, step)).To(Succeed())
+		Eventually(func(g Gomega) {
+			var pods corev1.PodList
+			g.Expect(k8sClient.List(ctx, &pods, client.InNamespace(namespace))).To(Succeed())
+			g.Expect(pods.Items).To(ContainElement(And(HaveField("Name", HavePrefix("slow-copy-")), HaveField("Status.Phase", corev1.PodRunning))))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the step's pod to run")
+		time.Sleep(3 * time.Second) // a few MiB in: the file is half written when the worker dies
+
+		By("killing the worker (SIGKILL) on " + node + " while the file is written")
+		out, err := exec.CommandContext(ctx, "docker", "exec", node, "pkill", "--signal", "KILL", "-f", "--", "--pool="+pool+" ").CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "killing the worker of pool %s on %s: %s", pool, node, out)
+
+		By("the step finishes without a retry, and the other node reads every byte it wrote")
+		waitLineage(ctx, namespace, "slow-copy", "Written")
+		var jobs batchv1.JobList
+		Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace), client.MatchingLabels{"data.strata.dev/lineage": "slow-copy"})).To(Succeed())
+		Expect(jobs.Items).To(HaveExactElements(HaveField("Status.Failed", BeZero())), "one Job, whose pod never failed")
+		got := sumClaim(ctx, namespace, nodes[1], "slow-copy")
+		Expect(got).To(HaveExactElements(HaveField("SHA256", big.SHA256)), "the output holds the large file, whole")
+		Expect(podLogs(ctx, workerPod(ctx, pool, node))).To(MatchRegexp(`took over the mount of an earlier worker.*"output":\s*true`), "the restarted worker took the output mount over")
 	})
 
 	It("refuses a pod of another namespace that names the Dataset's volume", func(ctx SpecContext) {

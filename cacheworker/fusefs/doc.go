@@ -1,8 +1,7 @@
 // Package fusefs serves one Dataset as a read-only FUSE file system: the folder tree of its
 // under-store objects, whose reads go through the worker's block cache. Requests are decoded
 // by go-fuse's protocol server and answered by a raw file system of our own (rawfs.go), over a
-// connection this package serves itself (device.go), so that another process can take a
-// mounted file system over (see "Handing over").
+// connection of package fuseconn, which another process can take over (see "Handing over").
 //
 // # The tree
 //
@@ -87,7 +86,7 @@
 // Go's os.Open adds every file to an epoll set, and for a FUSE file the kernel asks the
 // server whether it supports poll from inside epoll_ctl or epoll_wait. The connection's
 // reader waits on that same epoll_wait in this process, so Mount first makes the kernel learn
-// that the file system does not support poll (disableFilePolling); the kernel remembers it
+// that the file system does not support poll (fuseconn.DisableFilePolling); the kernel remembers it
 // for the connection, across handovers.
 //
 // # Mounting and unmounting

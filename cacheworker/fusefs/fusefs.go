@@ -4,21 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"iter"
-	"log"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/understore"
 )
 
@@ -62,40 +58,31 @@ type Config struct {
 }
 
 const (
-	// maxRead is the largest read request the kernel is asked to send (go-fuse caps it at
-	// what the kernel allows): fewer, larger requests for sequential readers.
-	maxRead = 1 << 20
+	// maxRead is the largest read request the kernel is asked to send.
+	maxRead = fuseconn.MaxRead
 	// cacheTimeout is how long the kernel may trust names, attributes and missing names
 	// without asking. The tree cannot change while mounted, so the only limit is how long a
 	// refresh (see doc.go) would be allowed to go unseen without notifying the kernel.
 	cacheTimeout = 24 * time.Hour
-	// unmountTries bounds the attempts to unmount a busy mount; the waits between them double
-	// from unmountBackoff (about 0.6 s in all), time for files being closed to be released.
-	unmountTries   = 6
-	unmountBackoff = 10 * time.Millisecond
 )
 
-// ErrBusy means a mount could not be unmounted because something uses it: a process has a
-// file open in it or its working directory there.
-var ErrBusy = errors.New("busy: a process has a file open in it or its working directory there")
-
-// ErrStillMounted means the folder was unmounted but the file system stays in use through
-// other mounts of it (bind mounts into pods); it is served until they go.
-var ErrStillMounted = errors.New("still mounted elsewhere, such as a pod's volume: served until that is unmounted")
+// ErrBusy and ErrStillMounted are what Unmount fails with: see fuseconn.
+var (
+	ErrBusy         = fuseconn.ErrBusy
+	ErrStillMounted = fuseconn.ErrStillMounted
+)
 
 // Server is a mounted Dataset.
 type Server struct {
 	dir    string
 	name   string
 	fsys   *fileSystem
-	dev    *device
-	init   []byte       // the kernel's INIT request, replayed by a process taking over
-	agreed fuse.InitOut // what INIT settled, which a process taking over must settle too
+	conn   *fuseconn.Conn
 	served chan struct{}
 	// stopped is closed once this process no longer serves the file system: it ended, or
 	// Suspend stopped it.
 	stopped chan struct{}
-	conn    string
+	connID  string // the connection's fusectl name
 	m       *Metrics
 
 	mu    sync.Mutex
@@ -128,68 +115,23 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		name = "strata"
 	}
 	fsys := newFileSystem(t.flatten(rootTime), cfg, m, lg)
-	fd, err := openDevice()
-	if err != nil {
+	if fsys.opens, err = newOpensTable(len(fsys.nodes)); err != nil {
 		return nil, err
 	}
-	// ro: the kernel refuses every change before it reaches us. default_permissions: the
-	// kernel checks the modes, as for any file system. allow_other: pods run as any user.
-	opts := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,allow_other,default_permissions,max_read=%d",
-		fd, syscall.S_IFDIR, os.Getuid(), os.Getgid(), maxRead)
-	if err := unix.Mount(name, dir, "fuse.strata", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		_ = unix.Close(fd)
-		if errors.Is(err, unix.EPERM) {
-			return nil, fmt.Errorf("mounting FUSE at %s: %w (the worker needs CAP_SYS_ADMIN: run it privileged)", dir, err)
-		}
-		return nil, fmt.Errorf("mounting FUSE at %s: %w", dir, err)
-	}
-	file := deviceFile(fd)
-	s := &Server{dir: dir, name: name, fsys: fsys, served: make(chan struct{}), stopped: make(chan struct{}), m: m}
-	s.dev = &device{file: file, ps: fuse.NewProtocolServer(fsys, mountOptions(cfg, lg)), log: lg}
-	fail := func(err error) (*Server, error) {
-		_ = unix.Unmount(dir, unix.MNT_DETACH)
-		_ = file.Close()
-		if fsys.opens != nil {
-			_ = fsys.opens.close()
-		}
-		return nil, fmt.Errorf("serving FUSE at %s: %w", dir, err)
-	}
-	if s.init, err = s.dev.readInit(10 * time.Second); err != nil {
-		return fail(err)
-	}
-	agreed, err := s.dev.init(s.init, true)
+	// ro: the kernel refuses every change before it reaches us.
+	conn, err := fuseconn.Mount(fuseconn.Spec{Dir: dir, Source: name, ReadOnly: true, Protocol: protocolOptions(cfg, lg)}, fsys, lg)
 	if err != nil {
-		return fail(err)
+		_ = fsys.opens.close()
+		return nil, err
 	}
-	s.agreed = *agreed
-	if fsys.opens, err = newOpensTable(len(fsys.nodes)); err != nil {
-		return fail(err)
-	}
-	s.start(agreed, cfg)
-	if err := disableFilePolling(dir); err != nil {
+	s := &Server{dir: dir, name: name, fsys: fsys, conn: conn, served: make(chan struct{}), stopped: make(chan struct{}), m: m}
+	s.start(cfg)
+	if err := fuseconn.DisableFilePolling(dir); err != nil {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 		return nil, fmt.Errorf("serving FUSE at %s: %w", dir, err)
 	}
 	lg.V(1).Info("mounted", "dir", dir, "files", fsys.files, "bytes", fsys.bytes, "passthrough", fsys.passthrough)
 	return s, nil
-}
-
-// pollHackName is the name go-fuse's protocol server answers for itself, whatever the file
-// system: a file whose POLL it answers ENOSYS.
-const pollHackName = ".go-fuse-epoll-hack"
-
-// disableFilePolling makes the kernel learn, once per connection, that the file system does
-// not support poll(2) on its files. Until it has, adding a file of the mount to an epoll set,
-// which Go's os.Open does for every file, sends a POLL request from inside epoll_wait; in this
-// very process the reader of /dev/fuse waits on that same epoll_wait, and would never read it.
-func disableFilePolling(dir string) error {
-	fd, err := unix.Open(filepath.Join(dir, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("turning off polling of the mount's files: %w", err)
-	}
-	defer func() { _ = unix.Close(fd) }()
-	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
-	return nil
 }
 
 func logAndMetrics(cfg Config) (logr.Logger, *Metrics) {
@@ -205,17 +147,18 @@ func logAndMetrics(cfg Config) (logr.Logger, *Metrics) {
 }
 
 // start serves the connection once INIT is settled, by this process or the one before.
-func (s *Server) start(agreed *fuse.InitOut, cfg Config) {
+func (s *Server) start(cfg Config) {
 	fsys := s.fsys
-	fsys.dev = s.dev
+	fsys.conn = s.conn
+	agreed := s.conn.Agreed()
 	fsys.passthrough = !cfg.DisablePassthrough && agreed.Flags64()&fuse.CAP_PASSTHROUGH != 0
 	fsys.generation = fsys.opens.nextGeneration()
 	s.m.mounts.Inc()
-	s.dev.serve(func(ended bool) {
+	s.conn.Serve(func(ended bool) {
 		s.m.mounts.Dec()
 		// This process no longer serves the connection: if suspended, another process may;
 		// its own descriptors stay with it (Handover duplicated them).
-		_ = s.dev.close()
+		_ = s.conn.Close()
 		_ = fsys.opens.close()
 		s.mu.Lock()
 		if s.state != nil {
@@ -229,31 +172,7 @@ func (s *Server) start(agreed *fuse.InitOut, cfg Config) {
 		close(s.stopped)
 	})
 	// Only once served: the kernel asks the server for the root's attributes.
-	s.conn, _ = ConnectionID(s.dir)
-}
-
-// ConnectionID is the fusectl name of the FUSE connection mounted at dir, which must be
-// served (stat asks the server for the root's attributes).
-func ConnectionID(dir string) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		return "", fmt.Errorf("finding the FUSE connection of %s: %w", dir, err)
-	}
-	// fusectl names a connection by the kernel's device number (major<<20 | minor).
-	return strconv.FormatUint(uint64(unix.Major(st.Dev))<<20|uint64(unix.Minor(st.Dev)), 10), nil
-}
-
-// AbortConnection ends the FUSE connection conn (see ConnectionID) of the mount at dir:
-// every mount of it then fails with ENOTCONN.
-func AbortConnection(conn, dir string) error {
-	if conn == "" {
-		return errors.New("the FUSE connection's id is unknown")
-	}
-	p := filepath.Join("/sys/fs/fuse/connections", conn, "abort")
-	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
-		return fmt.Errorf("aborting the FUSE connection of %s (is fusectl mounted at /sys/fs/fuse/connections?): %w", dir, err)
-	}
-	return nil
+	s.connID, _ = fuseconn.ConnectionID(s.dir)
 }
 
 // Stopped is closed once this process no longer serves the file system: the kernel ended it
@@ -281,57 +200,33 @@ func (s *Server) Done() <-chan struct{} { return s.served }
 // bind mount), the folder is unmounted but the file system is still served for them: that is
 // ErrStillMounted, and Done tells when they are gone. Unmounting again is harmless.
 func (s *Server) Unmount(ctx context.Context) error {
-	if err := UnmountFolder(ctx, s.dir); err != nil {
+	if err := fuseconn.UnmountFolder(ctx, s.dir); err != nil {
 		return err
 	}
 	select {
 	case <-s.served:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("%s: %w", s.dir, ErrStillMounted)
+		return fmt.Errorf("%s: %w", s.dir, fuseconn.ErrStillMounted)
 	}
 }
 
 // Abort ends the file system's connection with the kernel, through fusectl: every mount of it
 // then fails with ENOTCONN. It is for a worker that shuts down with mounts it cannot unmount.
-func (s *Server) Abort() error { return AbortConnection(s.conn, s.dir) }
+func (s *Server) Abort() error { return fuseconn.AbortConnection(s.connID, s.dir) }
 
-// UnmountFolder unmounts dir with umount(2), retrying a while if it is busy (ErrBusy after
-// that). A folder that is not mounted is fine.
-func UnmountFolder(ctx context.Context, dir string) error {
-	wait := unmountBackoff
-	var err error
-	for range unmountTries {
-		err = unix.Unmount(dir, 0)
-		switch {
-		case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
-			return nil
-		case errors.Is(err, unix.EPERM):
-			return fmt.Errorf("unmounting %s: %w (the worker needs CAP_SYS_ADMIN: run it privileged)", dir, err)
-		case !errors.Is(err, unix.EBUSY):
-			return fmt.Errorf("unmounting %s: %w", dir, err)
-		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return fmt.Errorf("unmounting %s: %w (%w)", dir, ErrBusy, ctx.Err())
-		}
-		wait *= 2
+// protocolOptions are the options of go-fuse's protocol server, the same for a mount and for a
+// takeover, since the replayed INIT must negotiate what the first did.
+func protocolOptions(cfg Config, lg logr.Logger) *fuse.MountOptions {
+	o := &fuse.MountOptions{
+		MaxWrite:      maxRead,
+		MaxBackground: 12,
+		// No extended attributes: saves the kernel asking for security labels on every lookup.
+		DisableXAttrs: true,
+		Logger:        fuseconn.GoFuseLogger(lg),
 	}
-	return fmt.Errorf("unmounting %s: %w", dir, ErrBusy)
-}
-
-// logWriter passes go-fuse's log lines to logr.
-type logWriter struct{ log logr.Logger }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.log.Info(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-var _ io.Writer = logWriter{}
-
-// GoFuseLogger passes go-fuse's log lines to lg.
-func GoFuseLogger(lg logr.Logger) *log.Logger {
-	return log.New(logWriter{lg.WithName("go-fuse")}, "", 0)
+	if cfg.DisablePassthrough {
+		o.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
+	}
+	return o
 }

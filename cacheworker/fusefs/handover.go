@@ -11,6 +11,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-cache/strata/cacheworker/fuseconn"
 )
 
 // Handover is what another process needs to go on serving a mounted file system, as files it
@@ -60,7 +62,7 @@ func (s *Server) Handover() (Handover, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state == nil {
-		f, err := encodeState(state{Dir: s.dir, Name: s.name, Init: s.init, Agreed: s.agreed, Nodes: snapshotNodes(s.fsys.nodes)})
+		f, err := encodeState(state{Dir: s.dir, Name: s.name, Init: s.conn.Init(), Agreed: s.conn.Agreed(), Nodes: snapshotNodes(s.fsys.nodes)})
 		if err != nil {
 			return Handover{}, err
 		}
@@ -68,14 +70,14 @@ func (s *Server) Handover() (Handover, error) {
 	}
 	var h Handover
 	var err error
-	if h.FUSE, err = dupFile(s.dev.file); err != nil {
+	if h.FUSE, err = s.conn.Dup(); err != nil {
 		return Handover{}, err
 	}
-	if h.State, err = dupFile(s.state); err != nil {
+	if h.State, err = fuseconn.DupFile(s.state); err != nil {
 		_ = h.Close()
 		return Handover{}, err
 	}
-	if h.Opens, err = dupFile(s.fsys.opens.file); err != nil {
+	if h.Opens, err = fuseconn.DupFile(s.fsys.opens.file); err != nil {
 		_ = h.Close()
 		return Handover{}, err
 	}
@@ -87,7 +89,7 @@ func (s *Server) Handover() (Handover, error) {
 // blocks meanwhile rather than failing. The mounts stay up only while some process holds the
 // connection (a Handover's FUSE file); if none does, suspending ends them, as exiting would.
 func (s *Server) Suspend() {
-	s.dev.suspend()
+	s.conn.Suspend()
 }
 
 // Resume serves a file system that another process mounted and handed over, typically an
@@ -114,7 +116,7 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)
 	}
 	fsys := newFileSystem(nodes, cfg, m, lg.WithValues("dir", st.Dir))
-	opensFile, err := dupFile(h.Opens)
+	opensFile, err := fuseconn.DupFile(h.Opens)
 	if err != nil {
 		return nil, err
 	}
@@ -122,48 +124,16 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 		_ = opensFile.Close()
 		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)
 	}
-	file, err := adoptDevice(h.FUSE)
+	conn, err := fuseconn.Adopt(h.FUSE, fsys, protocolOptions(cfg, lg), st.Init, st.Agreed, lg.WithValues("dir", st.Dir))
 	if err != nil {
-		_ = fsys.opens.close()
-		return nil, err
-	}
-	s := &Server{dir: st.Dir, name: st.Name, fsys: fsys, init: st.Init, served: make(chan struct{}), stopped: make(chan struct{}), m: m}
-	s.dev = &device{file: file, ps: fuse.NewProtocolServer(fsys, mountOptions(cfg, lg)), log: lg}
-	agreed, err := s.dev.init(st.Init, false)
-	if err != nil {
-		_ = file.Close()
 		_ = fsys.opens.close()
 		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)
 	}
-	if err := sameSettings(st.Agreed, *agreed); err != nil {
-		_ = file.Close()
-		_ = fsys.opens.close()
-		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)
-	}
-	s.agreed = *agreed
-	if err := s.dev.resend(); err != nil {
-		lg.Info("the kernel cannot send again the requests the earlier process took with it (Linux 6.9 or later can); a reader of one of them stays blocked until interrupted",
-			"dir", st.Dir, "reason", err.Error())
-	}
-	s.start(agreed, cfg)
+	s := &Server{dir: st.Dir, name: st.Name, fsys: fsys, conn: conn, served: make(chan struct{}), stopped: make(chan struct{}), m: m}
+	s.start(cfg)
 	m.takeovers.Inc()
 	lg.V(1).Info("took over a mount", "dir", st.Dir, "files", fsys.files, "bytes", fsys.bytes, "passthrough", fsys.passthrough)
 	return s, nil
-}
-
-// sameSettings checks that replaying INIT here settled what the kernel agreed to at mount: a
-// process built with another go-fuse, or configured otherwise (passthrough on or off), could
-// answer INIT differently, and would then misread requests or send replies the kernel does
-// not expect.
-func sameSettings(atMount, now fuse.InitOut) error {
-	if atMount.Flags64() != now.Flags64() || atMount.Minor != now.Minor || atMount.MaxWrite != now.MaxWrite ||
-		atMount.MaxPages != now.MaxPages || atMount.MaxReadAhead != now.MaxReadAhead {
-		return fmt.Errorf("this process would settle FUSE protocol 7.%d, flags %#x, max write %d, max pages %d, read-ahead %d, "+
-			"but the mount has 7.%d, flags %#x, max write %d, max pages %d, read-ahead %d: it was mounted by a worker of another version or configuration, and must be mounted afresh",
-			now.Minor, now.Flags64(), now.MaxWrite, now.MaxPages, now.MaxReadAhead,
-			atMount.Minor, atMount.Flags64(), atMount.MaxWrite, atMount.MaxPages, atMount.MaxReadAhead)
-	}
-	return nil
 }
 
 // encodeState writes st to a new memfd.
@@ -194,31 +164,4 @@ func decodeState(f *os.File) (state, error) {
 		return state{}, errors.New("a FUSE mount's handed-over state has no mount point or no INIT")
 	}
 	return st, nil
-}
-
-// dupFile returns a new descriptor of f, close-on-exec.
-func dupFile(f *os.File) (*os.File, error) {
-	fd, err := dupFD(f)
-	if err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(fd), f.Name()), nil
-}
-
-// dupFD duplicates f's descriptor without f.Fd, which on a pollable file (the non-blocking
-// /dev/fuse) would clear O_NONBLOCK for every descriptor of it.
-func dupFD(f *os.File) (int, error) {
-	raw, err := f.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var nfd int
-	var derr error
-	if err := raw.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return 0, err
-	}
-	if derr != nil {
-		return 0, fmt.Errorf("duplicating %s: %w", f.Name(), derr)
-	}
-	return nfd, nil
 }

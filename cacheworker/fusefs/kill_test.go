@@ -1,12 +1,10 @@
 package fusefs
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/strata-cache/strata/internal/fdstore"
 	"github.com/strata-cache/strata/internal/fdstore/fdstoretest"
+	"github.com/strata-cache/strata/internal/fusetest"
 )
 
 // The test binary, run with childEnv set, is a worker that mounts a Dataset, puts its
@@ -70,15 +69,7 @@ func runChild(spec string) error {
 	if err != nil {
 		return err
 	}
-	c, err := fdstore.NewClient(sock, "test")
-	if err != nil {
-		return err
-	}
-	if err := c.Put(context.Background(), "mount", nil, h.Files()); err != nil {
-		return err
-	}
-	_, err = os.Stdout.WriteString("ready\n")
-	return err
+	return fusetest.ChildReady(sock, h.Files())
 }
 
 // TestAKilledServersRequestsAreAnsweredByTheNext kills (SIGKILL) the process serving a mount
@@ -95,16 +86,7 @@ func TestAKilledServersRequestsAreAnsweredByTheNext(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "mnt")
 	g.Expect(os.Mkdir(dir, 0o755)).To(Succeed())
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), childEnv+"="+dir+","+sock)
-	child.Stderr = os.Stderr
-	out, err := child.StdoutPipe()
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(child.Start()).To(Succeed())
-	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(line).To(Equal("ready\n"))
+	child := fusetest.StartChild(t, childEnv+"="+dir+","+sock)
 
 	got := make(chan []byte, 1)
 	go func() {

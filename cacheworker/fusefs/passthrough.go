@@ -64,7 +64,7 @@ func (fsys *fileSystem) released(id uint64, passthrough bool) {
 		c.passthrough--
 		if c.passthrough == 0 {
 			// Files still open keep their reference in the kernel; the id only goes.
-			if errno := fsys.dev.closeBacking(c.backingID); errno != 0 && errno != syscall.EBADF {
+			if errno := fsys.conn.CloseBacking(c.backingID); errno != 0 && errno != syscall.EBADF {
 				fsys.log.Error(errno, "releasing a passthrough backing file", "file", fsys.nodes[id].path)
 			}
 			c.backingID = 0
@@ -89,7 +89,7 @@ func (fsys *fileSystem) register(n *node) int32 {
 	if err != nil || st.Size() != n.size {
 		return 0 // changed since the listing: the cached path reports it
 	}
-	id, errno := fsys.dev.openBacking(file)
+	id, errno := fsys.conn.OpenBacking(file)
 	if errno != 0 {
 		if fsys.warned.CompareAndSwap(false, true) {
 			fsys.log.Error(errno, "the kernel refused a passthrough backing file; such files are served through the worker",

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/understore"
 )
 
@@ -54,7 +55,7 @@ type fileSystem struct {
 	bytes     int64
 
 	// dev registers backing files for passthrough; set once the kernel agreed to it.
-	dev         *device
+	conn        *fuseconn.Conn
 	passthrough bool
 	opens       *opensTable
 	generation  uint32
@@ -205,43 +206,21 @@ func (fsys *fileSystem) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fus
 }
 
 // readDir lists a folder from position in.Offset: "." and ".." first, then the children in
-// name order. With plus, each entry carries its lookup answer (the kernel ignores it for the
-// dot entries).
+// name order. With plus, each entry carries its lookup answer.
 func (fsys *fileSystem) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.Status {
 	dir := fsys.node(in.NodeId)
 	if dir == nil || !dir.dir {
 		return fuse.ENOTDIR
 	}
-	for pos := in.Offset; pos < uint64(len(dir.children))+2; pos++ {
-		e := fuse.DirEntry{Mode: syscall.S_IFDIR, Off: pos + 1}
-		var id uint64
-		switch pos {
-		case 0:
-			e.Name, e.Ino = ".", in.NodeId
-		case 1:
-			e.Name, e.Ino = "..", dir.parent
-		default:
-			id = dir.children[pos-2]
-			n := &fsys.nodes[id]
-			e.Name, e.Ino = n.name, id
-			if !n.dir {
-				e.Mode = syscall.S_IFREG
-			}
-		}
-		if !plus {
-			if !out.AddDirEntry(e) {
-				break
-			}
-			continue
-		}
-		entry := out.AddDirLookupEntry(e)
-		if entry == nil {
-			break
-		}
-		if id != 0 {
-			fsys.fillEntry(id, entry)
-		}
+	var fill func(uint64, *fuse.EntryOut)
+	if plus {
+		fill = fsys.fillEntry
 	}
+	fuseconn.ListDir(out, in.Offset, in.NodeId, dir.parent, len(dir.children), func(i int) fuseconn.Entry {
+		id := dir.children[i]
+		n := &fsys.nodes[id]
+		return fuseconn.Entry{Name: n.name, ID: id, Dir: n.dir}
+	}, fill)
 	return fuse.OK
 }
 
@@ -310,7 +289,7 @@ func (fsys *fileSystem) Read(cancel <-chan struct{}, in *fuse.ReadIn, dest []byt
 		return fuse.ReadResultData(nil), fuse.OK
 	}
 	h := fsys.handle(in.Fh, in.NodeId)
-	ctx, stop := cancelContext(cancel)
+	ctx, stop := fuseconn.RequestContext(cancel)
 	defer stop()
 	end := min(off+int64(len(dest)), n.size)
 	bs := fsys.blockSize
@@ -349,23 +328,6 @@ func (fsys *fileSystem) handle(fh, id uint64) *handle {
 		fsys.handles[fh] = h
 	}
 	return h
-}
-
-// cancelContext is a context that ends when the kernel interrupts the request (cancel closes).
-func cancelContext(cancel <-chan struct{}) (context.Context, func()) {
-	ctx, stop := context.WithCancel(context.Background())
-	if cancel == nil {
-		return ctx, stop
-	}
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-cancel:
-			stop()
-		case <-done:
-		}
-	}()
-	return ctx, func() { close(done); stop() }
 }
 
 // errChanged means a block is shorter than the listing said: the object changed in the

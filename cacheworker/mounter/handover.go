@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/cacheworker/fusefs"
+	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fdstore"
 )
@@ -19,12 +20,13 @@ import (
 // Handovers keeps open files for the next worker process: the CSI node plugin's file
 // descriptor store (fdstore.Client).
 //
-// Every mount is put there as it is made: its FUSE connection, state and open-file table
-// (fusefs.Handover) under its UID, with the MountDatasetRequest that made it, credentials
-// included, which is why the store keeps entries in memory only. Since the store holds the
-// connection, the mounts pods hold stay up when the worker stops or dies; requests wait in the
-// kernel meanwhile. At start, Recover takes every held mount over (fusefs.Resume), with its
-// under-store and cache opened from the request as MountDataset would. A mount that ends
+// Every mount is put there as it is made: an input's FUSE connection, state and open-file
+// table (fusefs.Handover), an output's connection and journal (outputfs.Handover), under its
+// UID, with the MountDatasetRequest that made it, credentials included, which is why the store
+// keeps entries in memory only. Since the store holds the connection, the mounts pods hold
+// stay up when the worker stops or dies; requests wait in the kernel meanwhile. At start,
+// Recover takes every held mount over (fusefs.Resume, with its under-store and cache opened
+// from the request as MountDataset would; outputfs.Resume, with the files being written). A mount that ends
 // (unmounted, and no pod holds it) is dropped from the store. A store that restarted has lost
 // its entries; RefillHandovers puts them back.
 type Handovers interface {
@@ -42,7 +44,7 @@ const handoverTimeout = 5 * time.Second
 // hold puts mnt's connection in the store. A failure leaves the mount working, only not
 // beyond this worker process, and says so.
 func (m *Mounter) hold(ctx context.Context, mnt *mount) {
-	if m.cfg.Handovers == nil || mnt.output {
+	if m.cfg.Handovers == nil {
 		return
 	}
 	if err := m.put(ctx, mnt); err != nil {
@@ -53,28 +55,49 @@ func (m *Mounter) hold(ctx context.Context, mnt *mount) {
 
 // put hands mnt's connection and the request that made it to the store, and marks it held.
 func (m *Mounter) put(ctx context.Context, mnt *mount) error {
+	if output, ok := mnt.fs.(*outputfs.Server); ok {
+		// Through the mount, which calls putFiles in turn with the compactions of its journal.
+		return output.HandOn()
+	}
+	files, err := handoverFiles(mnt.fs)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}()
+	return m.putFiles(ctx, mnt, files)
+}
+
+// putFiles hands the store files, mnt's handover, with the request that made mnt, and marks
+// it held. The caller keeps files.
+func (m *Mounter) putFiles(ctx context.Context, mnt *mount, files []*os.File) error {
 	data, err := proto.Marshal(mnt.req)
 	if err != nil {
 		return fmt.Errorf("encoding the mount request: %w", err)
 	}
-	input, ok := mnt.fs.(*fusefs.Server)
-	if !ok {
-		return errors.New("only input Datasets are handed over")
-	}
-	h, err := input.Handover()
-	if err != nil {
-		return err
-	}
-	defer func() { _ = h.Close() }()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handoverTimeout)
 	defer cancel()
-	if err := m.cfg.Handovers.Put(ctx, mnt.uid, data, h.Files()); err != nil {
+	if err := m.cfg.Handovers.Put(ctx, mnt.uid, data, files); err != nil {
 		return err
 	}
 	m.mu.Lock()
 	mnt.held = true
 	m.mu.Unlock()
 	return nil
+}
+
+// handoverFiles are what the next worker needs to take an input's fs over; the caller closes
+// them.
+func handoverFiles(fs fileSystem) ([]*os.File, error) {
+	input, ok := fs.(*fusefs.Server)
+	if !ok {
+		return nil, fmt.Errorf("cannot hand over a %T", fs)
+	}
+	h, err := input.Handover()
+	return h.Files(), err
 }
 
 // unhold drops an ended mount from the store.
@@ -130,14 +153,11 @@ func (m *Mounter) resumeOne(ctx context.Context, uid string) (err error) {
 	if err != nil {
 		return err
 	}
-	h, err := fusefs.HandoverFromFiles(files)
-	if err != nil {
+	defer func() {
 		for _, f := range files {
 			_ = f.Close()
 		}
-		return err
-	}
-	defer func() { _ = h.Close() }()
+	}()
 	req := &workerpb.MountDatasetRequest{}
 	if err := proto.Unmarshal(data, req); err != nil {
 		return fmt.Errorf("decoding the held mount request: %w", err)
@@ -150,22 +170,18 @@ func (m *Mounter) resumeOne(ctx context.Context, uid string) (err error) {
 	}
 	mnt := m.newMount(req)
 	log := m.log.WithValues("dataset", mnt.dataset(), "uid", uid)
-	if err := m.openCache(ctx, mnt, req, log); err != nil {
-		mnt.release(log)
-		return err
-	}
-	input, err := fusefs.Resume(ctx, h, m.fsConfig(mnt, log))
+	fs, err := m.resumeFileSystem(ctx, mnt, files, log)
 	if err != nil {
 		mnt.release(log)
 		return err
 	}
-	mnt.fs, mnt.held = input, true
+	mnt.fs, mnt.held = fs, true
 	mounted, err := isMountPoint(mnt.path)
 	m.mu.Lock()
 	if err == nil && mounted && filepath.Clean(mnt.fs.Dir()) == mnt.path {
 		m.mounts[uid] = mnt
 		m.mu.Unlock()
-		log.Info("took over the mount of an earlier worker", "path", mnt.path, "files", input.Files(), "passthrough", input.Passthrough())
+		log.Info("took over the mount of an earlier worker", "path", mnt.path, "output", mnt.output)
 		return nil
 	}
 	// Its folder was unmounted before the restart; pods still hold it.
@@ -175,6 +191,37 @@ func (m *Mounter) resumeOne(ctx context.Context, uid string) (err error) {
 	log.Info("took over a mount of an earlier worker that only pods still hold; serving it until they are gone")
 	go m.drain(mnt, log)
 	return nil
+}
+
+// resumeFileSystem takes over the file system of mnt from the files an earlier worker held.
+func (m *Mounter) resumeFileSystem(ctx context.Context, mnt *mount, files []*os.File, log logr.Logger) (fileSystem, error) {
+	if mnt.output {
+		h, err := outputfs.HandoverFromFiles(files)
+		if err != nil {
+			return nil, err
+		}
+		cfg, err := m.outputConfig(mnt, log)
+		if err != nil {
+			return nil, err
+		}
+		srv, err := outputfs.Resume(ctx, h, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return srv, nil
+	}
+	h, err := fusefs.HandoverFromFiles(files)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.openCache(ctx, mnt, mnt.req, log); err != nil {
+		return nil, err
+	}
+	srv, err := fusefs.Resume(ctx, h, m.fsConfig(mnt, log))
+	if err != nil {
+		return nil, err
+	}
+	return srv, nil
 }
 
 // RefillHandovers puts back, every interval until ctx ends, the mounts a restarted store
@@ -209,12 +256,12 @@ func (m *Mounter) refill(ctx context.Context, log logr.Logger) {
 	m.mu.Lock()
 	var missing []*mount
 	for _, mnt := range m.mounts {
-		if !have[mnt.uid] && !mnt.output {
+		if !have[mnt.uid] {
 			missing = append(missing, mnt)
 		}
 	}
 	for mnt := range m.draining {
-		if !have[mnt.uid] && !mnt.output {
+		if !have[mnt.uid] {
 			missing = append(missing, mnt)
 		}
 	}

@@ -51,12 +51,7 @@ func TestPodsMountsOutliveTheWorker(t *testing.T) {
 	g.Expect(mounted(t, path)).To(BeTrue(), "a held mount stays mounted when the worker stops")
 	rest := fusetest.ReadRest(t, open, "the restart")
 
-	cfg := f.cfg
-	cfg.Registerer = prometheus.NewRegistry()
-	next, err := New(cfg)
-	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { _ = next.Close() })
-	g.Expect(next.Recover(ctx)).To(Succeed())
+	next := f.nextWorker(t)
 	var got []byte
 	g.Eventually(rest).WithTimeout(10 * time.Second).Should(Receive(&got))
 	g.Expect(append(head, got...)).To(Equal(want), "the pod's read completes with the right bytes")
@@ -92,4 +87,21 @@ func TestAStoreThatRestartedIsRefilled(t *testing.T) {
 	_, err = f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(store.Len()).To(BeZero())
+}
+
+// nextWorker starts the mounter of a worker that follows f's, as a restarted worker does: it
+// takes over what f's left in the store (Recover).
+func (f *fixture) nextWorker(t *testing.T) *Mounter {
+	t.Helper()
+	cfg := f.cfg
+	cfg.Registerer = prometheus.NewRegistry()
+	next, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = next.Close() })
+	if err := next.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return next
 }

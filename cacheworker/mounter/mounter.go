@@ -124,6 +124,8 @@ type fileSystem interface {
 	// Unmount unmounts the folder; fusefs.ErrStillMounted if pods' bind mounts remain.
 	Unmount(ctx context.Context) error
 	Abort() error
+	// Suspend stops serving without ending the file system, for the next worker to take over.
+	Suspend()
 	Files() int
 	Bytes() int64
 }
@@ -391,22 +393,37 @@ func (m *Mounter) newMount(req *workerpb.MountDatasetRequest) *mount {
 
 // mountOutput serves an output Dataset, writable, from what the master lists of it.
 func (m *Mounter) mountOutput(ctx context.Context, mnt *mount, log logr.Logger) (*outputfs.Server, error) {
+	cfg, err := m.outputConfig(mnt, log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := outputfs.Mount(ctx, mnt.path, cfg)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "mounting output Dataset %s: %v", mnt.dataset(), err)
+	}
+	return srv, nil
+}
+
+// outputConfig is the output file system's configuration for mnt, the same for a mount and a
+// takeover.
+func (m *Mounter) outputConfig(mnt *mount, log logr.Logger) (outputfs.Config, error) {
 	out := m.cfg.Outputs
 	if out == nil {
-		return nil, status.Errorf(codes.FailedPrecondition,
+		return outputfs.Config{}, status.Errorf(codes.FailedPrecondition,
 			"Dataset %s is an output, and this worker has no master to record what is written: start it with --masters", mnt.dataset())
 	}
-	srv, err := outputfs.Mount(ctx, mnt.path, outputfs.Config{
+	cfg := outputfs.Config{
 		Dataset: datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid),
 		Root:    datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid),
 		Master:  out.Master, Store: m.cfg.Store, Locations: out.Locations, BlockSize: m.cfg.BlockSize,
 		StagingDir: filepath.Join(out.StagingDir, mnt.uid), Name: "strata:" + mnt.dataset(),
 		Metrics: out.Metrics, Log: log,
-	})
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "mounting output Dataset %s: %v", mnt.dataset(), err)
 	}
-	return srv, nil
+	if m.cfg.Handovers != nil {
+		// The store must hold the journal the mount appends to, or a takeover would miss changes.
+		cfg.OnNewJournal = func(h outputfs.Handover) error { return m.putFiles(context.Background(), mnt, h.Files()) }
+	}
+	return cfg, nil
 }
 
 // openCache opens the under-store of req and the Dataset's read-through cache over it.
@@ -687,7 +704,7 @@ func (m *Mounter) suspendHeld(mnt *mount) bool {
 	if !held {
 		return false
 	}
-	mnt.fs.(*fusefs.Server).Suspend() // only inputs are held
+	mnt.fs.Suspend()
 	mnt.release(m.log)
 	m.log.Info("left the Dataset mounted for the next worker", "dataset", mnt.dataset(), "uid", mnt.uid, "path", mnt.path)
 	return true

@@ -50,9 +50,32 @@
 // A recomputation makes the master forget the Dataset, which opens it again, through the same
 // mount: the next seal registers it anew.
 //
-// # What a restart costs
+// # Restarts
 //
-// Unlike input Datasets, a writable mount is not handed to the next worker process: a worker
-// restart ends it (ENOTCONN for the writer, whose Job then retries the step) and discards the
-// files its writers had not closed. Sealed files are safe in the tier store and at the master.
+// A mount outlives the worker process that serves it, whether the process stops (an upgrade, a
+// rollout) or is killed: writers go on writing through the descriptors they hold, readers go on
+// reading, and the files written before are there. Requests wait in the kernel meanwhile.
+//
+// The mount is served over go-fuse's raw API on a connection of package fuseconn, which another
+// process can take over (Handover, Suspend, Resume; the worker's mounter keeps the handover in
+// the CSI node plugin's file descriptor store). Node ids are the tree's own, never reused, so
+// that the kernel's ids name the same nodes in the next process. The tree is rebuilt from a
+// journal (journal.go): every change the kernel is told of is appended to a memfd, handed over
+// with the connection, before it is answered. Bytes are not journaled: a file being written
+// keeps them in its staging file, which outlives the process in the top tier's folder, and its
+// size and mtime are read from there. Handles carry nothing a new process needs but whether
+// they may write (a bit of the handle's number); each reader's cached block is made afresh.
+//
+// A killed process may have read requests it never answered; the kernel sends them again
+// (FUSE_NOTIFY_RESEND, Linux 6.9). Changes that must not be made twice (a create, a mkdir, a
+// writer's open or release, a rename or removal) are journaled with the request's id, and a
+// resent request found in the journal is answered without making its change again. A seal a
+// killed process left half done is finished by the next close or release: blocks already
+// stored are kept, and a file already published is only recorded.
+//
+// The journal is compacted as it grows (to the tree it describes, with the requests in
+// flight), and the new one handed to whoever holds the handover before the old one is let go,
+// so that its size follows the tree's, not the mount's history. What a takeover cannot keep: a
+// kernel before 6.9 cannot send again the requests a killed process held, whose callers then
+// wait until interrupted.
 package outputfs

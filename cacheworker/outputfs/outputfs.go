@@ -11,11 +11,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"k8s.io/utils/ptr"
+	"golang.org/x/sys/unix"
 
-	"github.com/strata-cache/strata/cacheworker/fusefs"
+	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -67,45 +66,37 @@ type Config struct {
 	MasterTimeout time.Duration
 	// Metrics receives the counts; nil counts nowhere.
 	Metrics *Metrics
-	Log     logr.Logger
+	// OnNewJournal, when set, is given the mount's handover whenever its journal is compacted
+	// into a new file: whoever holds the handover (the CSI plugin's file descriptor store) must
+	// hold this one instead. An error keeps the old journal in use. The caller keeps h's files.
+	OnNewJournal func(h Handover) error
+	Log          logr.Logger
 }
 
 // DefaultMasterTimeout is Config.MasterTimeout's default.
 const DefaultMasterTimeout = 30 * time.Second
 
-// rootMode lets pods running as any user create files, as an emptyDir does.
-const rootMode = 0o777
-
 // Server is a mounted output Dataset.
 type Server struct {
 	dir    string
-	srv    *fuse.Server
-	conn   string
-	served chan struct{}
+	conn   *fuseconn.Conn
+	connID string
+	fsys   *fileSystem
 	out    *output
+	served chan struct{}
+	// stopped is closed once this process no longer serves the file system: it ended, or
+	// Suspend stopped it.
+	stopped chan struct{}
 }
 
 // Mount registers the Dataset at the master, lists the files it already has and mounts it,
-// writable, at dir (an existing folder) with mount(2), which needs CAP_SYS_ADMIN.
+// writable, at dir (an existing folder) with mount(2), which needs CAP_SYS_ADMIN. The file
+// system is served until Unmount, until the kernel ends it, or until Suspend hands it to
+// another process (Resume).
 func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
-	switch {
-	case cfg.Master == nil || cfg.Store == nil || cfg.Locations == nil:
-		return nil, errors.New("an output mount needs the master, the tier store and the block locations")
-	case cfg.BlockSize <= 0:
-		return nil, fmt.Errorf("block size must be positive, got %d", cfg.BlockSize)
-	case !filepath.IsAbs(dir) || !filepath.IsAbs(cfg.StagingDir):
-		return nil, fmt.Errorf("the mount point %q and the staging folder %q must be absolute paths", dir, cfg.StagingDir)
-	case cfg.Dataset == "" || !strings.HasPrefix(cfg.Root, "/"):
-		return nil, fmt.Errorf("an output mount needs the Dataset's name and root at the master, got %q and %q", cfg.Dataset, cfg.Root)
-	}
-	if cfg.MasterTimeout <= 0 {
-		cfg.MasterTimeout = DefaultMasterTimeout
-	}
-	if cfg.Log.GetSink() == nil {
-		cfg.Log = logr.Discard()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = newMetrics()
+	cfg, err := checkConfig(dir, cfg)
+	if err != nil {
+		return nil, err
 	}
 	if err := resetStaging(cfg.StagingDir, cfg.Log); err != nil {
 		return nil, err
@@ -120,41 +111,228 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	now := time.Now()
-	root := &dirNode{o: o, attrs: attrs{mode: rootMode, mtime: now}}
-	opts := &fs.Options{
-		MountOptions: fuse.MountOptions{
-			AllowOther: true, DirectMount: true, DirectMountStrict: true,
-			FsName: cfg.Name, Name: "strata", MaxWrite: 1 << 20, DisableXAttrs: true,
-			// The kernel checks modes and owners, as for any file system.
-			Options: []string{"default_permissions"},
-			Logger:  fusefs.GoFuseLogger(cfg.Log),
-		},
-		// Only this process changes the tree the kernel sees (other nodes' files appear at
-		// the next mount), so the kernel may trust names and attributes.
-		EntryTimeout: ptr.To(time.Minute), AttrTimeout: ptr.To(time.Minute),
-		OnAdd: func(ctx context.Context) { o.addSealed(ctx, root, files) },
-	}
-	rawFS := fs.NewNodeFS(root, opts)
-	srv, err := fuse.NewServer(rawFS, dir, &opts.MountOptions)
+	j, err := newJournal(cfg.Log)
 	if err != nil {
-		return nil, fmt.Errorf("mounting output Dataset %s at %s: %w", cfg.Dataset, dir, err)
+		return nil, err
 	}
-	s := &Server{dir: dir, srv: srv, served: make(chan struct{}), out: o}
-	go func() {
-		srv.Serve()
-		close(s.served)
-	}()
-	if err := srv.WaitMount(); err != nil {
-		_ = fusefs.UnmountFolder(context.WithoutCancel(ctx), dir)
+	fsys := newFileSystem(o)
+	conn, err := fuseconn.Mount(fuseconn.Spec{Dir: dir, Source: cfg.Name, Protocol: protocolOptions(cfg.Log)}, fsys, cfg.Log)
+	if err != nil {
+		_ = j.close()
+		return nil, fmt.Errorf("mounting output Dataset %s: %w", cfg.Dataset, err)
+	}
+	fail := func(err error) (*Server, error) {
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		_ = conn.Close()
+		_ = j.close()
 		return nil, fmt.Errorf("serving output Dataset %s at %s: %w", cfg.Dataset, dir, err)
 	}
-	s.conn, _ = fusefs.ConnectionID(dir)
-	cfg.Metrics.mounts.Inc()
-	go func() { <-s.served; cfg.Metrics.mounts.Dec() }()
+	mount := mountRecord{Dir: dir, Source: cfg.Name, Init: conn.Init(), Agreed: conn.Agreed(), StagingDir: cfg.StagingDir}
+	if fsys.t, err = newTree(j, mount, nodeState{Mode: rootMode, MtimeNs: time.Now().UnixNano()}); err != nil {
+		return fail(err)
+	}
+	o.addSealed(fsys.t, files)
+	s := &Server{dir: dir, conn: conn, fsys: fsys, out: o, served: make(chan struct{}), stopped: make(chan struct{})}
+	if err := s.start(); err != nil {
+		return fail(err)
+	}
+	if err := fuseconn.DisableFilePolling(dir); err != nil {
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		return nil, fmt.Errorf("serving output Dataset %s at %s: %w", cfg.Dataset, dir, err)
+	}
 	return s, nil
 }
+
+// Resume serves an output mount that another process mounted and handed over, typically an
+// earlier worker process, killed or not: the kernel's node ids, the files being written (their
+// bytes staged in cfg.StagingDir, which must be the mount's) and their open handles carry on,
+// and requests the other process read but never answered are asked for again. The caller
+// keeps h's files and closes them.
+func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
+	if h.FUSE == nil || h.Journal == nil {
+		return nil, errors.New("an output mount's handover needs the connection and the journal")
+	}
+	j, records, err := readJournal(h.Journal, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	mount := records[0].Mount
+	if cfg, err = checkConfig(mount.Dir, cfg); err != nil {
+		_ = j.close()
+		return nil, err
+	}
+	fail := func(err error) (*Server, error) {
+		_ = j.close()
+		return nil, fmt.Errorf("taking over the output mount at %s: %w", mount.Dir, err)
+	}
+	if filepath.Clean(cfg.StagingDir) != filepath.Clean(mount.StagingDir) {
+		return fail(fmt.Errorf("its files are staged in %s, not %s", mount.StagingDir, cfg.StagingDir))
+	}
+	o := &output{cfg: cfg, log: cfg.Log}
+	fsys := newFileSystem(o)
+	if fsys.t, err = replay(j, records, cfg.StagingDir); err != nil {
+		return fail(err)
+	}
+	o.dropUnknownStaged(fsys.t)
+	fsys.generation = uint32(j.starts)
+	conn, err := fuseconn.Adopt(h.FUSE, fsys, protocolOptions(cfg.Log), mount.Init, mount.Agreed, cfg.Log.WithValues("dir", mount.Dir))
+	if err != nil {
+		return fail(err)
+	}
+	s := &Server{dir: mount.Dir, conn: conn, fsys: fsys, out: o, served: make(chan struct{}), stopped: make(chan struct{})}
+	if err := s.start(); err != nil {
+		_ = conn.Close()
+		return fail(err)
+	}
+	cfg.Log.V(1).Info("took over an output mount", "dir", mount.Dir, "nodes", len(fsys.t.nodes))
+	return s, nil
+}
+
+// checkConfig validates cfg and fills in its defaults.
+func checkConfig(dir string, cfg Config) (Config, error) {
+	switch {
+	case cfg.Master == nil || cfg.Store == nil || cfg.Locations == nil:
+		return cfg, errors.New("an output mount needs the master, the tier store and the block locations")
+	case cfg.BlockSize <= 0:
+		return cfg, fmt.Errorf("block size must be positive, got %d", cfg.BlockSize)
+	case !filepath.IsAbs(dir) || !filepath.IsAbs(cfg.StagingDir):
+		return cfg, fmt.Errorf("the mount point %q and the staging folder %q must be absolute paths", dir, cfg.StagingDir)
+	case cfg.Dataset == "" || !strings.HasPrefix(cfg.Root, "/"):
+		return cfg, fmt.Errorf("an output mount needs the Dataset's name and root at the master, got %q and %q", cfg.Dataset, cfg.Root)
+	}
+	if cfg.MasterTimeout <= 0 {
+		cfg.MasterTimeout = DefaultMasterTimeout
+	}
+	if cfg.Log.GetSink() == nil {
+		cfg.Log = logr.Discard()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = newMetrics()
+	}
+	if cfg.Name == "" {
+		cfg.Name = "strata"
+	}
+	return cfg, nil
+}
+
+// protocolOptions are the options of go-fuse's protocol server, the same for a mount and for a
+// takeover, since the replayed INIT must negotiate what the first did.
+func protocolOptions(lg logr.Logger) *fuse.MountOptions {
+	return &fuse.MountOptions{
+		MaxWrite:      fuseconn.MaxRead,
+		MaxBackground: 12,
+		DisableXAttrs: true,
+		Logger:        fuseconn.GoFuseLogger(lg),
+	}
+}
+
+// start serves the connection, as the next process to do so.
+func (s *Server) start() error {
+	fsys := s.fsys
+	fsys.generation++
+	fsys.t.j.onNew = s.journalReplaced
+	if err := fsys.t.j.append(record{Kind: recStart}); err != nil {
+		return err
+	}
+	m := s.out.cfg.Metrics
+	m.mounts.Inc()
+	s.conn.Serve(func(ended bool) {
+		m.mounts.Dec()
+		// This process no longer serves the connection: if suspended, another process may;
+		// its own descriptors stay with it (Handover duplicated them).
+		_ = s.conn.Close()
+		_ = fsys.t.j.close()
+		fsys.closeStaged()
+		if ended {
+			close(s.served)
+		}
+		close(s.stopped)
+	})
+	// Only once served: the kernel asks the server for the root's attributes.
+	s.connID, _ = fuseconn.ConnectionID(s.dir)
+	return nil
+}
+
+// journalReplaced hands a compacted journal, with the connection, to whoever holds the
+// mount's handover (Config.OnNewJournal).
+func (s *Server) journalReplaced(f *os.File) error {
+	if s.out.cfg.OnNewJournal == nil {
+		return nil
+	}
+	conn, err := s.conn.Dup()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	return s.out.cfg.OnNewJournal(Handover{FUSE: conn, Journal: f})
+}
+
+// HandOn gives the mount's current handover to Config.OnNewJournal, in turn with compactions,
+// so that the holder never ends up holding a journal the mount no longer appends to (as it
+// could if it took a Handover while a compaction handed it the next journal).
+func (s *Server) HandOn() error {
+	if s.out.cfg.OnNewJournal == nil {
+		return errors.New("the output mount has no holder to hand its journal on to (Config.OnNewJournal)")
+	}
+	j := s.fsys.t.j
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	journal, err := fuseconn.DupFile(j.file)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = journal.Close() }()
+	return s.journalReplaced(journal)
+}
+
+// Handover is what another process needs to go on serving an output mount, as files it can
+// receive over a Unix socket and that outlive the process that made them: the FUSE connection
+// and the journal of the tree.
+type Handover struct {
+	FUSE, Journal *os.File
+}
+
+// Files lists the handover's files in a fixed order, for passing them on.
+func (h Handover) Files() []*os.File { return []*os.File{h.FUSE, h.Journal} }
+
+// HandoverFromFiles is the inverse of Files.
+func HandoverFromFiles(files []*os.File) (Handover, error) {
+	if len(files) != 2 {
+		return Handover{}, fmt.Errorf("an output mount's handover is 2 files, got %d", len(files))
+	}
+	return Handover{FUSE: files[0], Journal: files[1]}, nil
+}
+
+// Close closes the handover's files.
+func (h Handover) Close() error {
+	var errs []error
+	for _, f := range h.Files() {
+		if f != nil {
+			errs = append(errs, f.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Handover returns new descriptors of the mount's connection and journal, for another process
+// to take it over (Resume) once this one stops (Suspend) or dies. The caller closes them.
+func (s *Server) Handover() (Handover, error) {
+	fuseFile, err := s.conn.Dup()
+	if err != nil {
+		return Handover{}, err
+	}
+	journal, err := s.fsys.t.j.dup()
+	if err != nil {
+		_ = fuseFile.Close()
+		return Handover{}, err
+	}
+	return Handover{FUSE: fuseFile, Journal: journal}, nil
+}
+
+// Suspend stops serving without ending the file system: requests being answered are
+// answered, and what the kernel queues after waits for the process that resumes it. The
+// mounts stay up only while some process holds the connection (a Handover's FUSE file).
+func (s *Server) Suspend() { s.conn.Suspend() }
 
 // resetStaging makes the staging folder empty: files left there were being written by a
 // worker that is gone, whose writers saw their mount end and retry.
@@ -176,14 +354,52 @@ func resetStaging(dir string, log logr.Logger) error {
 	return nil
 }
 
+// dropUnknownStaged removes the staging files of a taken-over mount that no file of its tree
+// names: made by a create that was killed before it was recorded, and that the kernel sends
+// again.
+func (o *output) dropUnknownStaged(t *tree) {
+	keep := t.stagedFiles()
+	entries, err := os.ReadDir(o.cfg.StagingDir)
+	if err != nil {
+		o.log.Error(err, "listing the staging folder", "stagingDir", o.cfg.StagingDir)
+		return
+	}
+	for _, e := range entries {
+		if !keep[e.Name()] {
+			if err := os.Remove(filepath.Join(o.cfg.StagingDir, e.Name())); err != nil {
+				o.log.Error(err, "removing a staging file no file names", "name", e.Name())
+			}
+		}
+	}
+}
+
+// closeStaged closes this process's staging files; they stay for the process taking over.
+func (fsys *fileSystem) closeStaged() {
+	fsys.t.mu.RLock()
+	nodes := make([]*node, 0, len(fsys.t.nodes))
+	for _, n := range fsys.t.nodes {
+		nodes = append(nodes, n)
+	}
+	fsys.t.mu.RUnlock()
+	for _, n := range nodes {
+		n.mu.Lock()
+		if n.staged != nil {
+			_ = n.staged.Close()
+		}
+		n.mu.Unlock()
+	}
+}
+
 // Dir is the mount point.
 func (s *Server) Dir() string { return s.dir }
 
-// Done is closed once the kernel has ended the file system: every mount of it is gone.
+// Done is closed once the kernel has ended the file system: every mount of it is gone. It is
+// not closed by Suspend.
 func (s *Server) Done() <-chan struct{} { return s.served }
 
-// Stopped is Done: a writable mount is never handed to another process.
-func (s *Server) Stopped() <-chan struct{} { return s.served }
+// Stopped is closed once this process no longer serves the file system: the kernel ended it
+// (Done), or Suspend stopped serving it.
+func (s *Server) Stopped() <-chan struct{} { return s.stopped }
 
 // Files is the number of sealed files the mount started with.
 func (s *Server) Files() int { return s.out.startFiles }
@@ -192,24 +408,24 @@ func (s *Server) Files() int { return s.out.startFiles }
 func (s *Server) Bytes() int64 { return s.out.startBytes }
 
 // Unmount unmounts the folder and waits for the kernel to end the file system until ctx ends:
-// fusefs.ErrStillMounted if a pod's bind mount still holds it (it is served until that goes).
+// fuseconn.ErrStillMounted if a pod's bind mount still holds it (it is served until that goes).
 // The kernel releases every open file before it ends the file system, so files still open are
 // sealed first.
 func (s *Server) Unmount(ctx context.Context) error {
-	if err := fusefs.UnmountFolder(ctx, s.dir); err != nil {
+	if err := fuseconn.UnmountFolder(ctx, s.dir); err != nil {
 		return err
 	}
 	select {
 	case <-s.served:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("%s: %w", s.dir, fusefs.ErrStillMounted)
+		return fmt.Errorf("%s: %w", s.dir, fuseconn.ErrStillMounted)
 	}
 }
 
 // Abort ends the connection: every mount of it fails with ENOTCONN, and files not yet sealed
 // are lost.
-func (s *Server) Abort() error { return fusefs.AbortConnection(s.conn, s.dir) }
+func (s *Server) Abort() error { return fuseconn.AbortConnection(s.connID, s.dir) }
 
 // output is the state one mount shares between its nodes.
 type output struct {
@@ -263,21 +479,23 @@ func (o *output) listSealed(ctx context.Context) ([]listedFile, error) {
 }
 
 // addSealed puts the files the master listed into the tree, as read-only files owned by root.
-func (o *output) addSealed(ctx context.Context, root *dirNode, files []listedFile) {
+func (o *output) addSealed(t *tree, files []listedFile) {
 	for _, lf := range files {
 		parts := strings.Split(lf.rel, "/")
-		dir := root
+		dir := t.get(rootID)
 		for _, p := range parts[:len(parts)-1] {
-			child := dir.GetChild(p)
+			child := t.child(dir, p)
 			if child == nil {
-				child = o.addDir(ctx, dir, p, time.Unix(0, lf.file.GetModifiedUnixNano()))
+				child = o.addDir(t, dir, p, time.Unix(0, lf.file.GetModifiedUnixNano()))
 			}
-			if dir, _ = child.Operations().(*dirNode); dir == nil {
+			if child == nil || !child.dir {
 				o.log.Info("leaving out a file hidden by a file of the same name as its folder", "file", lf.rel)
+				dir = nil
 				break
 			}
+			dir = child
 		}
-		if dir == nil || o.addFile(ctx, dir, parts[len(parts)-1], lf.file) == nil {
+		if dir == nil || o.addFile(t, dir, parts[len(parts)-1], lf.file) == nil {
 			continue
 		}
 		o.startFiles++

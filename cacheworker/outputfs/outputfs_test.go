@@ -47,17 +47,27 @@ type worker struct {
 }
 
 func startWorker(t *testing.T, master *client.Client, id string, quota int64) *worker {
-	t.Helper()
-	ctx := context.Background()
-	tmp := t.TempDir()
-	peers := dataplane.NewPeers()
-	dir := locations.NewDirectory(master, peers, id, logr.Discard())
-	store, err := tierstore.Open(ctx, tierstore.Config{
+	return startWorkerIn(t, master, id, quota, t.TempDir())
+}
+
+// openStore opens the tier store of a worker whose files are under base.
+func openStore(base string, quota int64, dir *locations.Directory) (*tierstore.Store, error) {
+	return tierstore.Open(context.Background(), tierstore.Config{
 		Tiers: []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory,
-			Dirs: []string{filepath.Join(tmp, "mem")}, Quota: quota}},
-		IndexDir: filepath.Join(tmp, "index"),
+			Dirs: []string{filepath.Join(base, "mem")}, Quota: quota}},
+		IndexDir: filepath.Join(base, "index"),
 		OnRemove: dir.Forget,
 	})
+}
+
+// startWorkerIn starts a worker whose tiers are under base: a restarted worker finds there
+// what the one before stored.
+func startWorkerIn(t *testing.T, master *client.Client, id string, quota int64, base string) *worker {
+	t.Helper()
+	ctx := context.Background()
+	peers := dataplane.NewPeers()
+	dir := locations.NewDirectory(master, peers, id, logr.Discard())
+	store, err := openStore(base, quota, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

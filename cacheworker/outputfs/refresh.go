@@ -3,13 +3,9 @@ package outputfs
 import (
 	"context"
 	"path"
-	"slices"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -21,59 +17,14 @@ import (
 // again, under a new token, by the recomputation. Reads of the master here may be stale
 // (a stale answer costs a retry by the reader, never wrong bytes: blocks are named by token).
 
-var (
-	_ fs.NodeLookuper  = (*dirNode)(nil)
-	_ fs.NodeReaddirer = (*dirNode)(nil)
-)
-
-// rel is the path in the Dataset of name in d.
-func (d *dirNode) rel(name string) string { return path.Join(d.Path(nil), name) }
-
-// Lookup finds name in d: a node of this mount, or a file or folder that another node sealed
-// since, which is added.
-func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	child := d.GetChild(name)
-	if child == nil && !d.reserved(name) {
-		child = d.o.fetch(ctx, d, name)
-	}
-	if child == nil {
-		return nil, syscall.ENOENT
-	}
-	var attr fuse.AttrOut
-	if getter, ok := child.Operations().(fs.NodeGetattrer); ok {
-		if errno := getter.Getattr(ctx, nil, &attr); errno != 0 {
-			return nil, errno
-		}
-	}
-	out.Attr = attr.Attr
-	return child, 0
-}
-
-// Readdir lists d, with what other nodes sealed into it since the mount.
-func (d *dirNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	d.o.refreshDir(ctx, d)
-	children := d.Children()
-	names := make([]string, 0, len(children))
-	for name := range children {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	entries := make([]fuse.DirEntry, 0, len(names))
-	for _, name := range names {
-		ch := children[name]
-		entries = append(entries, fuse.DirEntry{Name: name, Mode: ch.Mode(), Ino: ch.StableAttr().Ino})
-	}
-	return fs.NewListDirStream(entries), 0
-}
-
 // fetch adds name to d if the master has a file or a folder of that path.
-func (o *output) fetch(ctx context.Context, d *dirNode, name string) *fs.Inode {
+func (o *output) fetch(ctx context.Context, t *tree, d *node, name string) *node {
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
-	p := o.masterPath(d.rel(name))
+	p := o.masterPath(path.Join(t.rel(d), name))
 	f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: p, StaleOk: true})
 	if err == nil {
-		return o.addFile(ctx, d, name, f)
+		return o.addFile(t, d, name, f)
 	}
 	if status.Code(err) != codes.NotFound {
 		o.log.Info("cannot ask the master for a file sealed elsewhere; it stays hidden for now", "file", p, "error", err.Error())
@@ -83,14 +34,14 @@ func (o *output) fetch(ctx context.Context, d *dirNode, name string) *fs.Inode {
 	if err != nil || len(resp.GetEntries()) == 0 {
 		return nil
 	}
-	return o.addDir(ctx, d, name, time.Now())
+	return o.addDir(t, d, name, time.Now())
 }
 
 // refreshDir adds to d what the master lists in it and d lacks.
-func (o *output) refreshDir(ctx context.Context, d *dirNode) {
+func (o *output) refreshDir(ctx context.Context, t *tree, d *node) {
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
-	dir := strings.TrimSuffix(o.masterPath(d.Path(nil)), "/")
+	dir := strings.TrimSuffix(o.masterPath(t.rel(d)), "/")
 	after := ""
 	for {
 		resp, err := o.cfg.Master.ListFiles(mctx, &masterpb.ListFilesRequest{Dir: dir, StartAfter: after, StaleOk: true})
@@ -102,13 +53,13 @@ func (o *output) refreshDir(ctx context.Context, d *dirNode) {
 		}
 		for _, e := range resp.GetEntries() {
 			name := path.Base(e.GetPath())
-			if d.GetChild(name) != nil || d.reserved(name) {
+			if t.child(d, name) != nil || reserved(d, name) {
 				continue
 			}
 			if e.GetDir() {
-				o.addDir(ctx, d, name, time.Now())
+				o.addDir(t, d, name, time.Now())
 			} else if e.GetFile() != nil {
-				o.addFile(ctx, d, name, e.GetFile())
+				o.addFile(t, d, name, e.GetFile())
 			}
 		}
 		if after = resp.GetNextStartAfter(); after == "" {
@@ -117,40 +68,55 @@ func (o *output) refreshDir(ctx context.Context, d *dirNode) {
 	}
 }
 
-// addDir adds the folder name, sealed files' parent, to d.
-func (o *output) addDir(ctx context.Context, d *dirNode, name string, mtime time.Time) *fs.Inode {
-	child := d.NewPersistentInode(ctx, &dirNode{o: o, attrs: attrs{mode: 0o755, mtime: mtime}}, fs.StableAttr{Mode: syscall.S_IFDIR})
-	d.AddChild(name, child, false)
-	return d.GetChild(name)
+// addDir adds the folder name, sealed files' parent, to d, and returns what d has of that name.
+func (o *output) addDir(t *tree, d *node, name string, mtime time.Time) *node {
+	n, _, err := t.add(d, name, true, nodeState{Mode: sealedDirMode, MtimeNs: mtime.UnixNano()}, nil, 0)
+	if err != nil {
+		o.log.Error(err, "adding a folder sealed elsewhere; it stays hidden for now", "name", name)
+		return nil
+	}
+	return n
 }
 
 // addFile adds the sealed file name, as the master records f, to d: read-only, owned by root.
-func (o *output) addFile(ctx context.Context, d *dirNode, name string, f *masterpb.File) *fs.Inode {
+// It returns what d has of that name.
+func (o *output) addFile(t *tree, d *node, name string, f *masterpb.File) *node {
 	if !validToken(f.GetClientToken()) {
 		return nil
 	}
-	n := &fileNode{o: o, attrs: attrs{mode: 0o444, mtime: time.Unix(0, f.GetModifiedUnixNano())},
-		token: f.GetClientToken(), size: f.GetSize(), sealed: true}
-	d.AddChild(name, d.NewPersistentInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG}), false)
-	return d.GetChild(name)
+	st := nodeState{Mode: sealedMode, MtimeNs: f.GetModifiedUnixNano(), Token: f.GetClientToken(), Size: f.GetSize(), Sealed: true}
+	n, _, err := t.add(d, name, false, st, nil, 0)
+	if err != nil {
+		o.log.Error(err, "adding a file sealed elsewhere; it stays hidden for now", "name", name)
+		return nil
+	}
+	return n
 }
 
 // check compares a sealed file with the master's record: gone means the master forgot it (it
 // was lost, and is being recomputed); changed means another writer sealed it again since, and
 // the node now shows that version. n.mu is held.
-func (n *fileNode) check(ctx context.Context) (gone, changed bool) {
-	mctx, cancel := n.o.masterContext(ctx)
+func (fsys *fileSystem) check(ctx context.Context, n *node) (gone, changed bool) {
+	o := fsys.o
+	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
-	f, err := n.o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: n.o.masterPath(n.Path(nil)), StaleOk: true})
+	f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: o.masterPath(fsys.t.rel(n)), StaleOk: true})
 	switch {
 	case status.Code(err) == codes.NotFound:
 		return true, false
 	case err != nil:
 		return false, false // the master is away: serve what this node knows
-	case f.GetClientToken() == n.token || !validToken(f.GetClientToken()):
+	case f.GetClientToken() == n.state.Token || !validToken(f.GetClientToken()):
 		return false, false
 	}
-	n.token, n.size = f.GetClientToken(), f.GetSize()
-	n.attrs.mtime = time.Unix(0, f.GetModifiedUnixNano())
+	old := n.state
+	n.state.Token, n.state.Size = f.GetClientToken(), f.GetSize()
+	n.state.MtimeNs = f.GetModifiedUnixNano()
+	if err := fsys.t.save(n, 0); err != nil {
+		n.state = old
+		o.log.Error(err, "recording a file sealed again elsewhere; showing the version this node knows")
+		return false, false
+	}
+	n.size = f.GetSize()
 	return false, true
 }

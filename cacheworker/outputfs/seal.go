@@ -22,16 +22,23 @@ import (
 var errSealedElsewhere = errors.New("a file of this path was sealed first by another writer")
 
 // seal makes the staged file part of the Dataset (see doc.go); n.mu is held. On failure the
-// file stays unsealed with its bytes staged, and the errno says why.
-func (n *fileNode) seal(ctx context.Context) syscall.Errno {
+// file stays unsealed with its bytes staged, and the errno says why. A seal that a killed
+// process left half done is finished: the blocks it stored are kept, and a file it published
+// is only recorded.
+func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
+	o := fsys.o
 	// Not cancelled by the kernel's interrupt: a writer's thread takes signals while it waits in
 	// close(2) (Go's runtime preempts with SIGURG), and a seal given up half way has only cost
 	// work. Bounded instead.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*n.o.cfg.MasterTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*o.cfg.MasterTimeout)
 	defer cancel()
-	rel := n.Path(nil)
-	log := n.o.log.WithValues("file", rel, "bytes", n.size)
-	err := n.o.seal(ctx, rel, n.token, n.staged, n.size)
+	rel := fsys.t.rel(n)
+	log := o.log.WithValues("file", rel, "bytes", n.size)
+	st := &n.state
+	if n.staged == nil {
+		return syscall.EIO // cannot happen: only a sealed or discarded file has no staging file
+	}
+	err := o.seal(ctx, rel, st.Token, n.staged, n.size)
 	if err != nil {
 		errno := syscall.EIO
 		switch {
@@ -39,18 +46,24 @@ func (n *fileNode) seal(ctx context.Context) syscall.Errno {
 			errno = syscall.ENOSPC
 		case errors.Is(err, errSealedElsewhere):
 			errno = syscall.EEXIST
-		case status.Code(err) == codes.FailedPrecondition && n.o.isComplete(ctx, true):
+		case status.Code(err) == codes.FailedPrecondition && o.isComplete(ctx, true):
 			errno = syscall.EROFS
 		}
-		n.o.cfg.Metrics.sealFailures.WithLabelValues(unix.ErrnoName(errno)).Inc()
+		o.cfg.Metrics.sealFailures.WithLabelValues(unix.ErrnoName(errno)).Inc()
 		log.Error(err, "sealing an output file failed; it stays staged on this node", "errno", errno.Error())
 		return errno
 	}
-	n.sealed = true
-	n.discard()
-	n.attrs.mode &^= 0o222
-	n.o.cfg.Metrics.sealedFiles.Inc()
-	n.o.cfg.Metrics.sealedBytes.Add(float64(n.size))
+	st.Sealed, st.Size, st.SealFailed = true, n.size, false
+	st.Mode &^= 0o222
+	if err := fsys.t.save(n, 0); err != nil {
+		// Published, but a process taking over would not know: it would seal it again, which
+		// finds it published.
+		log.Error(err, "recording a sealed file")
+	}
+	n.sealed.Store(true)
+	fsys.discard(n)
+	o.cfg.Metrics.sealedFiles.Inc()
+	o.cfg.Metrics.sealedBytes.Add(float64(n.size))
 	log.V(1).Info("sealed an output file")
 	return 0
 }
@@ -60,6 +73,9 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 	final, sealing := o.masterPath(rel), o.cfg.Root+"/"+SealingDir+"/"+token
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
+	if f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: final}); err == nil && f.GetClientToken() == token {
+		return nil // published by a process killed before it could record so
+	}
 	if err := o.createSealing(mctx, sealing, token); err != nil {
 		return fmt.Errorf("creating %s at the master: %w", sealing, err)
 	}
@@ -76,9 +92,7 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 		if err != nil {
 			return fmt.Errorf("encoding the origin of block %d: %w", index, err)
 		}
-		// Unclean: this is the only copy, so the store persists it before it ever drops it.
-		info, err := o.cfg.Store.Put(ctx, BlockID(token, index), io.NewSectionReader(staged, off, length), length,
-			tierstore.PutOptions{Origin: origin})
+		info, err := o.storeBlock(ctx, BlockID(token, index), staged, off, length, origin)
 		if err != nil {
 			return fmt.Errorf("storing block %d: %w", index, err)
 		}
@@ -98,6 +112,22 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 		return fmt.Errorf("publishing %s at the master: %w", final, err)
 	}
 	return nil
+}
+
+// storeBlock stores the length staged bytes at off as block id, unless a seal that a killed
+// process began stored it already (and freed those staged bytes).
+func (o *output) storeBlock(ctx context.Context, id string, staged *os.File, off, length int64, origin []byte) (tierstore.BlockInfo, error) {
+	if f, info, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
+		_ = f.Close()
+		if info.Size == length {
+			return info, nil
+		}
+		if err := o.cfg.Store.Delete(ctx, id); err != nil {
+			return tierstore.BlockInfo{}, fmt.Errorf("replacing a partial block: %w", err)
+		}
+	}
+	// Unclean: this is the only copy, so the store persists it before it ever drops it.
+	return o.cfg.Store.Put(ctx, id, io.NewSectionReader(staged, off, length), length, tierstore.PutOptions{Origin: origin})
 }
 
 // createSealing creates the file being sealed at the master. A Dataset the master forgot (to

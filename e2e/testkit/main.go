@@ -58,15 +58,15 @@ func main() {
 }
 
 const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N]" +
-	" | testkit sum [--rate N] [--summary] DIR | testkit copy SRC DST | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
+	" | testkit sum [--rate N] [--summary] DIR | testkit copy [--rate N] SRC DST | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
 	" | testkit worker put|get --master ADDRS --worker ID --block ID [--size BYTES --seed N --dataset NAME]"
 
 func run(args []string) error {
 	if len(args) >= 2 && args[0] == "sum" {
 		return sumCommand(args[1:], json.NewEncoder(os.Stdout))
 	}
-	if len(args) == 3 && args[0] == "copy" {
-		return copyTree(args[1], args[2])
+	if len(args) >= 3 && args[0] == "copy" {
+		return copyCommand(args[1:])
 	}
 	if len(args) >= 2 && args[0] == "master" && args[1] == "soak" {
 		return masterSoak(args[2:], json.NewEncoder(os.Stdout))
@@ -239,7 +239,22 @@ func (t *throttled) Read(p []byte) (int, error) {
 }
 
 // copyTree copies every regular file below src to the same relative path below dst.
-func copyTree(src, dst string) error {
+// copyCommand is `testkit copy [--rate BYTES_PER_SECOND] SRC DST`.
+func copyCommand(args []string) error {
+	flags := flag.NewFlagSet("copy", flag.ContinueOnError)
+	rate := flags.Int64("rate", 0, "read at most this many bytes per second (0: as fast as possible), to keep a write going for a while")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	if flags.NArg() != 2 {
+		return errors.New("usage: testkit copy [--rate BYTES_PER_SECOND] SRC DST")
+	}
+	return copyTree(flags.Arg(0), flags.Arg(1), *rate)
+}
+
+// copyTree copies the files and folders under src to dst, each file at most rate bytes per
+// second (0: no limit).
+func copyTree(src, dst string, rate int64) error {
 	return filepath.WalkDir(src, func(path string, entry fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("walking %s: %w", path, err)
@@ -260,11 +275,15 @@ func copyTree(src, dst string) error {
 			return err
 		}
 		defer func() { _ = in.Close() }()
+		var r io.Reader = in
+		if rate > 0 {
+			r = &throttled{r: in, rate: rate, start: time.Now()}
+		}
 		out, err := os.Create(target)
 		if err != nil {
 			return err
 		}
-		if _, err := io.Copy(out, in); err != nil {
+		if _, err := io.Copy(out, r); err != nil {
 			_ = out.Close()
 			return fmt.Errorf("copying %s: %w", path, err)
 		}

@@ -3,11 +3,16 @@
 package fusetest
 
 import (
+	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"testing"
+
+	"github.com/strata-cache/strata/internal/fdstore"
 )
 
 // Available returns nil when FUSE file systems can be mounted, or why not.
@@ -42,4 +47,41 @@ func ReadRest(tb testing.TB, r io.Reader, across string) <-chan []byte {
 		rest <- b
 	}()
 	return rest
+}
+
+// StartChild runs the test binary again with env set (NAME=VALUE), as a process that serves a
+// mount until the test kills it, and waits for it to print "ready". The child is killed when
+// the test ends.
+func StartChild(tb testing.TB, env string) *exec.Cmd {
+	tb.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), env)
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		tb.Fatalf("the child serving the mount did not get ready: %q, %v", line, err)
+	}
+	return child
+}
+
+// ChildReady is the end of a child's start (see StartChild): it puts the files of its mount's
+// handover in the file descriptor store at sock, under "mount", and says it is ready.
+func ChildReady(sock string, files []*os.File) error {
+	c, err := fdstore.NewClient(sock, "test")
+	if err != nil {
+		return err
+	}
+	if err := c.Put(context.Background(), "mount", nil, files); err != nil {
+		return err
+	}
+	_, err = os.Stdout.WriteString("ready\n")
+	return err
 }
