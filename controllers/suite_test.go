@@ -134,9 +134,10 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	mgr.GetWebhookServer().Register(scheduling.Path, &webhook.Admission{Handler: hinter})
 	Expect((&TierPoolReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorderFor("strata-operator"),
-		Workers:  testWorkerSpec,
+		Client:    mgr.GetClient(),
+		Recorder:  mgr.GetEventRecorderFor("strata-operator"),
+		Workers:   testWorkerSpec,
+		Forgetter: lineageMaster,
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&WorkerReconciler{
 		Client:   mgr.GetClient(),

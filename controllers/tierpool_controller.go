@@ -42,6 +42,8 @@ type TierPoolReconciler struct {
 	Workers WorkerSpec
 	// Master, when the operator runs one, tells what the workers' tiers hold.
 	Master WorkerLister
+	// Forgetter, when the operator runs a master, lets go of the workers of deleted pools.
+	Forgetter WorkerForgetter
 }
 
 // The recorder of controller-runtime v0.20 writes core/v1 Events (group ""), not events.k8s.io
@@ -61,7 +63,11 @@ func (r *TierPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 
 	pool := &datav1alpha1.TierPool{}
 	if err := r.Client.Get(ctx, req.NamespacedName, pool); err != nil {
-		// Gone: the garbage collector removes its workers' objects.
+		if apierrors.IsNotFound(err) && r.Forgetter != nil {
+			// Gone: the garbage collector removes its workers' objects, and the master lets go
+			// of the workers.
+			return r.forgetWorkers(ctx, req.Name)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !pool.DeletionTimestamp.IsZero() {

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 // testLabel is the node label the pools of these tests select on; each spec uses its own value,
@@ -150,6 +152,30 @@ var _ = Describe("TierPool reconciler", func() {
 			{Name: "mem", Medium: datav1alpha1.MediumMemory, CapacityBytes: 3 * 2 << 30, UsedBytes: 0},
 			{Name: "nvme", Medium: datav1alpha1.MediumNVMe, CapacityBytes: 3 * 20 << 30, UsedBytes: 0},
 		}), "awaiting capacity 3 × 2Gi for mem and 3 × 20Gi for nvme, in spec order")
+	})
+
+	It("makes the master forget the workers of a deleted pool, and no other's", func() {
+		pool := createPool(selector, nil, memTier("2Gi"))
+		other := pool.Name + "-other/node-a"
+		for _, id := range []string{pool.Name + "/node-a", pool.Name + "/node-b", other} {
+			_, err := lineageMaster.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: id, Node: strings.TrimPrefix(id, pool.Name+"/")})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		_, err := lineageMaster.MarkWorkerLost(ctx, pool.Name+"/node-b", "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+
+		Expect(k8sClient.Delete(ctx, pool)).To(Succeed())
+		Eventually(func(g Gomega) {
+			workers, err := lineageMaster.ListWorkers(ctx, &masterpb.ListWorkersRequest{})
+			g.Expect(err).NotTo(HaveOccurred())
+			var ids []string
+			for _, w := range workers.Workers {
+				if strings.HasPrefix(w.Id, pool.Name) {
+					ids = append(ids, w.Id)
+				}
+			}
+			g.Expect(ids).To(ConsistOf(other), "the alive and the lost worker of the pool are forgotten")
+		}).Should(Succeed())
 	})
 
 	It("counts every node when spec.nodeSelector is empty", func() {

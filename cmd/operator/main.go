@@ -235,6 +235,7 @@ func run(opts options) error {
 		}
 		datasets.Master = masters
 		pools.Master = masters
+		pools.Forgetter = masters
 		lineageMaster = masters
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {

@@ -291,6 +291,12 @@ func (c *Client) GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest
 	return ds, err
 }
 
+// ForgetWorker removes a lost worker's record (idempotent); see masterpb.MasterServer.
+func (c *Client) ForgetWorker(ctx context.Context, worker string) (*masterpb.ForgetWorkerResponse, error) {
+	resp, _, err := call(ctx, c, "ForgetWorker", &masterpb.ForgetWorkerRequest{Worker: worker}, masterpb.MasterClient.ForgetWorker)
+	return resp, err
+}
+
 // CompleteDataset marks a dataset complete (idempotent): its files no longer change.
 func (c *Client) CompleteDataset(ctx context.Context, name string) (*masterpb.Dataset, error) {
 	ds, _, err := call(ctx, c, "CompleteDataset", &masterpb.CompleteDatasetRequest{Name: name}, masterpb.MasterClient.CompleteDataset)

@@ -109,6 +109,10 @@ func lost(id string, limit uint32) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_MarkWorkerLost{MarkWorkerLost: &masterpb.MarkWorkerLostStep{Worker: id, Reason: "test", Limit: limit}}}
 }
 
+func forget(id string) *masterpb.Command {
+	return &masterpb.Command{Op: &masterpb.Command_ForgetWorker{ForgetWorker: &masterpb.ForgetWorkerRequest{Worker: id}}}
+}
+
 func checkpoint(p string) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_CheckpointFile{CheckpointFile: &masterpb.CheckpointFileRequest{
 		Path: p, State: masterpb.CheckpointState_CHECKPOINT_STATE_DONE, Uri: "s3://b" + p,
@@ -299,6 +303,42 @@ func TestCommandOutcomes(t *testing.T) {
 			},
 		},
 		"marking an unknown worker lost fails": {cmd: lost("w1", 0), wantErr: ErrNotFound},
+		"a lost worker is forgotten": {
+			setup: []*masterpb.Command{worker("w1"), worker("w2"), lost("w1", 0)},
+			cmd:   forget("w1"),
+			check: func(t *testing.T, f *FSM, resp proto.Message) {
+				if !resp.(*masterpb.ForgetWorkerResponse).Forgotten {
+					t.Errorf("got %v, want forgotten", resp)
+				}
+				workers, err := f.Workers()
+				if err != nil || len(workers) != 1 || workers[0].Id != "w2" {
+					t.Errorf("workers after forgetting w1: %v, %v; want w2 alone", workers, err)
+				}
+			},
+		},
+		"forgetting an unknown worker succeeds": {
+			cmd: forget("w1"),
+			check: func(t *testing.T, _ *FSM, resp proto.Message) {
+				if resp.(*masterpb.ForgetWorkerResponse).Forgotten {
+					t.Errorf("got %v, want nothing forgotten", resp)
+				}
+			},
+		},
+		"an alive worker is not forgotten": {setup: []*masterpb.Command{worker("w1")}, cmd: forget("w1"), wantErr: ErrFailedPrecondition},
+		"a worker still being marked lost is not forgotten": {
+			setup:   []*masterpb.Command{worker("w1"), create("/a"), commit(1, "/a", 0, "w1", "mem"), commit(2, "/a", 100, "w1", "mem"), lost("w1", 1)},
+			cmd:     forget("w1"),
+			wantErr: ErrFailedPrecondition,
+		},
+		"a forgotten worker registers again": {
+			setup: []*masterpb.Command{worker("w1"), lost("w1", 0), forget("w1")},
+			cmd:   worker("w1"),
+			check: func(t *testing.T, _ *FSM, resp proto.Message) {
+				if s := resp.(*masterpb.Worker).State; s != masterpb.WorkerState_WORKER_STATE_ALIVE {
+					t.Errorf("got %v, want ALIVE", s)
+				}
+			},
+		},
 		"access statistics accumulate": {
 			setup: []*masterpb.Command{create("/a"), {Op: &masterpb.Command_RecordAccess{RecordAccess: &masterpb.RecordAccessRequest{Path: "/a", Reads: 2}}}},
 			cmd:   &masterpb.Command{Op: &masterpb.Command_RecordAccess{RecordAccess: &masterpb.RecordAccessRequest{Path: "/a"}}},

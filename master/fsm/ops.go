@@ -361,6 +361,30 @@ func completeDataset(txn *badger.Txn, req *masterpb.CompleteDatasetRequest) (pro
 	return ds, nil
 }
 
+// forgetWorker removes the record of a lost worker whose blocks were all marked lost. The lost
+// copies stay on the blocks' records (readers skip them), so that a block whose last copy was
+// there is still known to be lost.
+func forgetWorker(txn *badger.Txn, req *masterpb.ForgetWorkerRequest) (proto.Message, error) {
+	if err := validID("worker id", req.Worker); err != nil {
+		return nil, err
+	}
+	w, found, err := getWorker(txn, req.Worker)
+	switch {
+	case err != nil:
+		return nil, err
+	case !found:
+		return &masterpb.ForgetWorkerResponse{}, nil
+	case w.State != masterpb.WorkerState_WORKER_STATE_LOST:
+		return nil, failedPrecondition("worker %s is alive: mark it lost first (MarkWorkerLost), so that its blocks are accounted for", w.Id)
+	case w.LossPending:
+		return nil, failedPrecondition("worker %s is still being marked lost: forget it once MarkWorkerLost has returned", w.Id)
+	}
+	if err := del(txn, workerKey(w.Id)); err != nil {
+		return nil, err
+	}
+	return &masterpb.ForgetWorkerResponse{Forgotten: true}, nil
+}
+
 func registerDataset(txn *badger.Txn, at int64, req *masterpb.RegisterDatasetRequest) (proto.Message, error) {
 	if err := validID("dataset name", req.Name); err != nil {
 		return nil, err

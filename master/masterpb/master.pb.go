@@ -2527,6 +2527,95 @@ func (x *MarkWorkerLostRequest) GetReason() string {
 	return ""
 }
 
+type ForgetWorkerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Worker        string                 `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetWorkerRequest) Reset() {
+	*x = ForgetWorkerRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetWorkerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetWorkerRequest) ProtoMessage() {}
+
+func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetWorkerRequest.ProtoReflect.Descriptor instead.
+func (*ForgetWorkerRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ForgetWorkerRequest) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+type ForgetWorkerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// forgotten is false when the master had no such worker.
+	Forgotten     bool `protobuf:"varint,1,opt,name=forgotten,proto3" json:"forgotten,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetWorkerResponse) Reset() {
+	*x = ForgetWorkerResponse{}
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetWorkerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetWorkerResponse) ProtoMessage() {}
+
+func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetWorkerResponse.ProtoReflect.Descriptor instead.
+func (*ForgetWorkerResponse) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ForgetWorkerResponse) GetForgotten() bool {
+	if x != nil {
+		return x.Forgotten
+	}
+	return false
+}
+
 type MarkWorkerLostResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	BlocksLost uint64                 `protobuf:"varint,1,opt,name=blocks_lost,json=blocksLost,proto3" json:"blocks_lost,omitempty"`
@@ -2541,7 +2630,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2642,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2655,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2606,7 +2695,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +2707,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +2720,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -2650,7 +2739,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2751,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2764,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -2696,7 +2785,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2708,7 +2797,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2721,7 +2810,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -2753,7 +2842,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2854,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +2867,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 type LeaderRequest struct {
@@ -2789,7 +2878,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +2890,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +2903,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 type LeaderResponse struct {
@@ -2836,7 +2925,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2848,7 +2937,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2861,7 +2950,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -2954,6 +3043,7 @@ type Command struct {
 	//	*Command_RemovePeer
 	//	*Command_RemoveBlockCopy
 	//	*Command_CompleteDataset
+	//	*Command_ForgetWorker
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2961,7 +3051,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3063,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3076,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -3145,6 +3235,15 @@ func (x *Command) GetCompleteDataset() *CompleteDatasetRequest {
 	return nil
 }
 
+func (x *Command) GetForgetWorker() *ForgetWorkerRequest {
+	if x != nil {
+		if x, ok := x.Op.(*Command_ForgetWorker); ok {
+			return x.ForgetWorker
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -3209,6 +3308,10 @@ type Command_CompleteDataset struct {
 	CompleteDataset *CompleteDatasetRequest `protobuf:"bytes,24,opt,name=complete_dataset,json=completeDataset,proto3,oneof"`
 }
 
+type Command_ForgetWorker struct {
+	ForgetWorker *ForgetWorkerRequest `protobuf:"bytes,25,opt,name=forget_worker,json=forgetWorker,proto3,oneof"`
+}
+
 func (*Command_CreateFile) isCommand_Op() {}
 
 func (*Command_RenameFile) isCommand_Op() {}
@@ -3239,6 +3342,8 @@ func (*Command_RemoveBlockCopy) isCommand_Op() {}
 
 func (*Command_CompleteDataset) isCommand_Op() {}
 
+func (*Command_ForgetWorker) isCommand_Op() {}
+
 // DeleteDatasetStep deletes at most limit keys' worth of the dataset's files; the dataset record
 // goes with the last step. Large datasets take several steps because one step is one Badger
 // transaction, whose size is bounded.
@@ -3252,7 +3357,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3264,7 +3369,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3277,7 +3382,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -3304,7 +3409,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3316,7 +3421,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3329,7 +3434,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3359,7 +3464,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3371,7 +3476,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3384,7 +3489,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3418,7 +3523,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3430,7 +3535,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3443,7 +3548,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3469,7 +3574,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +3586,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +3599,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3513,7 +3618,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3630,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3643,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -3719,7 +3824,11 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\acommand\x18\x01 \x01(\x0e2\x1f.strata.master.v1.WorkerCommandR\acommand\"G\n" +
 	"\x15MarkWorkerLostRequest\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd2\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"-\n" +
+	"\x13ForgetWorkerRequest\x12\x16\n" +
+	"\x06worker\x18\x01 \x01(\tR\x06worker\"4\n" +
+	"\x14ForgetWorkerResponse\x12\x1c\n" +
+	"\tforgotten\x18\x01 \x01(\bR\tforgotten\"\xd2\x01\n" +
 	"\x16MarkWorkerLostResponse\x12\x1f\n" +
 	"\vblocks_lost\x18\x01 \x01(\x04R\n" +
 	"blocksLost\x12.\n" +
@@ -3746,7 +3855,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12\x12\n" +
 	"\x04term\x18\a \x01(\x04R\x04term\x12#\n" +
 	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12,\n" +
-	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\xc7\t\n" +
+	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\x95\n" +
+	"\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12 \n" +
 	"\fat_unix_nano\x18\x02 \x01(\x03R\n" +
@@ -3770,7 +3880,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\vremove_peer\x18\x16 \x01(\v2\x1c.strata.master.v1.RemovePeerH\x00R\n" +
 	"removePeer\x12V\n" +
 	"\x11remove_block_copy\x18\x17 \x01(\v2(.strata.master.v1.RemoveBlockCopyRequestH\x00R\x0fremoveBlockCopy\x12U\n" +
-	"\x10complete_dataset\x18\x18 \x01(\v2(.strata.master.v1.CompleteDatasetRequestH\x00R\x0fcompleteDatasetB\x04\n" +
+	"\x10complete_dataset\x18\x18 \x01(\v2(.strata.master.v1.CompleteDatasetRequestH\x00R\x0fcompleteDataset\x12L\n" +
+	"\rforget_worker\x18\x19 \x01(\v2%.strata.master.v1.ForgetWorkerRequestH\x00R\fforgetWorkerB\x04\n" +
 	"\x02op\"=\n" +
 	"\x11DeleteDatasetStep\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -3800,7 +3911,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xd0\x0e\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xaf\x0f\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -3824,7 +3935,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x0fRemoveBlockCopy\x12(.strata.master.v1.RemoveBlockCopyRequest\x1a\x17.strata.master.v1.Block\x12S\n" +
 	"\x0eRegisterWorker\x12'.strata.master.v1.RegisterWorkerRequest\x1a\x18.strata.master.v1.Worker\x12T\n" +
 	"\tHeartbeat\x12\".strata.master.v1.HeartbeatRequest\x1a#.strata.master.v1.HeartbeatResponse\x12c\n" +
-	"\x0eMarkWorkerLost\x12'.strata.master.v1.MarkWorkerLostRequest\x1a(.strata.master.v1.MarkWorkerLostResponse\x12Z\n" +
+	"\x0eMarkWorkerLost\x12'.strata.master.v1.MarkWorkerLostRequest\x1a(.strata.master.v1.MarkWorkerLostResponse\x12]\n" +
+	"\fForgetWorker\x12%.strata.master.v1.ForgetWorkerRequest\x1a&.strata.master.v1.ForgetWorkerResponse\x12Z\n" +
 	"\vListWorkers\x12$.strata.master.v1.ListWorkersRequest\x1a%.strata.master.v1.ListWorkersResponse\x12E\n" +
 	"\x04Join\x12\x1d.strata.master.v1.JoinRequest\x1a\x1e.strata.master.v1.JoinResponse\x12K\n" +
 	"\x06Leader\x12\x1f.strata.master.v1.LeaderRequest\x1a .strata.master.v1.LeaderResponseB0Z.github.com/strata-cache/strata/master/masterpbb\x06proto3"
@@ -3842,7 +3954,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -3884,20 +3996,22 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*HeartbeatRequest)(nil),          // 37: strata.master.v1.HeartbeatRequest
 	(*HeartbeatResponse)(nil),         // 38: strata.master.v1.HeartbeatResponse
 	(*MarkWorkerLostRequest)(nil),     // 39: strata.master.v1.MarkWorkerLostRequest
-	(*MarkWorkerLostResponse)(nil),    // 40: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 41: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 42: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 43: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 44: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 45: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 46: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 47: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 48: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 49: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 50: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 51: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 52: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 53: strata.master.v1.RemovePeer
+	(*ForgetWorkerRequest)(nil),       // 40: strata.master.v1.ForgetWorkerRequest
+	(*ForgetWorkerResponse)(nil),      // 41: strata.master.v1.ForgetWorkerResponse
+	(*MarkWorkerLostResponse)(nil),    // 42: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 43: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 44: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 45: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 46: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 47: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 48: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 49: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 50: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 51: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 52: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 53: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 54: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 55: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	0,  // 0: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
@@ -3921,68 +4035,71 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	16, // 18: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
 	17, // 19: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
 	24, // 20: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	48, // 21: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	50, // 21: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
 	32, // 22: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
 	36, // 23: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
 	37, // 24: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	50, // 25: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	52, // 25: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
 	22, // 26: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
 	23, // 27: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	52, // 28: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	53, // 29: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	54, // 28: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	55, // 29: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
 	33, // 30: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
 	27, // 31: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
-	40, // 32: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	11, // 33: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	12, // 34: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	13, // 35: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	14, // 36: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	16, // 37: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	17, // 38: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	19, // 39: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	22, // 40: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	23, // 41: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	24, // 42: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	25, // 43: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	26, // 44: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	27, // 45: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
-	29, // 46: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	32, // 47: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	34, // 48: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	33, // 49: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	36, // 50: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	37, // 51: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	39, // 52: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	41, // 53: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	43, // 54: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	45, // 55: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	5,  // 56: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	5,  // 57: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	15, // 58: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	5,  // 59: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	18, // 60: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	21, // 61: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	5,  // 62: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	5,  // 63: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 64: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 65: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	28, // 66: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	3,  // 67: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
-	30, // 68: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	8,  // 69: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	35, // 70: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	8,  // 71: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	10, // 72: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	38, // 73: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	40, // 74: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	42, // 75: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	44, // 76: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	46, // 77: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	56, // [56:78] is the sub-list for method output_type
-	34, // [34:56] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	40, // 32: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
+	42, // 33: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	11, // 34: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	12, // 35: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	13, // 36: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	14, // 37: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	16, // 38: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	17, // 39: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	19, // 40: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	22, // 41: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	23, // 42: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	24, // 43: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	25, // 44: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	26, // 45: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	27, // 46: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
+	29, // 47: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	32, // 48: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	34, // 49: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	33, // 50: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	36, // 51: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	37, // 52: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	39, // 53: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	40, // 54: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
+	43, // 55: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	45, // 56: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	47, // 57: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	5,  // 58: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	5,  // 59: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	15, // 60: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	5,  // 61: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	18, // 62: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	21, // 63: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	5,  // 64: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	5,  // 65: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 66: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 67: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	28, // 68: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	3,  // 69: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
+	30, // 70: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 71: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	35, // 72: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	8,  // 73: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	10, // 74: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	38, // 75: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	42, // 76: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	41, // 77: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
+	44, // 78: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	46, // 79: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	48, // 80: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	58, // [58:81] is the sub-list for method output_type
+	35, // [35:58] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -3990,7 +4107,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[44].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[46].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -4006,6 +4123,7 @@ func file_master_masterpb_master_proto_init() {
 		(*Command_RemovePeer)(nil),
 		(*Command_RemoveBlockCopy)(nil),
 		(*Command_CompleteDataset)(nil),
+		(*Command_ForgetWorker)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4013,7 +4131,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   51,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,7 @@ const (
 	Master_RegisterWorker_FullMethodName    = "/strata.master.v1.Master/RegisterWorker"
 	Master_Heartbeat_FullMethodName         = "/strata.master.v1.Master/Heartbeat"
 	Master_MarkWorkerLost_FullMethodName    = "/strata.master.v1.Master/MarkWorkerLost"
+	Master_ForgetWorker_FullMethodName      = "/strata.master.v1.Master/ForgetWorker"
 	Master_ListWorkers_FullMethodName       = "/strata.master.v1.Master/ListWorkers"
 	Master_Join_FullMethodName              = "/strata.master.v1.Master/Join"
 	Master_Leader_FullMethodName            = "/strata.master.v1.Master/Leader"
@@ -77,6 +78,9 @@ type MasterClient interface {
 	RegisterWorker(ctx context.Context, in *RegisterWorkerRequest, opts ...grpc.CallOption) (*Worker, error)
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	MarkWorkerLost(ctx context.Context, in *MarkWorkerLostRequest, opts ...grpc.CallOption) (*MarkWorkerLostResponse, error)
+	// ForgetWorker removes a lost worker's record, as when its TierPool is deleted; the worker
+	// must have been marked lost first. Forgetting an unknown worker succeeds.
+	ForgetWorker(ctx context.Context, in *ForgetWorkerRequest, opts ...grpc.CallOption) (*ForgetWorkerResponse, error)
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	Leader(ctx context.Context, in *LeaderRequest, opts ...grpc.CallOption) (*LeaderResponse, error)
@@ -280,6 +284,16 @@ func (c *masterClient) MarkWorkerLost(ctx context.Context, in *MarkWorkerLostReq
 	return out, nil
 }
 
+func (c *masterClient) ForgetWorker(ctx context.Context, in *ForgetWorkerRequest, opts ...grpc.CallOption) (*ForgetWorkerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetWorkerResponse)
+	err := c.cc.Invoke(ctx, Master_ForgetWorker_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListWorkersResponse)
@@ -340,6 +354,9 @@ type MasterServer interface {
 	RegisterWorker(context.Context, *RegisterWorkerRequest) (*Worker, error)
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	MarkWorkerLost(context.Context, *MarkWorkerLostRequest) (*MarkWorkerLostResponse, error)
+	// ForgetWorker removes a lost worker's record, as when its TierPool is deleted; the worker
+	// must have been marked lost first. Forgetting an unknown worker succeeds.
+	ForgetWorker(context.Context, *ForgetWorkerRequest) (*ForgetWorkerResponse, error)
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	Leader(context.Context, *LeaderRequest) (*LeaderResponse, error)
@@ -409,6 +426,9 @@ func (UnimplementedMasterServer) Heartbeat(context.Context, *HeartbeatRequest) (
 }
 func (UnimplementedMasterServer) MarkWorkerLost(context.Context, *MarkWorkerLostRequest) (*MarkWorkerLostResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MarkWorkerLost not implemented")
+}
+func (UnimplementedMasterServer) ForgetWorker(context.Context, *ForgetWorkerRequest) (*ForgetWorkerResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ForgetWorker not implemented")
 }
 func (UnimplementedMasterServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListWorkers not implemented")
@@ -782,6 +802,24 @@ func _Master_MarkWorkerLost_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_ForgetWorker_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetWorkerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).ForgetWorker(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_ForgetWorker_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).ForgetWorker(ctx, req.(*ForgetWorkerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_ListWorkers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListWorkersRequest)
 	if err := dec(in); err != nil {
@@ -918,6 +956,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MarkWorkerLost",
 			Handler:    _Master_MarkWorkerLost_Handler,
+		},
+		{
+			MethodName: "ForgetWorker",
+			Handler:    _Master_ForgetWorker_Handler,
 		},
 		{
 			MethodName: "ListWorkers",

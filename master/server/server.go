@@ -234,6 +234,15 @@ func (s *Server) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest) 
 	return apply[*masterpb.HeartbeatResponse](ctx, s, &masterpb.Command{Op: &masterpb.Command_Heartbeat{Heartbeat: req}})
 }
 
+// ForgetWorker removes a lost worker's record; the operator calls it for the workers of a
+// deleted TierPool.
+func (s *Server) ForgetWorker(ctx context.Context, req *masterpb.ForgetWorkerRequest) (*masterpb.ForgetWorkerResponse, error) {
+	if err := required("worker", req.Worker); err != nil {
+		return nil, err
+	}
+	return apply[*masterpb.ForgetWorkerResponse](ctx, s, &masterpb.Command{Op: &masterpb.Command_ForgetWorker{ForgetWorker: req}})
+}
+
 // MarkWorkerLost declares a worker lost; the operator calls it when a Node goes NotReady.
 func (s *Server) MarkWorkerLost(ctx context.Context, req *masterpb.MarkWorkerLostRequest) (*masterpb.MarkWorkerLostResponse, error) {
 	if err := required("worker", req.Worker); err != nil {
