@@ -13,6 +13,7 @@ import (
 
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/periodic"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
@@ -111,19 +112,12 @@ func (s *Sweeper) replaced(ctx context.Context, token, path string) (bool, error
 
 // Run sweeps every interval until ctx ends.
 func (s *Sweeper) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	periodic.Every(ctx, interval, func(ctx context.Context, _ time.Time) {
 		n, err := s.Sweep(ctx)
 		if err != nil && ctx.Err() == nil {
 			s.Log.Error(err, "sweeping the blocks of deleted Datasets; trying again later", "removed", n)
 		} else if n > 0 {
 			s.Log.Info("removed the blocks of deleted Datasets", "blocks", n)
 		}
-	}
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/periodic"
 )
 
 // Handovers keeps open files for the next worker process: the CSI node plugin's file
@@ -230,16 +231,7 @@ func (m *Mounter) RefillHandovers(ctx context.Context, interval time.Duration) {
 	if m.cfg.Handovers == nil {
 		return
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		m.refill(ctx, m.log)
-	}
+	periodic.Every(ctx, interval, func(ctx context.Context, _ time.Time) { m.refill(ctx, m.log) })
 }
 
 func (m *Mounter) refill(ctx context.Context, log logr.Logger) {

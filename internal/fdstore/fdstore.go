@@ -29,6 +29,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
+	"github.com/strata-cache/strata/internal/periodic"
 	"github.com/strata-cache/strata/internal/unixsock"
 )
 
@@ -438,16 +439,7 @@ type Reaper struct {
 
 // Run checks every interval until ctx ends.
 func (r *Reaper) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			r.Check(ctx, now)
-		}
-	}
+	periodic.Every(ctx, interval, r.Check)
 }
 
 // Check looks at every owner once, at time now, and drops those away for longer than Grace.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/strata-cache/strata/internal/periodic"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
@@ -56,18 +57,12 @@ func New(s Store, cfg Config) *Detector {
 
 // Run checks every Interval until ctx ends.
 func (d *Detector) Run(ctx context.Context) error {
-	t := time.NewTicker(d.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			if _, err := d.Check(ctx); err != nil && ctx.Err() == nil {
-				d.cfg.Logger.Error(err, "checking worker heartbeats")
-			}
+	periodic.Every(ctx, d.cfg.Interval, func(ctx context.Context, _ time.Time) {
+		if _, err := d.Check(ctx); err != nil && ctx.Err() == nil {
+			d.cfg.Logger.Error(err, "checking worker heartbeats")
 		}
-	}
+	})
+	return nil
 }
 
 // Check runs one pass on the leader and returns the workers it declared lost. A worker's
