@@ -117,7 +117,7 @@ func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	ready.ObservedGeneration = l.Generation
 	meta.SetStatusCondition(&l.Status.Conditions, *ready)
 	written := ready.Status == metav1.ConditionTrue
-	r.setOutputs(ctx, l, written)
+	complete := r.setOutputs(ctx, l, written)
 	if written {
 		recomputing, err := r.recompute(ctx, l, ns)
 		if err != nil {
@@ -125,7 +125,7 @@ func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 		meta.SetStatusCondition(&l.Status.Conditions, recomputing)
 		if l.Status.ActiveRecomputation == nil {
-			r.completeOutputs(ctx, l)
+			r.completeOutputs(ctx, l, complete)
 		}
 	}
 	ns.lineages[l.Name] = l
@@ -381,8 +381,9 @@ func (r *LineageReconciler) createRunJob(ctx context.Context, l *datav1alpha1.Li
 
 // setOutputs sets each output's state: Pending until the Job wrote it; then, from the master,
 // InMemory while every block has a live copy, Lost when one has none, Checkpointed when all of
-// it is in the under-store.
-func (r *LineageReconciler) setOutputs(ctx context.Context, l *datav1alpha1.Lineage, written bool) {
+// it is in the under-store. It returns the outputs the master already knows to be complete.
+func (r *LineageReconciler) setOutputs(ctx context.Context, l *datav1alpha1.Lineage, written bool) map[string]bool {
+	complete := map[string]bool{}
 	old := map[string]datav1alpha1.LineageOutputStatus{}
 	for _, o := range l.Status.Outputs {
 		old[o.Name] = o
@@ -396,22 +397,27 @@ func (r *LineageReconciler) setOutputs(ctx context.Context, l *datav1alpha1.Line
 			if st.State == "" || st.State == datav1alpha1.OutputPending {
 				st.State = datav1alpha1.OutputInMemory
 			}
-			r.outputUsage(ctx, l.Namespace, out, &st)
+			complete[out] = r.outputUsage(ctx, l.Namespace, out, &st)
 		}
 		l.Status.Outputs = append(l.Status.Outputs, st)
 	}
+	return complete
 }
 
 // completeOutputs tells the master that the outputs' writer finished, so that their mounts
 // take no more changes: a pod that mounts an output after its Job (a reader that forgot
 // readOnly, a second run of a step) finds it read-only instead of changing data that Lineages
 // downstream have read. A recomputation forgets the outputs first, which opens them again. When
-// the master cannot be reached, the next reconcile tries again.
-func (r *LineageReconciler) completeOutputs(ctx context.Context, l *datav1alpha1.Lineage) {
+// the master cannot be reached, the next reconcile tries again. Outputs in complete (as this
+// reconcile read them) are complete already.
+func (r *LineageReconciler) completeOutputs(ctx context.Context, l *datav1alpha1.Lineage, complete map[string]bool) {
 	if r.Master == nil {
 		return
 	}
 	for _, out := range l.Spec.Outputs {
+		if complete[out] {
+			continue
+		}
 		ds := &datav1alpha1.Dataset{}
 		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: out}, ds); err != nil {
 			continue // reported by the Ready condition
@@ -449,14 +455,14 @@ func completeAtMaster(ctx context.Context, master DatasetMetadata, name, root st
 }
 
 // outputUsage updates st from the master's record of the output Dataset; without an answer it
-// keeps what st says.
-func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name string, st *datav1alpha1.LineageOutputStatus) {
+// keeps what st says. It returns whether the master holds the Dataset complete.
+func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name string, st *datav1alpha1.LineageOutputStatus) (complete bool) {
 	if r.Master == nil {
-		return
+		return false
 	}
 	ds := &datav1alpha1.Dataset{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ds); err != nil {
-		return
+		return false
 	}
 	cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
 	defer cancel()
@@ -468,10 +474,10 @@ func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name str
 		// Nothing written into it (or forgotten for a recomputation, which says so itself):
 		// nothing to lose.
 		st.State = datav1alpha1.OutputInMemory
-		return
+		return false
 	case err != nil:
 		ctrl.LoggerFrom(ctx).Info("cannot read an output's state from the master; keeping the last", "output", name, "error", err.Error())
-		return
+		return false
 	}
 	st.CheckpointedBytes = usage.GetCheckpointedBytes()
 	switch {
@@ -482,6 +488,7 @@ func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name str
 	default:
 		st.State = datav1alpha1.OutputInMemory
 	}
+	return usage.GetComplete()
 }
 
 // checkpointedCondition says whether every output is in the under-store.

@@ -146,7 +146,7 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 	if err != nil {
 		return nil, err
 	}
-	usage := &masterpb.DatasetUsage{Name: name}
+	usage := &masterpb.DatasetUsage{Name: name, Complete: ds.Complete}
 	perTier := map[string]int64{}
 	perNode := map[string]int64{}
 	err = f.db.View(func(txn *badger.Txn) error {

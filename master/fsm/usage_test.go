@@ -62,6 +62,12 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	usage, err = h.fsm.DatasetUsage("ns/d/uid")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CheckpointedBytes).To(BeEquivalentTo(200), "x, of two blocks, is checkpointed")
+	g.Expect(usage.Complete).To(BeFalse())
+
+	h.must(complete("ns/d/uid"))
+	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.Complete).To(BeTrue(), "the usage carries the complete flag, for the Lineage reconciler's one read per output")
 
 	_, err = h.fsm.DatasetUsage("ns/nothing/uid")
 	g.Expect(errors.Is(err, ErrNotFound)).To(BeTrue(), "an unknown dataset: %v", err)

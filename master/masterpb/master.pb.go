@@ -1919,8 +1919,10 @@ type DatasetUsage struct {
 	UncachedFiles uint64 `protobuf:"varint,7,opt,name=uncached_files,json=uncachedFiles,proto3" json:"uncached_files,omitempty"`
 	// checkpointed_bytes is the size of the files checkpointed to the under-store.
 	CheckpointedBytes int64 `protobuf:"varint,8,opt,name=checkpointed_bytes,json=checkpointedBytes,proto3" json:"checkpointed_bytes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// complete is the dataset's complete flag (see Dataset): its writer finished.
+	Complete      bool `protobuf:"varint,9,opt,name=complete,proto3" json:"complete,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DatasetUsage) Reset() {
@@ -2007,6 +2009,13 @@ func (x *DatasetUsage) GetCheckpointedBytes() int64 {
 		return x.CheckpointedBytes
 	}
 	return 0
+}
+
+func (x *DatasetUsage) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
 }
 
 type NodeUsage struct {
@@ -3781,7 +3790,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"G\n" +
 	"\x16GetDatasetUsageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
-	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\xb8\x02\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\xd4\x02\n" +
 	"\fDatasetUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x04R\x05files\x12!\n" +
@@ -3791,7 +3800,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\vtotal_bytes\x18\x06 \x01(\x03R\n" +
 	"totalBytes\x12%\n" +
 	"\x0euncached_files\x18\a \x01(\x04R\runcachedFiles\x12-\n" +
-	"\x12checkpointed_bytes\x18\b \x01(\x03R\x11checkpointedBytes\"B\n" +
+	"\x12checkpointed_bytes\x18\b \x01(\x03R\x11checkpointedBytes\x12\x1a\n" +
+	"\bcomplete\x18\t \x01(\bR\bcomplete\"B\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
 	"\fcached_bytes\x18\x02 \x01(\x03R\vcachedBytes\"\xb7\x01\n" +
