@@ -62,7 +62,7 @@ func openStore(base string, quota int64, dir *locations.Directory) (*tierstore.S
 
 // startWorkerIn starts a worker whose tiers are under base: a restarted worker finds there
 // what the one before stored.
-func startWorkerIn(t *testing.T, master *client.Client, id string, quota int64, base string) *worker {
+func startWorkerIn(t testing.TB, master *client.Client, id string, quota int64, base string) *worker {
 	t.Helper()
 	ctx := context.Background()
 	peers := dataplane.NewPeers()
@@ -95,12 +95,16 @@ func startWorkerIn(t *testing.T, master *client.Client, id string, quota int64, 
 }
 
 func mountOutput(t *testing.T, master *client.Client, w *worker) *outputfs.Server {
+	return mountOutputIn(t, master, w, blockSize, filepath.Join(t.TempDir(), "staging"), testr.New(t))
+}
+
+// mountOutputIn mounts the output on w, its files cut into blocks of size bs and staged in staging.
+func mountOutputIn(t testing.TB, master *client.Client, w *worker, bs int64, staging string, log logr.Logger) *outputfs.Server {
 	t.Helper()
 	dir := t.TempDir()
 	s, err := outputfs.Mount(context.Background(), dir, outputfs.Config{
 		Dataset: dataset, Root: root, Master: master, Store: w.store, Locations: w.dir,
-		BlockSize: blockSize, StagingDir: filepath.Join(t.TempDir(), "staging"), Name: "strata:test",
-		Log: testr.New(t),
+		BlockSize: bs, StagingDir: staging, Name: "strata:test", Log: log,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,9 +1,13 @@
 package outputfs
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,8 +15,14 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
 
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
+	"github.com/strata-cache/strata/cacheworker/locations"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/mastertest"
 )
 
@@ -185,14 +195,30 @@ func TestACompactedJournalReplaysTheSameTree(t *testing.T) {
 
 func ptrTo[T any](v T) *T { return &v }
 
-// unmountedFileSystem is an output file system that no kernel talks to, over a real master:
-// tests call its request handlers as the kernel would.
+// unmountedFileSystem is an output file system that no kernel talks to, over a real master
+// and a real tier store: tests call its request handlers as the kernel would.
 func unmountedFileSystem(t *testing.T) *fileSystem {
 	t.Helper()
 	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	if _, err := master.RegisterWorker(context.Background(), &masterpb.RegisterWorkerRequest{Id: "pool/node-a", Node: "node-a"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := locations.NewDirectory(master, dataplane.NewPeers(), "pool/node-a", logr.Discard())
+	tmp := t.TempDir()
+	store, err := tierstore.Open(context.Background(), tierstore.Config{
+		Tiers:    []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(tmp, "mem")}, Quota: 64 << 20}},
+		IndexDir: filepath.Join(tmp, "index"), OnRemove: dir.Forget,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
 	staging := t.TempDir()
-	o := &output{cfg: Config{Dataset: "ns/out/uid", Root: "/datasets/ns/out/uid", Master: master, StagingDir: staging,
-		MasterTimeout: 10 * time.Second, Metrics: newMetrics()}, log: testr.New(t)}
+	o := &output{cfg: Config{Dataset: "ns/out/uid", Root: "/datasets/ns/out/uid", Master: master, Store: store, Locations: dir,
+		BlockSize: 1 << 10, StagingDir: staging, MasterTimeout: 10 * time.Second, Metrics: newMetrics()}, log: testr.New(t)}
+	if _, err := master.RegisterDataset(context.Background(), &masterpb.RegisterDatasetRequest{Name: o.cfg.Dataset, Root: o.cfg.Root}); err != nil {
+		t.Fatal(err)
+	}
 	j, err := newJournal(logr.Discard())
 	if err != nil {
 		t.Fatal(err)
@@ -202,4 +228,60 @@ func unmountedFileSystem(t *testing.T) *fileSystem {
 		t.Fatal(err)
 	}
 	return fsys
+}
+
+// TestASealAKilledProcessFinishedIsOnlyRecorded takes a file over whose seal an earlier process
+// carried out (stored, committed, published) but was killed before recording: the close the
+// kernel sends again finds it published and records it, rather than failing with EEXIST or
+// storing it twice; and a seal killed half way (blocks stored, their staged bytes freed) is
+// finished from the stored blocks.
+func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
+	g := NewWithT(t)
+	first := unmountedFileSystem(t)
+	o := first.o
+	write := func(fsys *fileSystem, name string, data []byte) uint64 {
+		var c fuse.CreateOut
+		g.Expect(fsys.Create(nil, &fuse.CreateIn{InHeader: fuse.InHeader{Unique: 1, NodeId: rootID}, Mode: 0o644}, name, &c)).To(Equal(fuse.OK))
+		_, st := fsys.Write(nil, &fuse.WriteIn{InHeader: fuse.InHeader{NodeId: c.NodeId}, Fh: c.Fh}, data)
+		g.Expect(st).To(Equal(fuse.OK))
+		return c.NodeId
+	}
+	published := bytes.Repeat([]byte("p"), 2500)
+	halfway := bytes.Repeat([]byte("h"), 2500)
+	p := write(first, "published.bin", published)
+	h := write(first, "halfway.bin", halfway)
+
+	// The earlier process: one file sealed at the master but not recorded, the other's first
+	// block stored and its staged bytes freed, then killed.
+	pn := first.t.get(p)
+	g.Expect(o.seal(context.Background(), "published.bin", pn.state.Token, pn.staged, pn.size, false)).To(Succeed())
+	hn := first.t.get(h)
+	_, err := o.storeBlock(context.Background(), BlockID(hn.state.Token, 0), hn.staged, 0, 1024, nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(unix.Fallocate(int(hn.staged.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 1024)).To(Succeed())
+
+	own, records, err := readJournal(first.t.j.file, logr.Discard())
+	g.Expect(err).NotTo(HaveOccurred())
+	next := newFileSystem(o)
+	next.t, err = replay(own, records, o.cfg.StagingDir)
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, id := range []uint64{p, h} {
+		g.Expect(next.Flush(nil, &fuse.FlushIn{InHeader: fuse.InHeader{NodeId: id}, Fh: fhWritable})).To(Equal(fuse.OK))
+		g.Expect(next.t.get(id).state.Sealed).To(BeTrue())
+	}
+	for name, want := range map[string][]byte{"published.bin": published, "halfway.bin": halfway} {
+		f, err := o.cfg.Master.GetFile(context.Background(), &masterpb.GetFileRequest{Path: o.masterPath(name)})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(f.GetSize()).To(BeEquivalentTo(len(want)))
+		var got []byte
+		for index := int64(0); index*1024 < int64(len(want)); index++ {
+			b, err := o.loadBlock(context.Background(), f.GetClientToken(), index)
+			g.Expect(err).NotTo(HaveOccurred())
+			data, err := io.ReadAll(b.file)
+			g.Expect(err).NotTo(HaveOccurred())
+			b.close()
+			got = append(got, data...)
+		}
+		g.Expect(got).To(Equal(want), "%s reads back whole", name)
+	}
 }

@@ -38,7 +38,7 @@ func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
 	if n.staged == nil {
 		return syscall.EIO // cannot happen: only a sealed or discarded file has no staging file
 	}
-	err := o.seal(ctx, rel, st.Token, n.staged, n.size)
+	err := o.seal(ctx, rel, st.Token, n.staged, n.size, n.inherited)
 	if err != nil {
 		errno := syscall.EIO
 		switch {
@@ -68,13 +68,16 @@ func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
 	return 0
 }
 
-// seal publishes the size bytes of staged as the file rel, whose token is token.
-func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, size int64) (err error) {
+// seal publishes the size bytes of staged as the file rel, whose token is token. A file an
+// earlier process staged (inherited) may be published already, or have some blocks stored.
+func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, size int64, inherited bool) (err error) {
 	final, sealing := o.masterPath(rel), o.cfg.Root+"/"+SealingDir+"/"+token
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
-	if f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: final}); err == nil && f.GetClientToken() == token {
-		return nil // published by a process killed before it could record so
+	if inherited {
+		if f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: final}); err == nil && f.GetClientToken() == token {
+			return nil // published by a process killed before it could record so
+		}
 	}
 	if err := o.createSealing(mctx, sealing, token); err != nil {
 		return fmt.Errorf("creating %s at the master: %w", sealing, err)
@@ -115,7 +118,8 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 }
 
 // storeBlock stores the length staged bytes at off as block id, unless a seal that a killed
-// process began stored it already (and freed those staged bytes).
+// process began stored it already (and freed those staged bytes), or a failed seal could not
+// put its bytes back and kept it.
 func (o *output) storeBlock(ctx context.Context, id string, staged *os.File, off, length int64, origin []byte) (tierstore.BlockInfo, error) {
 	if f, info, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
 		_ = f.Close()

@@ -42,6 +42,8 @@ type node struct {
 	staged *os.File
 	// size is a file's size: the sealed size, or the staging file's.
 	size int64
+	// inherited: an earlier process staged this file, and may have begun sealing it.
+	inherited bool
 }
 
 // tree is a mount's nodes, recorded in its journal as they change.
@@ -299,7 +301,7 @@ func (t *tree) reopen(n *node, stagingDir string) error {
 		_ = f.Close()
 		return fmt.Errorf("reopening the staged bytes of %s: %w", n.name, err)
 	}
-	n.staged, n.size = f, fi.Size()
+	n.staged, n.size, n.inherited = f, fi.Size(), true
 	n.state.MtimeNs = fi.ModTime().UnixNano()
 	return nil
 }
