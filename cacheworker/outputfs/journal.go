@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
@@ -129,6 +130,8 @@ type journal struct {
 	compactAt int64
 	// onNew hands a compacted journal to whoever holds the handover; nil if nobody does.
 	onNew func(*os.File) error
+	// compactions counts the compactions; nil counts nowhere.
+	compactions prometheus.Counter
 }
 
 // viewNode is what the records say of a node.
@@ -251,6 +254,9 @@ func (j *journal) compactLocked() {
 		return
 	}
 	_ = j.file.Close()
+	if j.compactions != nil {
+		j.compactions.Inc()
+	}
 	j.log.V(1).Info("compacted the output mount's journal", "from", j.end, "to", size)
 	j.file, j.end = f, size
 	j.compactAt = max(compactMinSize, size*compactFactor)

@@ -15,12 +15,14 @@ type Metrics struct {
 	sealedFiles  prometheus.Counter
 	sealedBytes  prometheus.Counter
 	sealFailures *prometheus.CounterVec
+	takeovers    prometheus.Counter
+	compactions  prometheus.Counter
 }
 
 // NewMetrics registers the output mount metrics on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := newMetrics()
-	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures} {
+	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures, m.takeovers, m.compactions} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering output mount metrics: %w", err)
 		}
@@ -42,5 +44,9 @@ func newMetrics() *Metrics {
 		sealFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_seal_failures_total",
 			Help: "Output files that could not be sealed, by errno returned to the writer: ENOSPC (tier full of data not checkpointed), EEXIST (sealed elsewhere first), EIO (master or store failure)."},
 			[]string{"errno"}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_takeovers_total",
+			Help: "Output mounts this worker took over from an earlier worker process, its writers and readers going on."}),
+		compactions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_journal_compactions_total",
+			Help: "Times an output mount's journal was compacted into a new one, handed to the CSI node plugin's store."}),
 	}
 }

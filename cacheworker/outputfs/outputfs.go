@@ -184,6 +184,7 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 		_ = conn.Close()
 		return fail(err)
 	}
+	cfg.Metrics.takeovers.Inc()
 	cfg.Log.V(1).Info("took over an output mount", "dir", mount.Dir, "nodes", len(fsys.t.nodes))
 	return s, nil
 }
@@ -231,6 +232,7 @@ func (s *Server) start() error {
 	fsys := s.fsys
 	fsys.generation++
 	fsys.t.j.onNew = s.journalReplaced
+	fsys.t.j.compactions = s.out.cfg.Metrics.compactions
 	if err := fsys.t.j.append(record{Kind: recStart}); err != nil {
 		return err
 	}

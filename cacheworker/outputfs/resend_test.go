@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -142,6 +143,7 @@ func TestACompactedJournalReplaysTheSameTree(t *testing.T) {
 	compactMinSize = 4 << 10
 	fsys := unmountedFileSystem(t)
 	j, staging := fsys.t.j, fsys.o.cfg.StagingDir
+	j.compactions = fsys.o.cfg.Metrics.compactions
 	var held []*os.File
 	refuse := false
 	j.onNew = func(f *os.File) error {
@@ -168,6 +170,7 @@ func TestACompactedJournalReplaysTheSameTree(t *testing.T) {
 		}
 	}
 	g.Expect(held).NotTo(BeEmpty(), "the journal was compacted, and each new one handed on")
+	g.Expect(testutil.ToFloat64(fsys.o.cfg.Metrics.compactions)).To(BeEquivalentTo(len(held)), "and counted")
 	g.Expect(j.end).To(BeNumerically("<", 200<<10), "the journal stays about the size of the tree")
 
 	own, records, err := readJournal(held[len(held)-1], logr.Discard())
