@@ -170,7 +170,17 @@ func (d *Directory) Report(ctx context.Context, info tierstore.BlockInfo) error 
 // Commit tells the master that this worker holds block info, the part of the file at path
 // (in the master's namespace) that starts at offset. The file must exist there.
 func (d *Directory) Commit(ctx context.Context, info tierstore.BlockInfo, path string, offset int64) error {
-	_, err := d.master.CommitBlock(ctx, &masterpb.CommitBlockRequest{
+	_, err := d.master.CommitBlock(ctx, d.CommitRequest(info, path, offset))
+	if err != nil {
+		return fmt.Errorf("reporting block %s of %s to the master: %w", info.ID, path, err)
+	}
+	return nil
+}
+
+// CommitRequest is the master's record of block info of the file path at offset, on this
+// worker: what Commit sends.
+func (d *Directory) CommitRequest(info tierstore.BlockInfo, path string, offset int64) *masterpb.CommitBlockRequest {
+	return &masterpb.CommitBlockRequest{
 		BlockId:  MasterBlockID(info.ID),
 		Path:     path,
 		Offset:   offset,
@@ -178,11 +188,7 @@ func (d *Directory) Commit(ctx context.Context, info tierstore.BlockInfo, path s
 		Checksum: strconv.FormatUint(uint64(info.Checksum), 16),
 		Worker:   d.self,
 		Tier:     info.Tier,
-	})
-	if err != nil {
-		return fmt.Errorf("reporting block %s of %s to the master: %w", info.ID, path, err)
 	}
-	return nil
 }
 
 // ReportAll reports every block in blocks, as after (re-)registering; it goes on past failures

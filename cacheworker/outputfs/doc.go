@@ -9,16 +9,18 @@
 // writing) and sealed when its writer closes it: the close that leaves no other handle open for
 // writing. Until then its bytes live in a staging file of the mount (Config.StagingDir, which the
 // worker puts on the top tier's file system, tmpfs for MEM), and only this node sees the file.
-// Sealing makes it part of the Dataset:
+// Sealing makes it part of the Dataset, whole or not at all for other nodes:
 //
-//  1. the master creates it under a sealing folder of the Dataset (SealingDir), with a random
-//     token as its client token;
-//  2. the staged bytes are cut into blocks named "<token>-<index>" and stored in the tier store,
-//     unclean (they exist nowhere else, so the store never drops them without persisting them
-//     first), each committed at the master with this worker as its location; the staged range of
-//     each block is freed (a hole punched in the staging file) as soon as the block is stored,
-//     so sealing never needs much more memory than the file itself;
-//  3. the master renames the file to its path, so that other nodes see it whole or not at all.
+//   - the staged bytes are cut into blocks named "<token>-<index>" (the token is the file
+//     version's 128 random bits) and stored in the tier store, unclean (they exist nowhere else,
+//     so the store never drops them without persisting them first); the staged range of each
+//     block is freed (a hole punched in the staging file) as soon as the block is stored, so
+//     sealing never needs much more memory than the file itself;
+//   - a file of at most 64 blocks (maxSealBlocks) is then published with all its blocks, this
+//     worker as their location, in one master command (SealFile, the token as its client
+//     token, so that a retry finds the file it made);
+//   - a larger one is created first under a sealing folder of the Dataset (SealingDir), each
+//     block committed as it is stored, and renamed to its path at the end.
 //
 // A sealed file is immutable: opening it for writing, truncating it or writing through a
 // handle that outlived the seal fails with EPERM, and its write bits are cleared. The seal runs

@@ -28,6 +28,7 @@ type Master interface {
 	RegisterDataset(ctx context.Context, req *masterpb.RegisterDatasetRequest) (*masterpb.Dataset, error)
 	GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest) (*masterpb.Dataset, error)
 	CreateFile(ctx context.Context, req *masterpb.CreateFileRequest) (*masterpb.File, error)
+	SealFile(ctx context.Context, req *masterpb.SealFileRequest) (*masterpb.File, error)
 	GetFile(ctx context.Context, req *masterpb.GetFileRequest) (*masterpb.File, error)
 	RenameFile(ctx context.Context, from, to string) (*masterpb.File, error)
 	DeleteFile(ctx context.Context, path string) (*masterpb.DeleteFileResponse, error)
@@ -45,6 +46,8 @@ type Blocks interface {
 // (locations.Directory).
 type Locations interface {
 	Commit(ctx context.Context, info tierstore.BlockInfo, path string, offset int64) error
+	// CommitRequest is what Commit would send, for sending it with others (SealFile).
+	CommitRequest(info tierstore.BlockInfo, path string, offset int64) *masterpb.CommitBlockRequest
 	ReadBlock(ctx context.Context, id string) ([]byte, error)
 }
 

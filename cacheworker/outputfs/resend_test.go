@@ -249,30 +249,37 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 		g.Expect(st).To(Equal(fuse.OK))
 		return c.NodeId
 	}
-	published := bytes.Repeat([]byte("p"), 2500)
-	halfway := bytes.Repeat([]byte("h"), 2500)
-	p := write(first, "published.bin", published)
-	h := write(first, "halfway.bin", halfway)
-
-	// The earlier process: one file sealed at the master but not recorded, the other's first
-	// block stored and its staged bytes freed, then killed.
-	pn := first.t.get(p)
-	g.Expect(o.seal(context.Background(), "published.bin", pn.state.Token, pn.staged, pn.size, false)).To(Succeed())
-	hn := first.t.get(h)
-	_, err := o.storeBlock(context.Background(), BlockID(hn.state.Token, 0), hn.staged, 0, 1024, nil)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(unix.Fallocate(int(hn.staged.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 1024)).To(Succeed())
+	// Small files are sealed with one master command, large ones (over maxSealBlocks blocks of
+	// 1 KiB) block by block: each way, one file the earlier process published and one it left
+	// with its first block stored.
+	small, large := 2500, maxSealBlocks*1024+5
+	files := map[string][]byte{}
+	ids := map[string]uint64{}
+	for name, size := range map[string]int{"published-small": small, "published-large": large, "halfway-small": small, "halfway-large": large} {
+		files[name] = bytes.Repeat([]byte(name[:1]), size)
+		ids[name] = write(first, name, files[name])
+	}
+	for _, name := range []string{"published-small", "published-large"} {
+		n := first.t.get(ids[name])
+		g.Expect(o.seal(context.Background(), name, n.state.Token, n.staged, n.size, false)).To(Succeed())
+	}
+	for _, name := range []string{"halfway-small", "halfway-large"} {
+		n := first.t.get(ids[name])
+		_, err := o.storeBlock(context.Background(), BlockID(n.state.Token, 0), n.staged, 0, 1024, nil)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(unix.Fallocate(int(n.staged.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 1024)).To(Succeed())
+	}
 
 	own, records, err := readJournal(first.t.j.file, logr.Discard())
 	g.Expect(err).NotTo(HaveOccurred())
 	next := newFileSystem(o)
 	next.t, err = replay(own, records, o.cfg.StagingDir)
 	g.Expect(err).NotTo(HaveOccurred())
-	for _, id := range []uint64{p, h} {
-		g.Expect(next.Flush(nil, &fuse.FlushIn{InHeader: fuse.InHeader{NodeId: id}, Fh: fhWritable})).To(Equal(fuse.OK))
-		g.Expect(next.t.get(id).state.Sealed).To(BeTrue())
+	for name, id := range ids {
+		g.Expect(next.Flush(nil, &fuse.FlushIn{InHeader: fuse.InHeader{NodeId: id}, Fh: fhWritable})).To(Equal(fuse.OK), name)
+		g.Expect(next.t.get(id).state.Sealed).To(BeTrue(), name)
 	}
-	for name, want := range map[string][]byte{"published.bin": published, "halfway.bin": halfway} {
+	for name, want := range files {
 		f, err := o.cfg.Master.GetFile(context.Background(), &masterpb.GetFileRequest{Path: o.masterPath(name)})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(f.GetSize()).To(BeEquivalentTo(len(want)))

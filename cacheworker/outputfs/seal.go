@@ -68,26 +68,67 @@ func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
 	return 0
 }
 
+// maxSealBlocks is the most blocks a file may have to be sealed with one master command
+// (fsm.MaxSealBlocks); larger files are created under the sealing folder, committed block by
+// block and renamed into place.
+const maxSealBlocks = 64
+
 // seal publishes the size bytes of staged as the file rel, whose token is token. A file an
 // earlier process staged (inherited) may be published already, or have some blocks stored.
 func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, size int64, inherited bool) (err error) {
-	final, sealing := o.masterPath(rel), o.cfg.Root+"/"+SealingDir+"/"+token
+	final := o.masterPath(rel)
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
-	if inherited {
-		if f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: final}); err == nil && f.GetClientToken() == token {
-			return nil // published by a process killed before it could record so
-		}
-	}
-	if err := o.createSealing(mctx, sealing, token); err != nil {
-		return fmt.Errorf("creating %s at the master: %w", sealing, err)
-	}
 	var stored []int64 // offsets of the blocks stored, whose staged bytes are freed
+	sealing := ""      // the file being assembled at the master, for a large file
 	defer func() {
 		if err != nil {
 			o.undoSeal(sealing, token, staged, stored)
 		}
 	}()
+	if (size+o.cfg.BlockSize-1)/o.cfg.BlockSize <= maxSealBlocks {
+		// At once: the blocks, then the file with all of them, in one command (a retry of
+		// which, after a kill, finds the file by its token).
+		var blocks []*masterpb.CommitBlockRequest
+		err := o.storeBlocks(ctx, final, token, staged, size, &stored, func(info tierstore.BlockInfo, off int64) error {
+			blocks = append(blocks, o.cfg.Locations.CommitRequest(info, final, off))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return o.sealAtOnce(mctx, &masterpb.SealFileRequest{Path: final, Dataset: o.cfg.Dataset, ClientToken: token, Blocks: blocks})
+	}
+	if inherited {
+		if f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: final}); err == nil && f.GetClientToken() == token {
+			return nil // published by a process killed before it could record so
+		}
+	}
+	sealing = o.cfg.Root + "/" + SealingDir + "/" + token
+	if err := o.createSealing(mctx, sealing, token); err != nil {
+		return fmt.Errorf("creating %s at the master: %w", sealing, err)
+	}
+	err = o.storeBlocks(ctx, final, token, staged, size, &stored, func(info tierstore.BlockInfo, off int64) error {
+		return o.cfg.Locations.Commit(mctx, info, sealing, off)
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := o.cfg.Master.RenameFile(mctx, sealing, final); err != nil {
+		if status.Code(err) == codes.AlreadyExists {
+			return fmt.Errorf("publishing %s: %w", final, errSealedElsewhere)
+		}
+		return fmt.Errorf("publishing %s at the master: %w", final, err)
+	}
+	return nil
+}
+
+// storeBlocks cuts the size bytes of staged into blocks, stores each in the tier store, hands
+// it to stored (which reports it), and frees its staged bytes; stored gets the offset of each
+// block stored.
+func (o *output) storeBlocks(ctx context.Context, final, token string, staged *os.File, size int64, offsets *[]int64,
+	stored func(info tierstore.BlockInfo, off int64) error,
+) error {
 	bs := o.cfg.BlockSize
 	for off, index := int64(0), int64(0); off < size; off, index = off+bs, index+1 {
 		length := min(bs, size-off)
@@ -99,8 +140,8 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 		if err != nil {
 			return fmt.Errorf("storing block %d: %w", index, err)
 		}
-		stored = append(stored, off)
-		if err := o.cfg.Locations.Commit(mctx, info, sealing, off); err != nil {
+		*offsets = append(*offsets, off)
+		if err := stored(info, off); err != nil {
 			return err
 		}
 		// The block holds these bytes now; free them in the staging file.
@@ -108,11 +149,24 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 			return fmt.Errorf("freeing the staged bytes of block %d: %w", index, err)
 		}
 	}
-	if _, err := o.cfg.Master.RenameFile(mctx, sealing, final); err != nil {
-		if status.Code(err) == codes.AlreadyExists {
-			return fmt.Errorf("publishing %s: %w", final, errSealedElsewhere)
+	return nil
+}
+
+// sealAtOnce publishes a file with all its blocks in one command. A Dataset the master forgot
+// (to recompute it, while this mount stayed) is registered again first: its new writer is here.
+func (o *output) sealAtOnce(ctx context.Context, req *masterpb.SealFileRequest) error {
+	_, err := o.cfg.Master.SealFile(ctx, req)
+	if status.Code(err) == codes.NotFound {
+		if _, rerr := o.cfg.Master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: o.cfg.Dataset, Root: o.cfg.Root}); rerr != nil {
+			return fmt.Errorf("registering output Dataset %s again at the master: %w", o.cfg.Dataset, rerr)
 		}
-		return fmt.Errorf("publishing %s at the master: %w", final, err)
+		_, err = o.cfg.Master.SealFile(ctx, req)
+	}
+	switch {
+	case status.Code(err) == codes.AlreadyExists:
+		return fmt.Errorf("publishing %s: %w", req.Path, errSealedElsewhere)
+	case err != nil:
+		return fmt.Errorf("publishing %s at the master: %w", req.Path, err)
 	}
 	return nil
 }
@@ -164,6 +218,9 @@ func (o *output) undoSeal(sealing, token string, staged *os.File, stored []int64
 		if err := o.cfg.Store.Delete(ctx, id); err != nil && !errors.Is(err, tierstore.ErrNotFound) {
 			o.log.Error(err, "removing a block of a failed seal", "block", id)
 		}
+	}
+	if sealing == "" {
+		return // sealed at once: the master has nothing of it
 	}
 	if _, err := o.cfg.Master.DeleteFile(ctx, sealing); err != nil && status.Code(err) != codes.NotFound {
 		o.log.Error(err, "removing a half-sealed file at the master; readers never see it", "path", sealing)

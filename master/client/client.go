@@ -291,6 +291,13 @@ func (c *Client) GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest
 	return ds, err
 }
 
+// SealFile creates a file with its blocks committed, in one command (idempotent by the
+// request's client token, which it needs).
+func (c *Client) SealFile(ctx context.Context, req *masterpb.SealFileRequest) (*masterpb.File, error) {
+	f, _, err := call(ctx, c, "SealFile", req, masterpb.MasterClient.SealFile)
+	return f, err
+}
+
 // ForgetWorker removes a lost worker's record (idempotent); see masterpb.MasterServer.
 func (c *Client) ForgetWorker(ctx context.Context, worker string) (*masterpb.ForgetWorkerResponse, error) {
 	resp, _, err := call(ctx, c, "ForgetWorker", &masterpb.ForgetWorkerRequest{Worker: worker}, masterpb.MasterClient.ForgetWorker)

@@ -213,6 +213,8 @@ func apply(txn *badger.Txn, cmd *masterpb.Command) (proto.Message, error) {
 		return completeDataset(txn, op.CompleteDataset)
 	case *masterpb.Command_ForgetWorker:
 		return forgetWorker(txn, op.ForgetWorker)
+	case *masterpb.Command_SealFile:
+		return sealFile(txn, at, op.SealFile)
 	default:
 		return nil, fmt.Errorf("operation %T has no handler", op)
 	}

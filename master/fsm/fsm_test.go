@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/dgraph-io/badger/v4"
@@ -107,6 +108,18 @@ func commit(id uint64, p string, offset int64, w, tier string) *masterpb.Command
 
 func lost(id string, limit uint32) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_MarkWorkerLost{MarkWorkerLost: &masterpb.MarkWorkerLostStep{Worker: id, Reason: "test", Limit: limit}}}
+}
+
+// seal seals path with a block of 100 bytes, on worker w1, at each offset.
+func seal(path, token string, offsets ...int64) *masterpb.Command {
+	req := &masterpb.SealFileRequest{Path: path, Dataset: "ns/d/uid", ClientToken: token}
+	if !strings.HasPrefix(path, "/datasets/ns/d/uid/") {
+		req.Dataset = ""
+	}
+	for i, off := range offsets {
+		req.Blocks = append(req.Blocks, &masterpb.CommitBlockRequest{BlockId: uint64(1000 + i), Offset: off, Size: 100, Checksum: "c", Worker: "w1", Tier: "mem"})
+	}
+	return &masterpb.Command{Op: &masterpb.Command_SealFile{SealFile: req}}
 }
 
 func forget(id string) *masterpb.Command {
@@ -303,6 +316,49 @@ func TestCommandOutcomes(t *testing.T) {
 			},
 		},
 		"marking an unknown worker lost fails": {cmd: lost("w1", 0), wantErr: ErrNotFound},
+		"a sealed file is created with its blocks, whole": {
+			setup: []*masterpb.Command{dataset("ns/d/uid", "/datasets/ns/d/uid"), worker("w1")},
+			cmd:   seal("/datasets/ns/d/uid/part-0", "t1", 0, 100),
+			check: func(t *testing.T, _ *FSM, resp proto.Message) {
+				file := resp.(*masterpb.File)
+				if file.Size != 200 || len(file.BlockIds) != 2 || file.ClientToken != "t1" || file.Dataset != "ns/d/uid" {
+					t.Errorf("got %v, want a 200-byte file of two blocks, token t1, in ns/d/uid", file)
+				}
+			},
+		},
+		"a retried seal returns the file it made": {
+			setup: []*masterpb.Command{dataset("ns/d/uid", "/datasets/ns/d/uid"), worker("w1"), seal("/datasets/ns/d/uid/part-0", "t1", 0, 100)},
+			cmd:   seal("/datasets/ns/d/uid/part-0", "t1", 0, 100),
+			check: func(t *testing.T, _ *FSM, resp proto.Message) {
+				if f := resp.(*masterpb.File); f.Size != 200 || len(f.BlockIds) != 2 {
+					t.Errorf("got %v, want the file of the first seal", f)
+				}
+			},
+		},
+		"a seal of a path another writer sealed fails": {
+			setup:   []*masterpb.Command{dataset("ns/d/uid", "/datasets/ns/d/uid"), worker("w1"), seal("/datasets/ns/d/uid/part-0", "t1", 0)},
+			cmd:     seal("/datasets/ns/d/uid/part-0", "t2", 0),
+			wantErr: ErrAlreadyExists,
+		},
+		"a seal into a complete dataset fails": {
+			setup:   []*masterpb.Command{dataset("ns/d/uid", "/datasets/ns/d/uid"), worker("w1"), complete("ns/d/uid")},
+			cmd:     seal("/datasets/ns/d/uid/part-0", "t1", 0),
+			wantErr: ErrFailedPrecondition,
+		},
+		"a seal whose block cannot be committed leaves no file": {
+			setup:   []*masterpb.Command{dataset("ns/d/uid", "/datasets/ns/d/uid"), worker("w1"), lost("w1", 0)},
+			cmd:     seal("/datasets/ns/d/uid/part-0", "t1", 0),
+			wantErr: ErrFailedPrecondition,
+			check: func(t *testing.T, f *FSM, _ proto.Message) {
+				if _, err := f.GetFile("/datasets/ns/d/uid/part-0"); !errors.Is(err, ErrNotFound) {
+					t.Errorf("the failed seal left the file behind: %v", err)
+				}
+			},
+		},
+		"a seal of too many blocks for one command is refused": {
+			cmd:     seal("/a", "t1", make([]int64, MaxSealBlocks+1)...),
+			wantErr: ErrInvalid,
+		},
 		"a lost worker is forgotten": {
 			setup: []*masterpb.Command{worker("w1"), worker("w2"), lost("w1", 0)},
 			cmd:   forget("w1"),

@@ -29,6 +29,9 @@ var (
 const (
 	// MaxBlocksPerFile bounds a file so that deleting it fits one transaction.
 	MaxBlocksPerFile = 4096
+	// MaxSealBlocks bounds the blocks of a file sealed in one command (SealFile), whose
+	// transaction rewrites the file's record once per block.
+	MaxSealBlocks = 64
 	// MaxLocationsPerBlock bounds the copies of a block, for the same reason.
 	MaxLocationsPerBlock = 8
 	// MaxPathLength bounds a path, as PATH_MAX does on Linux.

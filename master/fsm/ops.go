@@ -361,6 +361,32 @@ func completeDataset(txn *badger.Txn, req *masterpb.CompleteDatasetRequest) (pro
 	return ds, nil
 }
 
+// sealFile creates a file and commits its blocks in one transaction (see
+// masterpb.SealFileRequest). A retry finds the file its first attempt made, by client token.
+func sealFile(txn *badger.Txn, at int64, req *masterpb.SealFileRequest) (proto.Message, error) {
+	switch {
+	case req.ClientToken == "":
+		return nil, invalid("sealing %s needs a client token, so that a retry finds the file", req.Path)
+	case len(req.Blocks) > MaxSealBlocks:
+		return nil, invalid("sealing %s: %d blocks, more than the %d one command takes; create the file and commit its blocks instead",
+			req.Path, len(req.Blocks), MaxSealBlocks)
+	}
+	if existing, err := getFile(txn, req.Path); err == nil && existing.ClientToken == req.ClientToken {
+		return existing, nil
+	}
+	if _, err := createFile(txn, at, &masterpb.CreateFileRequest{Path: req.Path, Dataset: req.Dataset, ClientToken: req.ClientToken}); err != nil {
+		return nil, err
+	}
+	for _, b := range req.Blocks {
+		commit := proto.Clone(b).(*masterpb.CommitBlockRequest)
+		commit.Path = req.Path
+		if _, err := commitBlock(txn, at, commit); err != nil {
+			return nil, err
+		}
+	}
+	return getFile(txn, req.Path)
+}
+
 // forgetWorker removes the record of a lost worker whose blocks were all marked lost. The lost
 // copies stay on the blocks' records (readers skip them), so that a block whose last copy was
 // there is still known to be lost.

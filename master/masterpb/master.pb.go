@@ -1551,6 +1551,76 @@ func (x *CheckpointFileRequest) GetUri() string {
 	return ""
 }
 
+type SealFileRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Path        string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Dataset     string                 `protobuf:"bytes,2,opt,name=dataset,proto3" json:"dataset,omitempty"`
+	ClientToken string                 `protobuf:"bytes,3,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	// blocks are the file's blocks, their path ignored; at most 64, so that one command stays
+	// small: larger files are created, committed block by block and published by a rename.
+	Blocks        []*CommitBlockRequest `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SealFileRequest) Reset() {
+	*x = SealFileRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SealFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SealFileRequest) ProtoMessage() {}
+
+func (x *SealFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SealFileRequest.ProtoReflect.Descriptor instead.
+func (*SealFileRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SealFileRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *SealFileRequest) GetDataset() string {
+	if x != nil {
+		return x.Dataset
+	}
+	return ""
+}
+
+func (x *SealFileRequest) GetClientToken() string {
+	if x != nil {
+		return x.ClientToken
+	}
+	return ""
+}
+
+func (x *SealFileRequest) GetBlocks() []*CommitBlockRequest {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
 type RecordAccessRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -1561,7 +1631,7 @@ type RecordAccessRequest struct {
 
 func (x *RecordAccessRequest) Reset() {
 	*x = RecordAccessRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1643,7 @@ func (x *RecordAccessRequest) String() string {
 func (*RecordAccessRequest) ProtoMessage() {}
 
 func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1656,7 @@ func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordAccessRequest.ProtoReflect.Descriptor instead.
 func (*RecordAccessRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RecordAccessRequest) GetPath() string {
@@ -1614,7 +1684,7 @@ type RegisterDatasetRequest struct {
 
 func (x *RegisterDatasetRequest) Reset() {
 	*x = RegisterDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1696,7 @@ func (x *RegisterDatasetRequest) String() string {
 func (*RegisterDatasetRequest) ProtoMessage() {}
 
 func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1709,7 @@ func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatasetRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegisterDatasetRequest) GetName() string {
@@ -1673,7 +1743,7 @@ type GetDatasetRequest struct {
 
 func (x *GetDatasetRequest) Reset() {
 	*x = GetDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1755,7 @@ func (x *GetDatasetRequest) String() string {
 func (*GetDatasetRequest) ProtoMessage() {}
 
 func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1768,7 @@ func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetDatasetRequest) GetName() string {
@@ -1724,7 +1794,7 @@ type DeleteDatasetRequest struct {
 
 func (x *DeleteDatasetRequest) Reset() {
 	*x = DeleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1806,7 @@ func (x *DeleteDatasetRequest) String() string {
 func (*DeleteDatasetRequest) ProtoMessage() {}
 
 func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1819,7 @@ func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteDatasetRequest) GetName() string {
@@ -1768,7 +1838,7 @@ type CompleteDatasetRequest struct {
 
 func (x *CompleteDatasetRequest) Reset() {
 	*x = CompleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1850,7 @@ func (x *CompleteDatasetRequest) String() string {
 func (*CompleteDatasetRequest) ProtoMessage() {}
 
 func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1863,7 @@ func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*CompleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CompleteDatasetRequest) GetName() string {
@@ -1812,7 +1882,7 @@ type DeleteDatasetResponse struct {
 
 func (x *DeleteDatasetResponse) Reset() {
 	*x = DeleteDatasetResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1894,7 @@ func (x *DeleteDatasetResponse) String() string {
 func (*DeleteDatasetResponse) ProtoMessage() {}
 
 func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +1907,7 @@ func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteDatasetResponse) GetFilesDeleted() uint64 {
@@ -1857,7 +1927,7 @@ type GetDatasetUsageRequest struct {
 
 func (x *GetDatasetUsageRequest) Reset() {
 	*x = GetDatasetUsageRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +1939,7 @@ func (x *GetDatasetUsageRequest) String() string {
 func (*GetDatasetUsageRequest) ProtoMessage() {}
 
 func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +1952,7 @@ func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetDatasetUsageRequest) GetName() string {
@@ -1927,7 +1997,7 @@ type DatasetUsage struct {
 
 func (x *DatasetUsage) Reset() {
 	*x = DatasetUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2009,7 @@ func (x *DatasetUsage) String() string {
 func (*DatasetUsage) ProtoMessage() {}
 
 func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2022,7 @@ func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetUsage.ProtoReflect.Descriptor instead.
 func (*DatasetUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DatasetUsage) GetName() string {
@@ -2028,7 +2098,7 @@ type NodeUsage struct {
 
 func (x *NodeUsage) Reset() {
 	*x = NodeUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2040,7 +2110,7 @@ func (x *NodeUsage) String() string {
 func (*NodeUsage) ProtoMessage() {}
 
 func (x *NodeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2053,7 +2123,7 @@ func (x *NodeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
 func (*NodeUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeUsage) GetNode() string {
@@ -2085,7 +2155,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2097,7 +2167,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2110,7 +2180,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -2172,7 +2242,7 @@ type RemoveBlockCopyRequest struct {
 
 func (x *RemoveBlockCopyRequest) Reset() {
 	*x = RemoveBlockCopyRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2254,7 @@ func (x *RemoveBlockCopyRequest) String() string {
 func (*RemoveBlockCopyRequest) ProtoMessage() {}
 
 func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2267,7 @@ func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
@@ -2227,7 +2297,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2239,7 +2309,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2252,7 +2322,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -2285,7 +2355,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2297,7 +2367,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2310,7 +2380,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2332,7 +2402,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2414,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2427,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -2398,7 +2468,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2410,7 +2480,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2423,7 +2493,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -2449,7 +2519,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2461,7 +2531,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2474,7 +2544,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -2494,7 +2564,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2576,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2589,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -2545,7 +2615,7 @@ type ForgetWorkerRequest struct {
 
 func (x *ForgetWorkerRequest) Reset() {
 	*x = ForgetWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2557,7 +2627,7 @@ func (x *ForgetWorkerRequest) String() string {
 func (*ForgetWorkerRequest) ProtoMessage() {}
 
 func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2570,7 +2640,7 @@ func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForgetWorkerRequest) GetWorker() string {
@@ -2590,7 +2660,7 @@ type ForgetWorkerResponse struct {
 
 func (x *ForgetWorkerResponse) Reset() {
 	*x = ForgetWorkerResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2672,7 @@ func (x *ForgetWorkerResponse) String() string {
 func (*ForgetWorkerResponse) ProtoMessage() {}
 
 func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2685,7 @@ func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForgetWorkerResponse) GetForgotten() bool {
@@ -2639,7 +2709,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2721,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2734,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2704,7 +2774,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2716,7 +2786,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2729,7 +2799,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -2748,7 +2818,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2760,7 +2830,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2773,7 +2843,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -2794,7 +2864,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2806,7 +2876,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2819,7 +2889,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -2851,7 +2921,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +2933,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +2946,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 type LeaderRequest struct {
@@ -2887,7 +2957,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +2969,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +2982,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 type LeaderResponse struct {
@@ -2934,7 +3004,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3016,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3029,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -3053,6 +3123,7 @@ type Command struct {
 	//	*Command_RemoveBlockCopy
 	//	*Command_CompleteDataset
 	//	*Command_ForgetWorker
+	//	*Command_SealFile
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3060,7 +3131,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3072,7 +3143,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3085,7 +3156,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -3253,6 +3324,15 @@ func (x *Command) GetForgetWorker() *ForgetWorkerRequest {
 	return nil
 }
 
+func (x *Command) GetSealFile() *SealFileRequest {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SealFile); ok {
+			return x.SealFile
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -3321,6 +3401,10 @@ type Command_ForgetWorker struct {
 	ForgetWorker *ForgetWorkerRequest `protobuf:"bytes,25,opt,name=forget_worker,json=forgetWorker,proto3,oneof"`
 }
 
+type Command_SealFile struct {
+	SealFile *SealFileRequest `protobuf:"bytes,26,opt,name=seal_file,json=sealFile,proto3,oneof"`
+}
+
 func (*Command_CreateFile) isCommand_Op() {}
 
 func (*Command_RenameFile) isCommand_Op() {}
@@ -3353,6 +3437,8 @@ func (*Command_CompleteDataset) isCommand_Op() {}
 
 func (*Command_ForgetWorker) isCommand_Op() {}
 
+func (*Command_SealFile) isCommand_Op() {}
+
 // DeleteDatasetStep deletes at most limit keys' worth of the dataset's files; the dataset record
 // goes with the last step. Large datasets take several steps because one step is one Badger
 // transaction, whose size is bounded.
@@ -3366,7 +3452,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3378,7 +3464,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3391,7 +3477,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -3418,7 +3504,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3430,7 +3516,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3443,7 +3529,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3473,7 +3559,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3571,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3584,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3532,7 +3618,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3544,7 +3630,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3557,7 +3643,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3583,7 +3669,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +3681,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +3694,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3627,7 +3713,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3639,7 +3725,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3652,7 +3738,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -3771,7 +3857,12 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x15CheckpointFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x127\n" +
 	"\x05state\x18\x02 \x01(\x0e2!.strata.master.v1.CheckpointStateR\x05state\x12\x10\n" +
-	"\x03uri\x18\x03 \x01(\tR\x03uri\"?\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\"\xa0\x01\n" +
+	"\x0fSealFileRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
+	"\adataset\x18\x02 \x01(\tR\adataset\x12!\n" +
+	"\fclient_token\x18\x03 \x01(\tR\vclientToken\x12<\n" +
+	"\x06blocks\x18\x04 \x03(\v2$.strata.master.v1.CommitBlockRequestR\x06blocks\"?\n" +
 	"\x13RecordAccessRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
 	"\x05reads\x18\x02 \x01(\x04R\x05reads\"X\n" +
@@ -3865,7 +3956,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12\x12\n" +
 	"\x04term\x18\a \x01(\x04R\x04term\x12#\n" +
 	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12,\n" +
-	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\x95\n" +
+	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\xd7\n" +
 	"\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12 \n" +
@@ -3891,7 +3982,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"removePeer\x12V\n" +
 	"\x11remove_block_copy\x18\x17 \x01(\v2(.strata.master.v1.RemoveBlockCopyRequestH\x00R\x0fremoveBlockCopy\x12U\n" +
 	"\x10complete_dataset\x18\x18 \x01(\v2(.strata.master.v1.CompleteDatasetRequestH\x00R\x0fcompleteDataset\x12L\n" +
-	"\rforget_worker\x18\x19 \x01(\v2%.strata.master.v1.ForgetWorkerRequestH\x00R\fforgetWorkerB\x04\n" +
+	"\rforget_worker\x18\x19 \x01(\v2%.strata.master.v1.ForgetWorkerRequestH\x00R\fforgetWorker\x12@\n" +
+	"\tseal_file\x18\x1a \x01(\v2!.strata.master.v1.SealFileRequestH\x00R\bsealFileB\x04\n" +
 	"\x02op\"=\n" +
 	"\x11DeleteDatasetStep\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -3921,7 +4013,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xaf\x0f\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xf6\x0f\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -3932,7 +4024,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\n" +
 	"DeleteFile\x12#.strata.master.v1.DeleteFileRequest\x1a$.strata.master.v1.DeleteFileResponse\x12T\n" +
 	"\tListFiles\x12\".strata.master.v1.ListFilesRequest\x1a#.strata.master.v1.ListFilesResponse\x12Q\n" +
-	"\x0eCheckpointFile\x12'.strata.master.v1.CheckpointFileRequest\x1a\x16.strata.master.v1.File\x12M\n" +
+	"\x0eCheckpointFile\x12'.strata.master.v1.CheckpointFileRequest\x1a\x16.strata.master.v1.File\x12E\n" +
+	"\bSealFile\x12!.strata.master.v1.SealFileRequest\x1a\x16.strata.master.v1.File\x12M\n" +
 	"\fRecordAccess\x12%.strata.master.v1.RecordAccessRequest\x1a\x16.strata.master.v1.File\x12V\n" +
 	"\x0fRegisterDataset\x12(.strata.master.v1.RegisterDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12L\n" +
 	"\n" +
@@ -3964,7 +4057,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -3989,39 +4082,40 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*ListEntry)(nil),                 // 20: strata.master.v1.ListEntry
 	(*ListFilesResponse)(nil),         // 21: strata.master.v1.ListFilesResponse
 	(*CheckpointFileRequest)(nil),     // 22: strata.master.v1.CheckpointFileRequest
-	(*RecordAccessRequest)(nil),       // 23: strata.master.v1.RecordAccessRequest
-	(*RegisterDatasetRequest)(nil),    // 24: strata.master.v1.RegisterDatasetRequest
-	(*GetDatasetRequest)(nil),         // 25: strata.master.v1.GetDatasetRequest
-	(*DeleteDatasetRequest)(nil),      // 26: strata.master.v1.DeleteDatasetRequest
-	(*CompleteDatasetRequest)(nil),    // 27: strata.master.v1.CompleteDatasetRequest
-	(*DeleteDatasetResponse)(nil),     // 28: strata.master.v1.DeleteDatasetResponse
-	(*GetDatasetUsageRequest)(nil),    // 29: strata.master.v1.GetDatasetUsageRequest
-	(*DatasetUsage)(nil),              // 30: strata.master.v1.DatasetUsage
-	(*NodeUsage)(nil),                 // 31: strata.master.v1.NodeUsage
-	(*CommitBlockRequest)(nil),        // 32: strata.master.v1.CommitBlockRequest
-	(*RemoveBlockCopyRequest)(nil),    // 33: strata.master.v1.RemoveBlockCopyRequest
-	(*GetBlockLocationsRequest)(nil),  // 34: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 35: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 36: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 37: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 38: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 39: strata.master.v1.MarkWorkerLostRequest
-	(*ForgetWorkerRequest)(nil),       // 40: strata.master.v1.ForgetWorkerRequest
-	(*ForgetWorkerResponse)(nil),      // 41: strata.master.v1.ForgetWorkerResponse
-	(*MarkWorkerLostResponse)(nil),    // 42: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 43: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 44: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 45: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 46: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 47: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 48: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 49: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 50: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 51: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 52: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 53: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 54: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 55: strata.master.v1.RemovePeer
+	(*SealFileRequest)(nil),           // 23: strata.master.v1.SealFileRequest
+	(*RecordAccessRequest)(nil),       // 24: strata.master.v1.RecordAccessRequest
+	(*RegisterDatasetRequest)(nil),    // 25: strata.master.v1.RegisterDatasetRequest
+	(*GetDatasetRequest)(nil),         // 26: strata.master.v1.GetDatasetRequest
+	(*DeleteDatasetRequest)(nil),      // 27: strata.master.v1.DeleteDatasetRequest
+	(*CompleteDatasetRequest)(nil),    // 28: strata.master.v1.CompleteDatasetRequest
+	(*DeleteDatasetResponse)(nil),     // 29: strata.master.v1.DeleteDatasetResponse
+	(*GetDatasetUsageRequest)(nil),    // 30: strata.master.v1.GetDatasetUsageRequest
+	(*DatasetUsage)(nil),              // 31: strata.master.v1.DatasetUsage
+	(*NodeUsage)(nil),                 // 32: strata.master.v1.NodeUsage
+	(*CommitBlockRequest)(nil),        // 33: strata.master.v1.CommitBlockRequest
+	(*RemoveBlockCopyRequest)(nil),    // 34: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 35: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 36: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 37: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 38: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 39: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 40: strata.master.v1.MarkWorkerLostRequest
+	(*ForgetWorkerRequest)(nil),       // 41: strata.master.v1.ForgetWorkerRequest
+	(*ForgetWorkerResponse)(nil),      // 42: strata.master.v1.ForgetWorkerResponse
+	(*MarkWorkerLostResponse)(nil),    // 43: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 44: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 45: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 46: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 47: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 48: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 49: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 50: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 51: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 52: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 53: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 54: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 55: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 56: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	0,  // 0: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
@@ -4033,83 +4127,87 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	5,  // 6: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
 	20, // 7: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
 	0,  // 8: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
-	9,  // 9: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
-	31, // 10: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
-	8,  // 11: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
-	9,  // 12: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
-	9,  // 13: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
-	2,  // 14: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
-	10, // 15: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
-	11, // 16: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
-	12, // 17: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
-	16, // 18: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
-	17, // 19: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
-	24, // 20: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	50, // 21: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	32, // 22: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	36, // 23: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	37, // 24: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	52, // 25: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
-	22, // 26: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
-	23, // 27: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	54, // 28: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	55, // 29: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	33, // 30: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
-	27, // 31: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
-	40, // 32: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
-	42, // 33: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	11, // 34: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	12, // 35: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	13, // 36: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	14, // 37: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	16, // 38: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	17, // 39: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	19, // 40: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	22, // 41: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	23, // 42: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	24, // 43: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	25, // 44: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	26, // 45: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	27, // 46: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
-	29, // 47: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	32, // 48: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	34, // 49: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	33, // 50: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	36, // 51: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	37, // 52: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	39, // 53: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	40, // 54: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
-	43, // 55: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	45, // 56: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	47, // 57: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	5,  // 58: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	5,  // 59: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	15, // 60: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	5,  // 61: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	18, // 62: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	21, // 63: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	5,  // 64: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	5,  // 65: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 66: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 67: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	28, // 68: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	3,  // 69: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
-	30, // 70: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	8,  // 71: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	35, // 72: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	8,  // 73: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	10, // 74: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	38, // 75: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	42, // 76: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	41, // 77: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
-	44, // 78: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	46, // 79: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	48, // 80: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	58, // [58:81] is the sub-list for method output_type
-	35, // [35:58] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	33, // 9: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
+	9,  // 10: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
+	32, // 11: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
+	8,  // 12: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
+	9,  // 13: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
+	9,  // 14: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
+	2,  // 15: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
+	10, // 16: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
+	11, // 17: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
+	12, // 18: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
+	16, // 19: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
+	17, // 20: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
+	25, // 21: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
+	51, // 22: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	33, // 23: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	37, // 24: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	38, // 25: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	53, // 26: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	22, // 27: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
+	24, // 28: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
+	55, // 29: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	56, // 30: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	34, // 31: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	28, // 32: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
+	41, // 33: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
+	23, // 34: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
+	43, // 35: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	11, // 36: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	12, // 37: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	13, // 38: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	14, // 39: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	16, // 40: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	17, // 41: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	19, // 42: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	22, // 43: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	23, // 44: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
+	24, // 45: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	25, // 46: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	26, // 47: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	27, // 48: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	28, // 49: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
+	30, // 50: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	33, // 51: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	35, // 52: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	34, // 53: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	37, // 54: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	38, // 55: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	40, // 56: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	41, // 57: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
+	44, // 58: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	46, // 59: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	48, // 60: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	5,  // 61: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	5,  // 62: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	15, // 63: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	5,  // 64: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	18, // 65: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	21, // 66: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	5,  // 67: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	5,  // 68: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
+	5,  // 69: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 70: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 71: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	29, // 72: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	3,  // 73: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
+	31, // 74: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 75: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	36, // 76: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	8,  // 77: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	10, // 78: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	39, // 79: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	43, // 80: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	42, // 81: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
+	45, // 82: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	47, // 83: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	49, // 84: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	61, // [61:85] is the sub-list for method output_type
+	37, // [37:61] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -4117,7 +4215,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[46].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[47].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -4134,6 +4232,7 @@ func file_master_masterpb_master_proto_init() {
 		(*Command_RemoveBlockCopy)(nil),
 		(*Command_CompleteDataset)(nil),
 		(*Command_ForgetWorker)(nil),
+		(*Command_SealFile)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4141,7 +4240,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   53,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

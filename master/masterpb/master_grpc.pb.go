@@ -30,6 +30,7 @@ const (
 	Master_DeleteFile_FullMethodName        = "/strata.master.v1.Master/DeleteFile"
 	Master_ListFiles_FullMethodName         = "/strata.master.v1.Master/ListFiles"
 	Master_CheckpointFile_FullMethodName    = "/strata.master.v1.Master/CheckpointFile"
+	Master_SealFile_FullMethodName          = "/strata.master.v1.Master/SealFile"
 	Master_RecordAccess_FullMethodName      = "/strata.master.v1.Master/RecordAccess"
 	Master_RegisterDataset_FullMethodName   = "/strata.master.v1.Master/RegisterDataset"
 	Master_GetDataset_FullMethodName        = "/strata.master.v1.Master/GetDataset"
@@ -64,6 +65,9 @@ type MasterClient interface {
 	DeleteFile(ctx context.Context, in *DeleteFileRequest, opts ...grpc.CallOption) (*DeleteFileResponse, error)
 	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
 	CheckpointFile(ctx context.Context, in *CheckpointFileRequest, opts ...grpc.CallOption) (*File, error)
+	// SealFile creates a file with all its blocks committed, in one command: readers see it
+	// whole or not at all. A retry with the same client token returns the file it made.
+	SealFile(ctx context.Context, in *SealFileRequest, opts ...grpc.CallOption) (*File, error)
 	RecordAccess(ctx context.Context, in *RecordAccessRequest, opts ...grpc.CallOption) (*File, error)
 	RegisterDataset(ctx context.Context, in *RegisterDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	GetDataset(ctx context.Context, in *GetDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
@@ -158,6 +162,16 @@ func (c *masterClient) CheckpointFile(ctx context.Context, in *CheckpointFileReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(File)
 	err := c.cc.Invoke(ctx, Master_CheckpointFile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) SealFile(ctx context.Context, in *SealFileRequest, opts ...grpc.CallOption) (*File, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(File)
+	err := c.cc.Invoke(ctx, Master_SealFile_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -340,6 +354,9 @@ type MasterServer interface {
 	DeleteFile(context.Context, *DeleteFileRequest) (*DeleteFileResponse, error)
 	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
 	CheckpointFile(context.Context, *CheckpointFileRequest) (*File, error)
+	// SealFile creates a file with all its blocks committed, in one command: readers see it
+	// whole or not at all. A retry with the same client token returns the file it made.
+	SealFile(context.Context, *SealFileRequest) (*File, error)
 	RecordAccess(context.Context, *RecordAccessRequest) (*File, error)
 	RegisterDataset(context.Context, *RegisterDatasetRequest) (*Dataset, error)
 	GetDataset(context.Context, *GetDatasetRequest) (*Dataset, error)
@@ -390,6 +407,9 @@ func (UnimplementedMasterServer) ListFiles(context.Context, *ListFilesRequest) (
 }
 func (UnimplementedMasterServer) CheckpointFile(context.Context, *CheckpointFileRequest) (*File, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CheckpointFile not implemented")
+}
+func (UnimplementedMasterServer) SealFile(context.Context, *SealFileRequest) (*File, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SealFile not implemented")
 }
 func (UnimplementedMasterServer) RecordAccess(context.Context, *RecordAccessRequest) (*File, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RecordAccess not implemented")
@@ -582,6 +602,24 @@ func _Master_CheckpointFile_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MasterServer).CheckpointFile(ctx, req.(*CheckpointFileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_SealFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SealFileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).SealFile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_SealFile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).SealFile(ctx, req.(*SealFileRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -908,6 +946,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckpointFile",
 			Handler:    _Master_CheckpointFile_Handler,
+		},
+		{
+			MethodName: "SealFile",
+			Handler:    _Master_SealFile_Handler,
 		},
 		{
 			MethodName: "RecordAccess",

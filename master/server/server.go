@@ -234,6 +234,14 @@ func (s *Server) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest) 
 	return apply[*masterpb.HeartbeatResponse](ctx, s, &masterpb.Command{Op: &masterpb.Command_Heartbeat{Heartbeat: req}})
 }
 
+// SealFile creates a file with its blocks committed, in one command.
+func (s *Server) SealFile(ctx context.Context, req *masterpb.SealFileRequest) (*masterpb.File, error) {
+	if err := required("path", req.Path); err != nil {
+		return nil, err
+	}
+	return apply[*masterpb.File](ctx, s, &masterpb.Command{Op: &masterpb.Command_SealFile{SealFile: req}})
+}
+
 // ForgetWorker removes a lost worker's record; the operator calls it for the workers of a
 // deleted TierPool.
 func (s *Server) ForgetWorker(ctx context.Context, req *masterpb.ForgetWorkerRequest) (*masterpb.ForgetWorkerResponse, error) {
