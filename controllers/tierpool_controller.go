@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -219,6 +220,11 @@ func (r *TierPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			builder.WithPredicates(nodeSchedulingChanged()))
 	if r.Workers.Deployed() {
 		b = b.Owns(&appsv1.DaemonSet{}, builder.WithPredicates(workerReadinessChanged()))
+	}
+	if r.Forgetter != nil {
+		if err := mgr.Add(manager.RunnableFunc(r.sweepOrphans)); err != nil {
+			return fmt.Errorf("adding the sweep of deleted TierPools' workers: %w", err)
+		}
 	}
 	return b.Complete(r)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -176,6 +177,33 @@ var _ = Describe("TierPool reconciler", func() {
 			}
 			g.Expect(ids).To(ConsistOf(other), "the alive and the lost worker of the pool are forgotten")
 		}).Should(Succeed())
+	})
+
+	It("forgets the lost workers of pools deleted while it was not looking, and no others", func() {
+		prefix := fmt.Sprintf("gone-%d", specID.Add(1))
+		kept := createPool(selector, nil, memTier("2Gi"))
+		ids := map[string]bool{ // worker: whether it is lost
+			prefix + "/node-lost": true, prefix + "/node-alive": false, kept.Name + "/node-lost": true,
+		}
+		for id, lost := range ids {
+			_, err := lineageMaster.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: id, Node: "n"})
+			Expect(err).NotTo(HaveOccurred())
+			if lost {
+				_, err = lineageMaster.MarkWorkerLost(ctx, id, "test: node gone")
+				Expect(err).NotTo(HaveOccurred())
+			}
+		}
+		(&TierPoolReconciler{Client: k8sClient, Forgetter: lineageMaster}).forgetOrphans(ctx, time.Now())
+		workers, err := lineageMaster.ListWorkers(ctx, &masterpb.ListWorkersRequest{})
+		Expect(err).NotTo(HaveOccurred())
+		var left []string
+		for _, w := range workers.Workers {
+			if _, ours := ids[w.Id]; ours {
+				left = append(left, w.Id)
+			}
+		}
+		Expect(left).To(ConsistOf(prefix+"/node-alive", kept.Name+"/node-lost"),
+			"the lost worker of a pool that is gone is forgotten; an alive one, and a lost one of a pool that exists, stay")
 	})
 
 	It("counts every node when spec.nodeSelector is empty", func() {

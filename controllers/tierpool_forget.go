@@ -8,8 +8,14 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/periodic"
 	"github.com/strata-cache/strata/master/masterpb"
 )
+
+// orphanSweep is how often the operator looks for lost workers of TierPools that are gone,
+// which a deletion it did not see (it was down) left behind.
+const orphanSweep = 10 * time.Minute
 
 // forgetRecheck is how soon the workers of a deleted TierPool are looked at again when one
 // was still alive: its pod may register it again while it terminates.
@@ -53,4 +59,43 @@ func (r *TierPoolReconciler) forgetWorkers(ctx context.Context, pool string) (ct
 		log.Info("worker of a deleted TierPool forgotten", "worker", w.Id)
 	}
 	return result, nil
+}
+
+// forgetOrphans forgets the lost workers of TierPools that no longer exist: those of pools
+// deleted while the operator was not running. A worker that is alive is left alone, whatever
+// its id: only a lost one is known to be gone.
+func (r *TierPoolReconciler) forgetOrphans(ctx context.Context, _ time.Time) {
+	log := ctrl.LoggerFrom(ctx).WithName("orphan-workers")
+	pools := &datav1alpha1.TierPoolList{}
+	if err := r.Client.List(ctx, pools); err != nil {
+		log.Error(err, "listing TierPools to find the workers of deleted ones; trying again later")
+		return
+	}
+	exists := map[string]bool{}
+	for _, p := range pools.Items {
+		exists[p.Name] = true
+	}
+	workers, err := r.Forgetter.ListWorkers(ctx, &masterpb.ListWorkersRequest{})
+	if err != nil {
+		log.Error(err, "listing the master's workers to find those of deleted TierPools; trying again later")
+		return
+	}
+	for _, w := range workers.Workers {
+		pool, _, ok := strings.Cut(w.Id, "/")
+		if !ok || exists[pool] || w.State != masterpb.WorkerState_WORKER_STATE_LOST || w.LossPending {
+			continue
+		}
+		if _, err := r.Forgetter.ForgetWorker(ctx, w.Id); err != nil {
+			log.Error(err, "forgetting a lost worker of a deleted TierPool; trying again later", "worker", w.Id)
+			continue
+		}
+		log.Info("forgot a lost worker of a deleted TierPool", "worker", w.Id)
+	}
+}
+
+// sweepOrphans forgets the lost workers of deleted TierPools at start and every orphanSweep.
+func (r *TierPoolReconciler) sweepOrphans(ctx context.Context) error {
+	r.forgetOrphans(ctx, time.Now())
+	periodic.Every(ctx, orphanSweep, r.forgetOrphans)
+	return nil
 }
