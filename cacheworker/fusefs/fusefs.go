@@ -66,12 +66,6 @@ const (
 	cacheTimeout = 24 * time.Hour
 )
 
-// ErrBusy and ErrStillMounted are what Unmount fails with: see fuseconn.
-var (
-	ErrBusy         = fuseconn.ErrBusy
-	ErrStillMounted = fuseconn.ErrStillMounted
-)
-
 // Server is a mounted Dataset.
 type Server struct {
 	dir    string
@@ -195,10 +189,10 @@ func (s *Server) Bytes() int64 { return s.fsys.bytes }
 // not closed by Suspend.
 func (s *Server) Done() <-chan struct{} { return s.served }
 
-// Unmount unmounts the folder, retrying a while if it is busy (ErrBusy after that), and waits
+// Unmount unmounts the folder, retrying a while if it is busy (fuseconn.ErrBusy after that), and waits
 // for the kernel to end the file system until ctx ends. If other mounts of it remain (a pod's
 // bind mount), the folder is unmounted but the file system is still served for them: that is
-// ErrStillMounted, and Done tells when they are gone. Unmounting again is harmless.
+// fuseconn.ErrStillMounted, and Done tells when they are gone. Unmounting again is harmless.
 func (s *Server) Unmount(ctx context.Context) error {
 	if err := fuseconn.UnmountFolder(ctx, s.dir); err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	. "github.com/onsi/gomega"
 
+	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/fusetest"
 )
@@ -407,7 +408,7 @@ func TestUnmountWaitsForBindMountsToGo(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	g.Expect(s.Unmount(ctx)).To(MatchError(ErrStillMounted))
+	g.Expect(s.Unmount(ctx)).To(MatchError(fuseconn.ErrStillMounted))
 	got, err := os.ReadFile(filepath.Join(bind, "données", "été 2024.csv"))
 	g.Expect(err).NotTo(HaveOccurred(), "the pod's mount keeps working")
 	g.Expect(got).To(Equal(f.data.files["données/été 2024.csv"]))
@@ -425,7 +426,7 @@ func TestUnmountOfABusyMountSaysSo(t *testing.T) {
 	file, err := os.Open(filepath.Join(s.Dir(), "big.bin"))
 	g.Expect(err).NotTo(HaveOccurred())
 	err = s.Unmount(context.Background())
-	g.Expect(err).To(MatchError(ErrBusy))
+	g.Expect(err).To(MatchError(fuseconn.ErrBusy))
 	g.Expect(err.Error()).To(ContainSubstring(s.Dir()))
 	g.Expect(file.Close()).To(Succeed())
 	g.Eventually(func() error { return s.Unmount(context.Background()) }).WithTimeout(10 * time.Second).Should(Succeed())

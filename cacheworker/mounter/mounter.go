@@ -20,6 +20,7 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
@@ -121,7 +122,7 @@ type fileSystem interface {
 	// longer serves it (ended, or suspended for the next worker).
 	Done() <-chan struct{}
 	Stopped() <-chan struct{}
-	// Unmount unmounts the folder; fusefs.ErrStillMounted if pods' bind mounts remain.
+	// Unmount unmounts the folder; fuseconn.ErrStillMounted if pods' bind mounts remain.
 	Unmount(ctx context.Context) error
 	Abort() error
 	// Suspend stops serving without ending the file system, for the next worker to take over.
@@ -573,7 +574,7 @@ func (m *Mounter) unmount(ctx context.Context, mnt *mount) error {
 		m.forget(mnt)
 		log.Info("unmounted Dataset")
 		return nil
-	case errors.Is(err, fusefs.ErrStillMounted):
+	case errors.Is(err, fuseconn.ErrStillMounted):
 		m.mu.Lock()
 		delete(m.mounts, mnt.uid)
 		// Close waits for the drains it knows of; once it has begun, none may start.
@@ -592,7 +593,7 @@ func (m *Mounter) unmount(ctx context.Context, mnt *mount) error {
 		log.Info("unmounted Dataset; pods on the node still mount it, so it is served until they are gone")
 		go m.drain(mnt, log)
 		return nil
-	case errors.Is(err, fusefs.ErrBusy):
+	case errors.Is(err, fuseconn.ErrBusy):
 		return status.Errorf(codes.FailedPrecondition,
 			"Dataset %s at %s is busy: a process on the node has a file open in it or its working directory there; stop it, then unmount again", mnt.dataset(), mnt.path)
 	default:

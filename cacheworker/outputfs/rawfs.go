@@ -108,6 +108,15 @@ func (fsys *fileSystem) folder(id uint64) (*node, fuse.Status) {
 	return n, fuse.OK
 }
 
+// mayMake says whether name may be made in dir now: it is not the reserved name, and the
+// Dataset takes changes (EROFS once complete).
+func (fsys *fileSystem) mayMake(ctx context.Context, dir *node, name string) fuse.Status {
+	if reserved(dir, name) {
+		return fuse.EPERM
+	}
+	return fuse.Status(fsys.o.writable(ctx))
+}
+
 // reserved says whether name may not be made in dir: the sealing folder of the root.
 func reserved(dir *node, name string) bool { return dir.id == rootID && name == SealingDir }
 
@@ -216,13 +225,10 @@ func (fsys *fileSystem) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name str
 		fillEntry(n, out)
 		return fuse.OK
 	}
-	if reserved(dir, name) {
-		return fuse.EPERM
-	}
 	ctx, stop := fuseconn.RequestContext(cancel)
 	defer stop()
-	if errno := fsys.o.writable(ctx); errno != 0 {
-		return fuse.Status(errno)
+	if st := fsys.mayMake(ctx, dir, name); !st.Ok() {
+		return st
 	}
 	n, made, err := fsys.t.add(dir, name, true, callerState(&in.InHeader, in.Mode), nil, requestID(&in.InHeader))
 	switch {
@@ -247,13 +253,10 @@ func (fsys *fileSystem) Create(cancel <-chan struct{}, in *fuse.CreateIn, name s
 		out.Fh = fsys.newHandle(true)
 		return fuse.OK
 	}
-	if reserved(dir, name) {
-		return fuse.EPERM
-	}
 	ctx, stop := fuseconn.RequestContext(cancel)
 	defer stop()
-	if errno := fsys.o.writable(ctx); errno != 0 {
-		return fuse.Status(errno)
+	if st := fsys.mayMake(ctx, dir, name); !st.Ok() {
+		return st
 	}
 	if existing := fsys.t.child(dir, name); existing != nil {
 		if !fsys.forgotten(ctx, existing) {
@@ -296,7 +299,6 @@ func (fsys *fileSystem) forgotten(ctx context.Context, n *node) bool {
 
 // Open implements fuse.RawFileSystem: a sealed file opens read-only, an unsealed one any way.
 func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	defer fsys.answered(&in.InHeader)
 	n := fsys.t.get(in.NodeId)
 	switch {
 	case n == nil:
@@ -306,6 +308,9 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 	}
 	writable := in.Flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	truncate := writable && in.Flags&syscall.O_TRUNC != 0
+	if writable { // only an open for writing records a change; reads do not touch the journal
+		defer fsys.answered(&in.InHeader)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, done := fsys.carriedOut(&in.InHeader); done {
@@ -477,7 +482,6 @@ func (fsys *fileSystem) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Sta
 // (a writer that was told at close why its file could not be sealed fixes that and writes it
 // again), or discards it if it was removed meanwhile.
 func (fsys *fileSystem) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
-	defer fsys.answered(&in.InHeader)
 	fsys.mu.Lock()
 	h := fsys.handles[in.Fh]
 	delete(fsys.handles, in.Fh)
@@ -489,6 +493,7 @@ func (fsys *fileSystem) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
 	if in.Fh&fhWritable == 0 || n == nil || n.dir {
 		return
 	}
+	defer fsys.answered(&in.InHeader)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st := &n.state

@@ -212,11 +212,9 @@ func newTree(j *journal, mount mountRecord, root nodeState) (*tree, error) {
 // replay rebuilds a tree from the records of an earlier process, reopening the staging files
 // of the files still being written.
 func replay(j *journal, records []record, stagingDir string) (*tree, error) {
-	t := &tree{nodes: map[uint64]*node{}, nextID: rootID + 1, j: j, done: map[uint64]uint64{}}
+	// The requests the records name are those readJournal found: the journal's inherited.
+	t := &tree{nodes: map[uint64]*node{}, nextID: rootID + 1, j: j, done: j.inherited}
 	for i, r := range records[1:] {
-		if r.Request != 0 {
-			t.done[r.Request] = r.ID
-		}
 		switch r.Kind {
 		case recAdd:
 			if r.State == nil || t.nodes[r.ID] != nil {
