@@ -24,6 +24,8 @@ import (
 const (
 	ReasonPolicyAccepted     = "Accepted"
 	ReasonInvalidPinnedPaths = "InvalidPinnedPaths"
+	// ReasonInvalidTemporaryPaths: a pattern of spec.checkpoint.temporaryPathPatterns does not parse.
+	ReasonInvalidTemporaryPaths = "InvalidTemporaryPathPatterns"
 	// ReasonEvictionNotImplemented: the policy names an eviction policy the workers lack.
 	ReasonEvictionNotImplemented = "EvictionNotImplemented"
 )
@@ -58,10 +60,13 @@ func (r *CachePolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	cp.Status.ObservedGeneration = cp.Generation
 	ready := metav1.Condition{Type: datav1alpha1.ConditionReady, ObservedGeneration: cp.Generation,
 		Status: metav1.ConditionTrue, Reason: ReasonPolicyAccepted,
-		Message: "the workers of its Datasets' pools apply its pinnedPaths, eviction policy, watermarks and promotion threshold; " +
-			"its replication, checkpoint and prefetch settings are not applied yet"}
+		Message: "the workers of its Datasets' pools apply its pinnedPaths, eviction policy, watermarks and promotion threshold, " +
+			"and its checkpoint settings to the outputs with a spec.checkpoint; its replication and prefetch settings are not applied yet"}
 	if why := pinnedPathsProblem(cp.Spec.PinnedPaths); why != "" {
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonInvalidPinnedPaths, why+": fix the pattern; its Datasets are not served until then"
+	} else if why := temporaryPatternsProblem(cp.Spec.Checkpoint.TemporaryPathPatterns); why != "" {
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonInvalidTemporaryPaths,
+			why+": fix the pattern; its outputs are not checkpointed until then, and stay in memory"
 	} else if _, err := eviction.ConfigFromSpec(cp.Spec.Eviction); err != nil {
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonEvictionNotImplemented,
 			fmt.Sprintf("spec.eviction.policy %s is not implemented by the workers yet: its Datasets' blocks are ranked by the workers' own policy; "+

@@ -62,7 +62,7 @@ var _ = Describe("The CachePolicy reconciler", func() {
 		}).Should(Succeed())
 		status(1, ReasonInvalidPinnedPaths)
 		Expect(meta.FindStatusCondition(cp.Status.Conditions, datav1alpha1.ConditionReady).Message).
-			To(ContainSubstring(`spec.pinnedPaths[1]: pinned path "shards/[0-9"`))
+			To(ContainSubstring(`spec.pinnedPaths[1]: path pattern "shards/[0-9"`))
 		Eventually(func() []string { return eventReasons(ns.Name, cp.Name) }).
 			Should(ContainElement(ReasonInvalidPinnedPaths), "a Warning event says it too")
 

@@ -84,8 +84,9 @@ type DatasetReconciler struct {
 	// outside a cluster's DNS.
 	ClaimServerEndpoint func(namespace, name string) string
 
-	// probes remembers the last successful probe of each Dataset's source (see probeSource).
-	probes probeMemo
+	// probes remembers the last successful probe of each Dataset's source (see probeSource),
+	// targetProbes of each output's checkpoint target (see checkpointTargetCondition).
+	probes, targetProbes probeMemo
 }
 
 // DatasetMetadata is the part of the master the Dataset reconciler talks to.
@@ -172,15 +173,26 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 	setDatasetStatus(ds, problem, ready, preloaded)
+	var target *metav1.Condition
 	if ds.Spec.Lineage != nil && problem == nil {
 		l := &datav1alpha1.Lineage{}
 		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: ds.Spec.Lineage.Name}, l); err == nil {
 			setOutputPhase(ds, outputState(l, ds.Name))
 		}
+		if target, err = r.checkpointTargetCondition(ctx, ds); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
+	setCheckpointTarget(ds, target)
 	setSourceSummary(ds, summary)
 	var result ctrl.Result
 	switch {
+	case target != nil && target.Status != metav1.ConditionTrue:
+		// The bucket may be created, the keys fixed, the endpoint come up.
+		if r.Master != nil {
+			r.refreshUsage(ctx, ds)
+		}
+		result.RequeueAfter = sourceRecheck
 	case problem != nil && problem.reason == ReasonSourceUnreachable && strings.HasPrefix(ds.Spec.Source.URI, "pvc://"):
 		result.RequeueAfter = claimServerRecheck
 	case problem != nil && isSourceProblem(problem.reason):
@@ -631,16 +643,18 @@ func contains(list []string, s string) bool {
 
 // recordTransitions records an Event when the Ready condition changes.
 func (r *DatasetReconciler) recordTransitions(before, after *datav1alpha1.Dataset) {
-	was := findCondition(before.Status.Conditions, datav1alpha1.ConditionReady)
-	now := findCondition(after.Status.Conditions, datav1alpha1.ConditionReady)
-	if now == nil || (was != nil && was.Status == now.Status && was.Reason == now.Reason) {
-		return
+	for _, t := range []string{datav1alpha1.ConditionReady, datav1alpha1.ConditionCheckpointTargetReachable} {
+		was := findCondition(before.Status.Conditions, t)
+		now := findCondition(after.Status.Conditions, t)
+		if now == nil || (was != nil && was.Status == now.Status && was.Reason == now.Reason) {
+			continue
+		}
+		eventType := corev1.EventTypeNormal
+		if now.Status != metav1.ConditionTrue {
+			eventType = corev1.EventTypeWarning
+		}
+		r.Recorder.Event(after, eventType, now.Reason, now.Message)
 	}
-	eventType := corev1.EventTypeNormal
-	if now.Status != metav1.ConditionTrue {
-		eventType = corev1.EventTypeWarning
-	}
-	r.Recorder.Event(after, eventType, now.Reason, now.Message)
 }
 
 func findCondition(conds []metav1.Condition, t string) *metav1.Condition {

@@ -130,7 +130,7 @@ func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	ns.lineages[l.Name] = l
 	l.Status.UncheckpointedDepth = int32(ns.depth(l))
-	meta.SetStatusCondition(&l.Status.Conditions, checkpointedCondition(l))
+	meta.SetStatusCondition(&l.Status.Conditions, checkpointedCondition(l, ns))
 	l.Status.ObservedGeneration = l.Generation
 	if r.Depth != nil {
 		r.Depth.WithLabelValues(l.Namespace, l.Name).Set(float64(l.Status.UncheckpointedDepth))
@@ -481,31 +481,47 @@ func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name str
 	}
 	st.CheckpointedBytes = usage.GetCheckpointedBytes()
 	switch {
+	case usage.GetLostFiles() > 0:
+		// A file with neither a live copy nor a checkpoint: only a recomputation brings it back.
+		// One without a live copy but with a checkpoint is read back from the under-store.
+		st.State = datav1alpha1.OutputLost
 	case usage.GetTotalBytes() > 0 && usage.GetCheckpointedBytes() == usage.GetTotalBytes():
 		st.State = datav1alpha1.OutputCheckpointed
-	case usage.GetUncachedFiles() > 0:
-		st.State = datav1alpha1.OutputLost
+	case usage.GetCheckpointedBytes() > 0:
+		st.State = datav1alpha1.OutputCheckpointing
 	default:
 		st.State = datav1alpha1.OutputInMemory
 	}
 	return usage.GetComplete()
 }
 
-// checkpointedCondition says whether every output is in the under-store.
-func checkpointedCondition(l *datav1alpha1.Lineage) metav1.Condition {
+// checkpointedCondition says whether every output is in the under-store, and of those that are
+// not, which have nowhere to go (no spec.checkpoint).
+func checkpointedCondition(l *datav1alpha1.Lineage, ns *namespace) metav1.Condition {
 	c := metav1.Condition{Type: datav1alpha1.ConditionCheckpointed, Status: metav1.ConditionFalse, Reason: ReasonNotCheckpointed,
 		ObservedGeneration: l.Generation}
-	var pending []string
+	var pending, nowhere []string
 	for _, o := range l.Status.Outputs {
-		if o.State != datav1alpha1.OutputCheckpointed {
+		switch {
+		case o.State == datav1alpha1.OutputCheckpointed:
+		case ns.datasets[o.Name] != nil && ns.datasets[o.Name].Spec.Checkpoint == nil:
+			nowhere = append(nowhere, o.Name)
+		default:
 			pending = append(pending, o.Name)
 		}
 	}
-	if len(pending) == 0 {
+	if len(pending)+len(nowhere) == 0 {
 		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonAllCheckpointed, "every output is in the under-store"
 		return c
 	}
-	c.Message = fmt.Sprintf("%s not checkpointed: lineage recovers them if lost (depth %d)", strings.Join(pending, ", "), l.Status.UncheckpointedDepth)
+	var parts []string
+	if len(pending) > 0 {
+		parts = append(parts, fmt.Sprintf("%s not checkpointed yet", strings.Join(pending, ", ")))
+	}
+	if len(nowhere) > 0 {
+		parts = append(parts, fmt.Sprintf("%s never checkpointed: set spec.checkpoint on the Dataset to give it an under-store", strings.Join(nowhere, ", ")))
+	}
+	c.Message = fmt.Sprintf("%s; lineage recovers what is lost (depth %d)", strings.Join(parts, "; "), l.Status.UncheckpointedDepth)
 	return c
 }
 

@@ -47,6 +47,9 @@ type WorkerReconciler struct {
 // +kubebuilder:rbac:groups=data.strata.dev,resources=tierpools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=daemonsets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",namespace=strata-system,resources=configmaps,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",namespace=strata-system,resources=secrets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=data.strata.dev,resources=datasets;cachepolicies;lineages,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile makes the worker objects of one TierPool match its spec.
@@ -76,10 +79,20 @@ func (r *WorkerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	// The ConfigMap first: the pods of a new DaemonSet mount it.
+	checkpoints, err := r.checkpointsFile(ctx, pool)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// The ConfigMap and the Secret first: the pods of a new DaemonSet mount them.
 	wantConfigMap := r.Spec.configMap(pool, tiers, policies)
 	if err := r.apply(ctx, pool, "ConfigMap", &corev1.ConfigMap{ObjectMeta: keyOnly(wantConfigMap.ObjectMeta)}, func(obj client.Object) {
 		mutateConfigMap(obj.(*corev1.ConfigMap), wantConfigMap)
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
+	wantSecret := r.Spec.checkpointSecret(pool, checkpoints)
+	if err := r.apply(ctx, pool, "Secret", &corev1.Secret{ObjectMeta: keyOnly(wantSecret.ObjectMeta)}, func(obj client.Object) {
+		mutateSecret(obj.(*corev1.Secret), wantSecret)
 	}); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -138,6 +151,13 @@ func mutateConfigMap(current, want *corev1.ConfigMap) {
 	current.Data = want.Data
 }
 
+// mutateSecret copies into current the fields of want that the operator owns.
+func mutateSecret(current, want *corev1.Secret) {
+	current.Labels = mergeStrings(current.Labels, want.Labels)
+	current.Type = want.Type
+	current.Data = want.Data
+}
+
 // mutateDaemonSet copies into current, read from the server, the fields of want that the
 // operator owns. Pod-template labels and annotations of others (such as the restart time of
 // `kubectl rollout restart`) are kept: removing them would roll the pods once more.
@@ -173,10 +193,15 @@ func (r *WorkerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.DaemonSet{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Owns(&corev1.ConfigMap{}).
-		// The pool's policies file follows its Datasets and their CachePolicies.
+		Owns(&corev1.Secret{}).
+		// The pool's policies and checkpoint settings follow its Datasets and their
+		// CachePolicies; the checkpoint settings also the outputs' Secrets, and the Lineages
+		// that start reading outputs (no longer the edge of the lineage graph).
 		Watches(&datav1alpha1.Dataset{}, handler.EnqueueRequestsFromMapFunc(poolOfDataset),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfCheckpointSecret)).
+		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace)).
 		Complete(r)
 }

@@ -139,7 +139,7 @@ var _ = Describe("The worker reconciler", func() {
 			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Reason).To(Equal(ReasonCachePolicyInvalid))
-			g.Expect(c.Message).To(ContainSubstring(`spec.pinnedPaths[0]: pinned path "images/[a-"`))
+			g.Expect(c.Message).To(ContainSubstring(`spec.pinnedPaths[0]: path pattern "images/[a-"`))
 		}).Should(Succeed())
 	})
 
@@ -196,6 +196,7 @@ var _ = Describe("The worker reconciler", func() {
 				"--master=" + strings.Join(testMasterSpec.Addresses(), ","),
 				"--tiers=/etc/strata/tiers.yaml",
 				"--policies=/etc/strata/policies.json",
+				"--checkpoints=/etc/strata-checkpoints/checkpoints.json",
 				"--index-dir=/var/lib/strata-worker/index",
 				"--data-addr=:7100",
 				"--advertise-addr=$(POD_IP):7100",

@@ -71,9 +71,14 @@ func datasetPolicy(name string, cp *datav1alpha1.CachePolicy) policy.Dataset {
 
 // pinnedPathsProblem says what is wrong with a CachePolicy's pinnedPaths, or "".
 func pinnedPathsProblem(patterns []string) string {
+	return patternsProblem("spec.pinnedPaths", patterns)
+}
+
+// patternsProblem says what is wrong with the path patterns of a CachePolicy's field, or "".
+func patternsProblem(field string, patterns []string) string {
 	for i, p := range patterns {
 		if _, err := policy.Compile(p); err != nil {
-			return fmt.Sprintf("spec.pinnedPaths[%d]: %v", i, err)
+			return fmt.Sprintf("%s[%d]: %v", field, i, err)
 		}
 	}
 	return ""

@@ -674,11 +674,11 @@ func waitSucceeded(ctx context.Context, pod *corev1.Pod) {
 	}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for testkit %v on %s", pod.Spec.Containers[0].Args, pod.Spec.NodeName)
 }
 
-// runLogs decodes the JSON lines a finished testkit pod printed.
+// runLogs decodes the JSON lines a finished testkit pod printed (none for an empty listing).
 func runLogs(ctx context.Context, pod *corev1.Pod) []object {
 	var out []object
 	for _, line := range strings.Split(strings.TrimSpace(podLogs(ctx, pod)), "\n") {
-		if strings.HasPrefix(line, "testkit: not there yet:") {
+		if line == "" || strings.HasPrefix(line, "testkit: not there yet:") {
 			continue // a waiting reader's progress, on standard error (logs hold both streams)
 		}
 		var o object

@@ -25,6 +25,9 @@ type File struct {
 	// lineage recovers them meanwhile. (When memory runs short the tier store persists them
 	// anyway, rather than drop them.)
 	Temporary bool
+	// Consumed: a file outside the graph was computed from this one, so it is no leaf. A
+	// worker plans over the files it holds, whose children may live on other nodes.
+	Consumed bool
 }
 
 // Graph is a set of files and their lineage.
@@ -55,7 +58,7 @@ func NewGraph(files []File) *Graph {
 func (g *Graph) Leaves() []*File {
 	var out []*File
 	for id, f := range g.files {
-		if len(g.children[id]) == 0 {
+		if len(g.children[id]) == 0 && !f.Consumed {
 			out = append(out, f)
 		}
 	}

@@ -29,6 +29,10 @@ func TestPlannerPicksTheEdgeThenHotFiles(t *testing.T) {
 		"the oldest leaf first": {
 			files: chain, want: "c", wantKind: Edge,
 		},
+		"a file consumed outside the graph is no leaf": {
+			files: func() []File { f := chain(); f[2].Consumed = true; return f },
+			want:  "h2", wantKind: Edge,
+		},
 		"a checkpointed leaf leaves the next leaf": {
 			files: func() []File { f := chain(); f[2].Checkpointed = true; return f },
 			want:  "h2", wantKind: Edge,

@@ -19,6 +19,10 @@ const (
 
 	// ConditionRecomputing is True while a Lineage recomputes lost outputs.
 	ConditionRecomputing = "Recomputing"
+
+	// ConditionCheckpointTargetReachable is True when an output Dataset's spec.checkpoint
+	// answers with the credentials given: its files can be checkpointed there.
+	ConditionCheckpointTargetReachable = "CheckpointTargetReachable"
 )
 
 // Watermarks bound how full a tier may get. When the used share of a tier's quota passes High,

@@ -7,6 +7,7 @@ import (
 // DatasetSpec declares where a Dataset's data comes from and how it is cached.
 //
 // +kubebuilder:validation:XValidation:rule="has(self.source) != has(self.lineage)",message="set exactly one of spec.source (data that already exists in an under-store) and spec.lineage (data that a Lineage writes)"
+// +kubebuilder:validation:XValidation:rule="!has(self.checkpoint) || has(self.lineage)",message="spec.checkpoint only applies to a Lineage's output (spec.lineage): a Dataset with spec.source is in its under-store already"
 type DatasetSpec struct {
 	// Source is the under-store that already holds the data. Mutually exclusive with Lineage.
 	// +optional
@@ -41,6 +42,43 @@ type DatasetSpec struct {
 	// memory runs short; lineage alone makes it recoverable.
 	// +optional
 	Temporary bool `json:"temporary,omitempty"`
+
+	// Checkpoint is the under-store an output's files are checkpointed to: in the background,
+	// as the CachePolicy's spec.checkpoint plans it; synchronously, for files above its
+	// syncWriteThreshold and before memory full of the output would drop any of it. A lost
+	// file that was checkpointed is read back from there instead of recomputed. Only for
+	// outputs (spec.lineage). Without it an output lives in memory alone, lineage recovers what
+	// is lost, and a memory tier full of it refuses new writes. Checkpoints stay in the
+	// under-store when the Dataset is deleted.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.checkpoint is immutable once set: the files checkpointed so far are read back from it; create a new Dataset to checkpoint elsewhere"
+	Checkpoint *CheckpointTarget `json:"checkpoint,omitempty"`
+}
+
+// CheckpointTarget is the S3 bucket and prefix an output's files are checkpointed to, each
+// under its path in the Dataset: s3://bucket/prefix/<path>.
+//
+// +kubebuilder:validation:XValidation:rule="self.uri.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",message="spec.checkpoint.uri must name an S3 bucket: s3://bucket or s3://bucket/prefix"
+type CheckpointTarget struct {
+	// URI is s3://bucket or s3://bucket/prefix.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	URI string `json:"uri"`
+
+	// Endpoint of an S3-compatible server, such as http://minio.storage:9000. Empty means AWS S3.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^https?://[^\s/]+(/.*)?$`
+	// +kubebuilder:validation:MaxLength=2048
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// Region of the bucket.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Region string `json:"region,omitempty"`
+
+	// SecretRef names a Secret in the Dataset's namespace with the keys accessKeyID and
+	// secretAccessKey (and sessionToken), allowed to write under the prefix.
+	SecretRef SecretReference `json:"secretRef"`
 }
 
 // DatasetSource is an under-store location.

@@ -85,12 +85,20 @@ type OutputState string
 
 // The states of a Lineage output.
 const (
-	OutputPending       OutputState = "Pending"
-	OutputInMemory      OutputState = "InMemory"
+	// OutputPending: not written yet.
+	OutputPending OutputState = "Pending"
+	// OutputInMemory: written, every file in memory, none in the under-store.
+	OutputInMemory OutputState = "InMemory"
+	// OutputCheckpointing: some of its files are in the under-store, the others in memory,
+	// checkpointed as its CachePolicy plans (Edge leaves the files that a Lineage read already
+	// in memory, unless they are hot: the newer files computed from them are checkpointed).
 	OutputCheckpointing OutputState = "Checkpointing"
-	OutputCheckpointed  OutputState = "Checkpointed"
-	OutputLost          OutputState = "Lost"
-	OutputRecomputing   OutputState = "Recomputing"
+	// OutputCheckpointed: every file is in the under-store.
+	OutputCheckpointed OutputState = "Checkpointed"
+	// OutputLost: a file has neither a copy in memory nor a checkpoint; it is recomputed.
+	OutputLost OutputState = "Lost"
+	// OutputRecomputing: a recomputation Job writes it again.
+	OutputRecomputing OutputState = "Recomputing"
 )
 
 // LineageOutputStatus is the state of one output.

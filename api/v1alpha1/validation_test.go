@@ -164,6 +164,15 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(err.Error()).To(ContainSubstring("spec.source is immutable: create a new Dataset"))
 	})
 
+	It("keeps an output's checkpoint target immutable once set, because its checkpoints are read back from there", func() {
+		obj := inNamespace(sample("Dataset/imagenet-features"))
+		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
+		set(obj, "spec.checkpoint.uri", "s3://elsewhere/")
+		err := k8sClient.Update(ctx, obj)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "expected Invalid, got %v", err)
+		Expect(err.Error()).To(ContainSubstring("spec.checkpoint is immutable once set"))
+	})
+
 	DescribeTable("rejects a bad spec with a message that says what to fix",
 		func(key string, change func(*unstructured.Unstructured), message string) {
 			obj := inNamespace(sample(key))
@@ -211,6 +220,17 @@ var _ = Describe("Admission of the Strata API", func() {
 		Entry("an endpoint on a source that is not S3", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.source.uri", "https://example.com/data/") },
 			"spec.source.endpoint only applies to s3:// sources"),
+		Entry("a checkpoint target on a Dataset with a source", "Dataset/imagenet-mini",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.checkpoint", map[string]any{"uri": "s3://b/p", "secretRef": map[string]any{"name": "keys"}})
+			},
+			"spec.checkpoint only applies to a Lineage's output (spec.lineage)"),
+		Entry("a checkpoint target that is not S3", "Dataset/imagenet-features",
+			func(o *unstructured.Unstructured) { set(o, "spec.checkpoint.uri", "file:///data/checkpoints") },
+			"spec.checkpoint.uri must name an S3 bucket: s3://bucket or s3://bucket/prefix"),
+		Entry("a checkpoint target without its Secret", "Dataset/imagenet-features",
+			func(o *unstructured.Unstructured) { set(o, "spec.checkpoint.secretRef", nil) },
+			"spec.checkpoint.secretRef: Required value"),
 
 		// TierPool
 		Entry("a TierPool with an empty list of tiers", "TierPool/default",

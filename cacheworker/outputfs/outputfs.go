@@ -14,6 +14,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/master/masterpb"
@@ -51,6 +52,18 @@ type Locations interface {
 	ReadBlock(ctx context.Context, id string) ([]byte, error)
 }
 
+// Checkpoints writes large files through to their Dataset's checkpoint target before their
+// seal returns, and reads back from its checkpoint a block no worker holds any more
+// (checkpoint.Checkpointer).
+type Checkpoints interface {
+	// WriteThrough writes f to the under-store if it is above the Dataset's sync write
+	// threshold, before it is published, and reports whether it did.
+	WriteThrough(ctx context.Context, f checkpoint.SealedFile) (bool, error)
+	// Published says f is published at the master.
+	Published(ctx context.Context, f checkpoint.SealedFile, wroteThrough bool)
+	ReadBack(ctx context.Context, r checkpoint.ReadBackRequest) ([]byte, error)
+}
+
 // Config is one output Dataset's mount.
 type Config struct {
 	// Dataset and Root are the Dataset's name and root folder at the master.
@@ -58,6 +71,10 @@ type Config struct {
 	Master        Master
 	Store         Blocks
 	Locations     Locations
+	// Checkpoints, when set, writes files above the Dataset's syncWriteThreshold to its
+	// under-store before their seal returns, hears of every file published, and reads lost
+	// blocks back from their checkpoints. Nil does none of it.
+	Checkpoints Checkpoints
 	// BlockSize is the TierPool's block size: sealed files are cut into blocks of this size.
 	BlockSize int64
 	// StagingDir holds the files being written, one staging file each. Put it on the top tier's

@@ -39,11 +39,13 @@ const (
 	root      = "/datasets/team-a/features/uid-1"
 )
 
-// worker is one node's part: a tier store, its data plane, and its directory of block locations.
+// worker is one node's part: a tier store, its data plane, and its directory of block
+// locations; and, for the tests that checkpoint, its checkpointer.
 type worker struct {
 	id    string
 	store *tierstore.Store
 	dir   *locations.Directory
+	cp    outputfs.Checkpoints
 }
 
 func startWorker(t *testing.T, master *client.Client, id string, quota int64) *worker {
@@ -103,7 +105,7 @@ func mountOutputIn(t testing.TB, master *client.Client, w *worker, bs int64, sta
 	t.Helper()
 	dir := t.TempDir()
 	s, err := outputfs.Mount(context.Background(), dir, outputfs.Config{
-		Dataset: dataset, Root: root, Master: master, Store: w.store, Locations: w.dir,
+		Dataset: dataset, Root: root, Master: master, Store: w.store, Locations: w.dir, Checkpoints: w.cp,
 		BlockSize: bs, StagingDir: staging, Name: "strata:test", Log: log,
 	})
 	if err != nil {

@@ -439,7 +439,8 @@ func (fsys *fileSystem) Read(cancel <-chan struct{}, in *fuse.ReadIn, dest []byt
 	n.mu.Unlock()
 	ctx, stop := fuseconn.RequestContext(cancel)
 	defer stop()
-	k, err := fsys.handle(in.Fh).readSealed(ctx, fsys.o, token, size, dest, off)
+	version := sealedVersion{token: token, size: size, rel: func() string { return fsys.t.rel(n) }}
+	k, err := fsys.handle(in.Fh).readSealed(ctx, fsys.o, version, dest, off)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, fuse.EINTR // the reader was interrupted; not worth a log line

@@ -285,7 +285,7 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 		g.Expect(f.GetSize()).To(BeEquivalentTo(len(want)))
 		var got []byte
 		for index := int64(0); index*1024 < int64(len(want)); index++ {
-			b, err := o.loadBlock(context.Background(), f.GetClientToken(), index)
+			b, err := o.loadBlock(context.Background(), sealedVersion{token: f.GetClientToken(), size: f.GetSize()}, index)
 			g.Expect(err).NotTo(HaveOccurred())
 			data, err := io.ReadAll(b.file)
 			g.Expect(err).NotTo(HaveOccurred())

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/master/masterpb"
@@ -97,7 +98,9 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 		if err != nil {
 			return err
 		}
-		return o.sealAtOnce(mctx, &masterpb.SealFileRequest{Path: final, Dataset: o.cfg.Dataset, ClientToken: token, Blocks: blocks})
+		return o.writeThrough(ctx, final, token, size, func() error {
+			return o.sealAtOnce(mctx, &masterpb.SealFileRequest{Path: final, Dataset: o.cfg.Dataset, ClientToken: token, Blocks: blocks})
+		})
 	}
 	if inherited {
 		if f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: final}); err == nil && f.GetClientToken() == token {
@@ -114,12 +117,36 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 	if err != nil {
 		return err
 	}
-	if _, err := o.cfg.Master.RenameFile(mctx, sealing, final); err != nil {
-		if status.Code(err) == codes.AlreadyExists {
-			return fmt.Errorf("publishing %s: %w", final, errSealedElsewhere)
+	return o.writeThrough(ctx, final, token, size, func() error {
+		if _, err := o.cfg.Master.RenameFile(mctx, sealing, final); err != nil {
+			if status.Code(err) == codes.AlreadyExists {
+				return fmt.Errorf("publishing %s: %w", final, errSealedElsewhere)
+			}
+			return fmt.Errorf("publishing %s at the master: %w", final, err)
 		}
-		return fmt.Errorf("publishing %s at the master: %w", final, err)
+		return nil
+	})
+}
+
+// writeThrough publishes a file whose blocks are stored, with publish: a file above its
+// Dataset's syncWriteThreshold is written to the Dataset's checkpoint target first, so that the
+// seal fails rather than publish it without that copy (see Config.Checkpoints).
+func (o *output) writeThrough(ctx context.Context, final, token string, size int64, publish func() error) error {
+	if o.cfg.Checkpoints == nil {
+		return publish()
 	}
+	f := checkpoint.SealedFile{Dataset: o.cfg.Dataset, Path: final, Token: token, Size: size}
+	for index := int64(0); index*o.cfg.BlockSize < size; index++ {
+		f.Blocks = append(f.Blocks, BlockID(token, index))
+	}
+	wrote, err := o.cfg.Checkpoints.WriteThrough(ctx, f)
+	if err != nil {
+		return err
+	}
+	if err := publish(); err != nil {
+		return err
+	}
+	o.cfg.Checkpoints.Published(ctx, f, wrote)
 	return nil
 }
 
@@ -270,18 +297,27 @@ func (b *heldBlock) close() {
 	}
 }
 
-// readSealed fills dest from off of a sealed file of size bytes, block by block: from a local
-// tier, or from the worker that holds the block.
-func (h *handle) readSealed(ctx context.Context, o *output, token string, size int64, dest []byte, off int64) (int, error) {
+// sealedVersion is the version of a sealed file a read reads.
+type sealedVersion struct {
+	token string
+	size  int64
+	// rel is the file's path in the Dataset, asked for only to read a block back from its
+	// checkpoint.
+	rel func() string
+}
+
+// readSealed fills dest from off of a sealed file, block by block: from a local tier, from the
+// worker that holds the block, or from the file's checkpoint.
+func (h *handle) readSealed(ctx context.Context, o *output, v sealedVersion, dest []byte, off int64) (int, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	end := min(off+int64(len(dest)), size)
+	end := min(off+int64(len(dest)), v.size)
 	done := 0
 	for pos := off; pos < end; {
 		index := pos / o.cfg.BlockSize
 		start := index * o.cfg.BlockSize
 		if h.cur == nil || h.cur.index != index {
-			b, err := o.loadBlock(ctx, token, index)
+			b, err := o.loadBlock(ctx, v, index)
 			if err != nil {
 				return done, err
 			}
@@ -308,15 +344,28 @@ func (h *handle) readSealed(ctx context.Context, o *output, token string, size i
 	return done, nil
 }
 
-// loadBlock opens the local copy of a block, or reads it from the worker that holds it.
-func (o *output) loadBlock(ctx context.Context, token string, index int64) (*heldBlock, error) {
-	id := BlockID(token, index)
+// loadBlock opens the local copy of a block, or reads it from the worker that holds it, or
+// else from the file's checkpoint.
+func (o *output) loadBlock(ctx context.Context, v sealedVersion, index int64) (*heldBlock, error) {
+	id := BlockID(v.token, index)
 	if f, _, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
 		return &heldBlock{index: index, file: f}, nil
 	}
 	data, err := o.cfg.Locations.ReadBlock(ctx, id)
-	if err != nil {
+	if err == nil {
+		return &heldBlock{index: index, data: data}, nil
+	}
+	if o.cfg.Checkpoints == nil {
 		return nil, fmt.Errorf("block %s is in no local tier and no worker could send it (lost with its node, to be recomputed from lineage): %w", id, err)
+	}
+	off := index * o.cfg.BlockSize
+	data, cerr := o.cfg.Checkpoints.ReadBack(ctx, checkpoint.ReadBackRequest{
+		Dataset: o.cfg.Dataset, Root: o.cfg.Root, Path: o.masterPath(v.rel()), Token: v.token,
+		BlockID: id, Index: index, Offset: off, Length: min(o.cfg.BlockSize, v.size-off),
+	})
+	if cerr != nil {
+		return nil, fmt.Errorf("block %s is in no local tier, no worker could send it, and its checkpoint cannot be read "+
+			"(lost with its node, to be recomputed from lineage): %w; %w", id, err, cerr)
 	}
 	return &heldBlock{index: index, data: data}, nil
 }

@@ -15,7 +15,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path"
 	"strings"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/eviction"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/periodic"
 )
 
 // FileName is the key of the policies file in the workers' ConfigMap.
@@ -77,7 +77,7 @@ func (d Dataset) rules() (tierstore.DatasetRules, bool) {
 
 // Set is a parsed policies file. The zero Set pins nothing and has no rules.
 type Set struct {
-	pins  map[string][]pattern
+	pins  map[string][]Pattern
 	rules map[string]tierstore.DatasetRules
 }
 
@@ -90,7 +90,7 @@ func Parse(raw []byte) (*Set, error) {
 			return nil, fmt.Errorf("reading the policies file: %w", err)
 		}
 	}
-	s := &Set{pins: map[string][]pattern{}, rules: map[string]tierstore.DatasetRules{}}
+	s := &Set{pins: map[string][]Pattern{}, rules: map[string]tierstore.DatasetRules{}}
 	for _, d := range f.Datasets {
 		for _, p := range d.PinnedPaths {
 			compiled, err := Compile(p)
@@ -148,24 +148,24 @@ func (s *Set) Pinned(dataset, file string) bool {
 		return false
 	}
 	for _, p := range s.pins[dataset] {
-		if p.match(file) {
+		if p.Match(file) {
 			return true
 		}
 	}
 	return false
 }
 
-// pattern is a glob of slash-separated segments, each matched as path.Match does, where a
+// Pattern is a glob of slash-separated segments, each matched as path.Match does, where a
 // segment "**" matches any number of segments, none included, except at the end, where it
 // matches one or more.
-type pattern []string
+type Pattern []string
 
 // Compile checks a glob pattern of a Dataset's paths: "train/*.parquet", "labels/**",
 // "**/index.json". A leading slash is ignored: patterns are relative to the Dataset's root.
-func Compile(p string) (pattern, error) {
+func Compile(p string) (Pattern, error) {
 	trimmed := strings.Trim(p, "/")
 	if trimmed == "" {
-		return nil, fmt.Errorf("pinned path %q names no file: use ** to pin the whole Dataset", p)
+		return nil, fmt.Errorf("path pattern %q names no file: use ** for the whole Dataset", p)
 	}
 	segments := strings.Split(trimmed, "/")
 	for _, seg := range segments {
@@ -173,16 +173,17 @@ func Compile(p string) (pattern, error) {
 			continue
 		}
 		if seg == "" || seg == "." || seg == ".." {
-			return nil, fmt.Errorf("pinned path %q has an empty, . or .. segment", p)
+			return nil, fmt.Errorf("path pattern %q has an empty, . or .. segment", p)
 		}
 		if _, err := path.Match(seg, ""); err != nil {
-			return nil, fmt.Errorf("pinned path %q: segment %q is not a valid glob: %w", p, seg, err)
+			return nil, fmt.Errorf("path pattern %q: segment %q is not a valid glob: %w", p, seg, err)
 		}
 	}
-	return pattern(segments), nil
+	return Pattern(segments), nil
 }
 
-func (p pattern) match(file string) bool {
+// Match says whether file, a slash-separated path relative to the Dataset's root, matches.
+func (p Pattern) Match(file string) bool {
 	return matchSegments(p, strings.Split(file, "/"))
 }
 
@@ -216,28 +217,12 @@ func matchSegments(pat, name []string) bool {
 // the first included. A file that is missing means no policies; one that does not parse is
 // logged and skipped, keeping the last good set. It returns when ctx ends.
 func Watch(ctx context.Context, p string, interval time.Duration, log logr.Logger, apply func(*Set)) {
-	var last []byte
-	first := true
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		raw, err := os.ReadFile(p)
-		switch {
-		case err != nil && !os.IsNotExist(err):
-			log.Error(err, "Cannot read the policies file; keeping the last policies", "file", p)
-		case first || !bytes.Equal(raw, last):
-			set, perr := Parse(raw)
-			if perr != nil {
-				log.Error(perr, "Ignoring a policies file that does not parse; keeping the last policies", "file", p)
-			} else {
-				apply(set)
-			}
-			first, last = false, raw
+	periodic.WatchFile(ctx, p, interval, log, func(raw []byte) error {
+		set, err := Parse(raw)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
+		apply(set)
+		return nil
+	})
 }

@@ -36,10 +36,10 @@ func TestPinnedPathsMatchGlobsSegmentBySegment(t *testing.T) {
 			p, err := Compile(tc.pattern)
 			g.Expect(err).NotTo(HaveOccurred())
 			for _, f := range tc.match {
-				g.Expect(p.match(f)).To(BeTrue(), "%q should match %q", tc.pattern, f)
+				g.Expect(p.Match(f)).To(BeTrue(), "%q should match %q", tc.pattern, f)
 			}
 			for _, f := range tc.miss {
-				g.Expect(p.match(f)).To(BeFalse(), "%q should not match %q", tc.pattern, f)
+				g.Expect(p.Match(f)).To(BeFalse(), "%q should not match %q", tc.pattern, f)
 			}
 		})
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/periodic"
 )
 
 // BlockStore is the part of the tier store Repin works on.
@@ -81,18 +82,7 @@ func (a *Applier) Pinned(dataset, file string) bool { return a.current.Load().Pi
 // blocks follow at once. Every resweep it repins again, for the blocks stored while a change
 // was applied under the set that went before. It returns when ctx ends.
 func (a *Applier) Run(ctx context.Context, p string, interval, resweep time.Duration) {
-	go func() {
-		tick := time.NewTicker(resweep)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				a.repin(ctx, "resweep")
-			}
-		}
-	}()
+	go periodic.Every(ctx, resweep, func(ctx context.Context, _ time.Time) { a.repin(ctx, "resweep") })
 	Watch(ctx, p, interval, a.Log, func(set *Set) {
 		if err := a.Store.SetDatasetRules(ctx, set.Rules()); err != nil {
 			a.Log.Error(err, "Applying the Datasets' eviction, watermark and promotion rules did not finish; their shares are enforced at the next writes")

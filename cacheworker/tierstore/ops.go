@@ -107,25 +107,59 @@ func (s *Store) OpenBlock(ctx context.Context, id string) (*os.File, BlockInfo, 
 	return f, info, err
 }
 
-// read finds a block and calls fn with its path, looking again if the block was moved away
-// between the lookup and fn's open. On success it records the access.
+// OpenVerified opens a whole block to copy it elsewhere (a checkpoint): the reader fails with
+// ErrCorrupt at its end, instead of io.EOF, if the bytes do not match the block's checksum, so
+// that a corrupt block is never copied as good. A copy is not a read: it counts as no access.
+// The caller closes the reader.
+func (s *Store) OpenVerified(ctx context.Context, id string) (io.ReadCloser, BlockInfo, error) {
+	var f *os.File
+	_, info, err := s.find(ctx, id, func(_ BlockInfo, p string) error {
+		var err error
+		f, err = openBlock(p)
+		return err
+	})
+	if err != nil {
+		return nil, BlockInfo{}, err
+	}
+	return verifiedFile{newVerifyingReader(id, f, info.Size, info.Checksum), f}, info, nil
+}
+
+// verifiedFile is a block file read through a verifyingReader.
+type verifiedFile struct {
+	io.Reader
+	f *os.File
+}
+
+func (v verifiedFile) Close() error { return v.f.Close() }
+
+// read finds a block and calls fn with its path (see find), and records the access.
 func (s *Store) read(ctx context.Context, id string, fn func(b BlockInfo, path string) error) (BlockInfo, error) {
+	b, _, err := s.find(ctx, id, fn)
+	if err != nil {
+		return BlockInfo{}, err
+	}
+	return s.touch(b), nil
+}
+
+// find finds a block and calls fn with its path, looking again if the block was moved away
+// between the lookup and fn's open. It returns the block and what it was when fn ran.
+func (s *Store) find(ctx context.Context, id string, fn func(b BlockInfo, path string) error) (*block, BlockInfo, error) {
 	if err := blockindex.ValidateID(id); err != nil {
-		return BlockInfo{}, fmt.Errorf("reading block: %w", err)
+		return nil, BlockInfo{}, fmt.Errorf("reading block: %w", err)
 	}
 	if err := s.enter(); err != nil {
-		return BlockInfo{}, err
+		return nil, BlockInfo{}, err
 	}
 	defer s.exit()
 	for range lookupAttempts {
 		if err := ctx.Err(); err != nil {
-			return BlockInfo{}, fmt.Errorf("reading block %s: %w", id, err)
+			return nil, BlockInfo{}, fmt.Errorf("reading block %s: %w", id, err)
 		}
 		s.mu.Lock()
 		b := s.blocks[id]
 		if b == nil {
 			s.mu.Unlock()
-			return BlockInfo{}, fmt.Errorf("reading block %s: %w", id, ErrNotFound)
+			return nil, BlockInfo{}, fmt.Errorf("reading block %s: %w", id, ErrNotFound)
 		}
 		info, p := b.info(), b.path()
 		s.mu.Unlock()
@@ -136,14 +170,14 @@ func (s *Store) read(ctx context.Context, id string, fn func(b BlockInfo, path s
 		}
 		if errors.Is(err, ErrCorrupt) {
 			s.quarantine(b, p, err)
-			return BlockInfo{}, err
+			return nil, BlockInfo{}, err
 		}
 		if err != nil {
-			return BlockInfo{}, fmt.Errorf("reading block %s: %w", id, err)
+			return nil, BlockInfo{}, fmt.Errorf("reading block %s: %w", id, err)
 		}
-		return s.touch(b), nil
+		return b, info, nil
 	}
-	return BlockInfo{}, fmt.Errorf("reading block %s: it kept moving between tiers while being opened", id)
+	return nil, BlockInfo{}, fmt.Errorf("reading block %s: it kept moving between tiers while being opened", id)
 }
 
 // touch records a successful read of b and queues it for promotion once it has been read

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/membership"
@@ -42,6 +43,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/daemon"
 	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/periodic"
 	"github.com/strata-cache/strata/internal/unixsock"
 	masterclient "github.com/strata-cache/strata/master/client"
 )
@@ -63,10 +65,11 @@ func main() {
 	})
 }
 
-// How often the policies file is read for changes (the kubelet updates a ConfigMap's files
-// about once a minute anyway), and how often every block's pin is checked again.
+// How often the policies and checkpoint settings files are read for changes (the kubelet
+// updates a ConfigMap's or a Secret's files about once a minute anyway), and how often every
+// block's pin is checked again.
 const (
-	policiesPoll    = 10 * time.Second
+	settingsPoll    = 10 * time.Second
 	policiesResweep = 5 * time.Minute
 )
 
@@ -95,6 +98,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			return err
 		}
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
 	// Without a master the worker serves its blocks but reports nothing: enough for a single
 	// node, and for tests. With one, the directory exists before the store opens, so that the
 	// store can tell it of every block that leaves.
@@ -114,6 +120,17 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			}
 		}
 	}
+	// Output files are checkpointed by the worker that holds them; with the store's persist
+	// callback its, nothing that exists nowhere else is ever dropped. It needs the master.
+	var checkpoints *checkpoint.Checkpointer
+	if dir != nil {
+		cpMetrics, err := checkpoint.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
+		checkpoints = checkpoint.New(checkpoint.Config{Master: masters, Stored: dir.Enqueue, Metrics: cpMetrics, Log: log.WithName("checkpoint")})
+		cfg.Persist = checkpoints.Persist
+	}
 
 	cfg.Log = log.WithName("tierstore")
 	store, err := tierstore.Open(ctx, cfg)
@@ -126,8 +143,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		}
 	}()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if checkpoints != nil {
+		checkpoints.Attach(store)
+	}
 	cacheMetrics, err := cache.NewMetrics(reg, store)
 	if err != nil {
 		return err
@@ -200,7 +218,24 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			Help: "Changes of the pool's CachePolicies file the worker has applied.",
 		})
 		reg.MustRegister(policies.Applied)
-		g.Go(func() error { policies.Run(gctx, opts.policies, policiesPoll, policiesResweep); return nil })
+		g.Go(func() error { policies.Run(gctx, opts.policies, settingsPoll, policiesResweep); return nil })
+	}
+
+	if checkpoints != nil {
+		g.Go(func() error { checkpoints.Run(gctx); return nil })
+		if opts.checkpoints != "" {
+			g.Go(func() error {
+				periodic.WatchFile(gctx, opts.checkpoints, settingsPoll, log.WithName("checkpoint"), func(raw []byte) error {
+					settings, err := checkpoint.Parse(raw)
+					if err != nil {
+						return err
+					}
+					checkpoints.Apply(settings)
+					return nil
+				})
+				return nil
+			})
+		}
 	}
 
 	if opts.mountSocket != "" {
@@ -216,7 +251,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			}
 			// Outputs are staged on the top tier's file system (tmpfs for MEM), in a folder
 			// the tier store's start-up check leaves alone (it only looks at block files).
-			mcfg.Outputs = &mounter.Outputs{Master: masters, Locations: dir, Metrics: outMetrics,
+			mcfg.Outputs = &mounter.Outputs{Master: masters, Locations: dir, Metrics: outMetrics, Checkpoints: checkpoints,
 				StagingDir: filepath.Join(cfg.Tiers[0].Dirs[0], ".staging")}
 		}
 		if opts.fdStoreSocket != "" {

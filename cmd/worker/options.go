@@ -32,6 +32,7 @@ type options struct {
 	mountSocket   string
 	fdStoreSocket string
 	policies      string
+	checkpoints   string
 	mountsDir     string
 	blockSize     int64
 	fileRoots     string
@@ -63,6 +64,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Unix socket of the Mounter service, through which the node's CSI plugin asks the worker to serve Datasets; empty disables it.")
 	fs.StringVar(&o.policies, "policies", "",
 		"File with the CachePolicies of the pool's Datasets, which the operator keeps up to date; watched and applied live. Empty applies none.")
+	fs.StringVar(&o.checkpoints, "checkpoints", "",
+		"File with the checkpoint targets and settings of the pool's output Datasets, credentials included, which the operator keeps up to date in a Secret; watched and applied live. Empty checkpoints nothing, and memory full of output refuses writes.")
 	fs.StringVar(&o.fdStoreSocket, "fd-store-socket", "",
 		"Unix socket of the CSI node plugin's file descriptor store, which holds the Datasets' FUSE connections so that pods' mounts outlive a worker restart; empty ends them with the worker.")
 	fs.StringVar(&o.mountsDir, "mounts-dir", "/var/lib/strata-worker/mounts",

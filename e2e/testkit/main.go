@@ -3,6 +3,7 @@
 //
 //	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
+//	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --prefix ns/out-c/
 //	testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] [--wait 5m --expect-files 3] /data/imagenet
 //	testkit copy /data/imagenet /scratch/imagenet
 //	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
@@ -81,6 +82,7 @@ func run(args []string) error {
 	endpoint := flags.String("endpoint", "", "S3 endpoint URL, such as http://minio.minio.svc:9000")
 	bucket := flags.String("bucket", "", "bucket name")
 	keys := flags.String("key", "", "object keys, comma-separated")
+	prefix := flags.String("prefix", "", "get: every object below this prefix, named by its key without the prefix (none: an empty listing)")
 	size := flags.Int64("size", 1<<20, "bytes to put")
 	seed := flags.Uint64("seed", 1, "seed of the pseudo-random content to put")
 	timeout := flags.Duration("timeout", 5*time.Minute, "give up after this long")
@@ -88,8 +90,8 @@ func run(args []string) error {
 	if err := flags.Parse(args[2:]); err != nil {
 		return err
 	}
-	if *endpoint == "" || *bucket == "" || *keys == "" {
-		return errors.New("--endpoint, --bucket and --key are required")
+	if *endpoint == "" || *bucket == "" || (*keys == "") == (*prefix == "" || args[1] != "get") {
+		return errors.New("--endpoint, --bucket and --key (or, to get, --prefix) are required")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -102,6 +104,9 @@ func run(args []string) error {
 		return err
 	}
 	out := json.NewEncoder(os.Stdout)
+	if *prefix != "" {
+		return getPrefix(ctx, client, *bucket, *prefix, out)
+	}
 	var total result
 	for i, key := range strings.Split(*keys, ",") {
 		var res result
@@ -341,6 +346,24 @@ func get(ctx context.Context, client *minio.Client, bucket, key string) (result,
 		return result{}, fmt.Errorf("reading s3://%s/%s: %w", bucket, key, err)
 	}
 	return result{Bucket: bucket, Key: key, Bytes: n, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+}
+
+// getPrefix prints the sum of every object below prefix, its key without the prefix.
+func getPrefix(ctx context.Context, client *minio.Client, bucket, prefix string, out *json.Encoder) error {
+	for obj := range client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if obj.Err != nil {
+			return fmt.Errorf("listing s3://%s/%s: %w", bucket, prefix, obj.Err)
+		}
+		res, err := get(ctx, client, bucket, obj.Key)
+		if err != nil {
+			return err
+		}
+		res.Key = strings.TrimPrefix(obj.Key, prefix)
+		if err := out.Encode(res); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // seedBytes spreads a small seed over the 32 bytes ChaCha8 wants.

@@ -148,6 +148,22 @@ func TestCommandOutcomes(t *testing.T) {
 				}
 			},
 		},
+		"a checkpoint of the file's version is recorded": {
+			setup: []*masterpb.Command{createReq(&masterpb.CreateFileRequest{Path: "/a", ClientToken: "t1"})},
+			cmd: &masterpb.Command{Op: &masterpb.Command_CheckpointFile{CheckpointFile: &masterpb.CheckpointFileRequest{
+				Path: "/a", State: masterpb.CheckpointState_CHECKPOINT_STATE_DONE, Uri: "s3://b/a", ClientToken: "t1"}}},
+			check: func(t *testing.T, f *FSM, _ proto.Message) {
+				if got, err := f.GetFile("/a"); err != nil || got.CheckpointState != masterpb.CheckpointState_CHECKPOINT_STATE_DONE {
+					t.Errorf("got %v, %v; want a checkpointed file", got, err)
+				}
+			},
+		},
+		"a checkpoint of another version of the file is refused": {
+			setup: []*masterpb.Command{createReq(&masterpb.CreateFileRequest{Path: "/a", ClientToken: "t2"})},
+			cmd: &masterpb.Command{Op: &masterpb.Command_CheckpointFile{CheckpointFile: &masterpb.CheckpointFileRequest{
+				Path: "/a", State: masterpb.CheckpointState_CHECKPOINT_STATE_DONE, Uri: "s3://b/a", ClientToken: "t1"}}},
+			wantErr: ErrFailedPrecondition,
+		},
 		"creating an existing file fails": {
 			setup: []*masterpb.Command{create("/a")}, cmd: create("/a"), wantErr: ErrAlreadyExists,
 		},

@@ -821,6 +821,10 @@ func checkpointFile(txn *badger.Txn, at int64, req *masterpb.CheckpointFileReque
 	if err != nil {
 		return nil, err
 	}
+	if req.ClientToken != "" && req.ClientToken != f.ClientToken {
+		return nil, failedPrecondition("cannot record a checkpoint of %s: it was written again since (client token %q, not %q)",
+			req.Path, f.ClientToken, req.ClientToken)
+	}
 	f.CheckpointState, f.CheckpointUri, f.ModifiedUnixNano = req.State, req.Uri, at
 	if err := putProto(txn, fileKey(f.Path), f); err != nil {
 		return nil, err

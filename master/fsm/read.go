@@ -207,6 +207,9 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 			}
 			if uncached {
 				usage.UncachedFiles++
+				if file.CheckpointState != masterpb.CheckpointState_CHECKPOINT_STATE_DONE {
+					usage.LostFiles++
+				}
 			}
 		}
 		return nil

@@ -48,6 +48,7 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CachedBytes).To(BeEquivalentTo(200))
 	g.Expect(usage.UncachedFiles).To(BeEquivalentTo(1), "dir/y lost its only block")
+	g.Expect(usage.LostFiles).To(BeEquivalentTo(1), "dir/y has no checkpoint either")
 	g.Expect(usage.TotalBytes).To(BeEquivalentTo(300), "a lost block still counts in its file's size")
 	g.Expect(usage.Nodes).To(HaveExactElements(And(HaveField("Node", "node-b"), HaveField("CachedBytes", BeEquivalentTo(200)))),
 		"a lost worker's node holds nothing")
@@ -63,6 +64,13 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CheckpointedBytes).To(BeEquivalentTo(200), "x, of two blocks, is checkpointed")
 	g.Expect(usage.Complete).To(BeFalse())
+
+	h.must(checkpoint("/datasets/ns/d/uid/dir/y"))
+	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.UncachedFiles).To(BeEquivalentTo(1), "dir/y has no live copy still")
+	g.Expect(usage.LostFiles).To(BeZero(), "but its checkpoint brings it back: it is not lost")
+	g.Expect(usage.CheckpointedBytes).To(BeEquivalentTo(300))
 
 	h.must(complete("ns/d/uid"))
 	usage, err = h.fsm.DatasetUsage("ns/d/uid")

@@ -1492,10 +1492,13 @@ func (x *ListFilesResponse) GetNextStartAfter() string {
 }
 
 type CheckpointFileRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	State         CheckpointState        `protobuf:"varint,2,opt,name=state,proto3,enum=strata.master.v1.CheckpointState" json:"state,omitempty"`
-	Uri           string                 `protobuf:"bytes,3,opt,name=uri,proto3" json:"uri,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	State CheckpointState        `protobuf:"varint,2,opt,name=state,proto3,enum=strata.master.v1.CheckpointState" json:"state,omitempty"`
+	Uri   string                 `protobuf:"bytes,3,opt,name=uri,proto3" json:"uri,omitempty"`
+	// client_token, when set, must be the file's: a checkpoint of one version of a file is never
+	// recorded on another written since (FAILED_PRECONDITION).
+	ClientToken   string `protobuf:"bytes,4,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1547,6 +1550,13 @@ func (x *CheckpointFileRequest) GetState() CheckpointState {
 func (x *CheckpointFileRequest) GetUri() string {
 	if x != nil {
 		return x.Uri
+	}
+	return ""
+}
+
+func (x *CheckpointFileRequest) GetClientToken() string {
+	if x != nil {
+		return x.ClientToken
 	}
 	return ""
 }
@@ -1990,7 +2000,11 @@ type DatasetUsage struct {
 	// checkpointed_bytes is the size of the files checkpointed to the under-store.
 	CheckpointedBytes int64 `protobuf:"varint,8,opt,name=checkpointed_bytes,json=checkpointedBytes,proto3" json:"checkpointed_bytes,omitempty"`
 	// complete is the dataset's complete flag (see Dataset): its writer finished.
-	Complete      bool `protobuf:"varint,9,opt,name=complete,proto3" json:"complete,omitempty"`
+	Complete bool `protobuf:"varint,9,opt,name=complete,proto3" json:"complete,omitempty"`
+	// lost_files counts the files with a block that has no live copy and no checkpoint: for an
+	// output, what only a recomputation brings back. A checkpointed file is read back from the
+	// under-store instead.
+	LostFiles     uint64 `protobuf:"varint,10,opt,name=lost_files,json=lostFiles,proto3" json:"lost_files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2086,6 +2100,13 @@ func (x *DatasetUsage) GetComplete() bool {
 		return x.Complete
 	}
 	return false
+}
+
+func (x *DatasetUsage) GetLostFiles() uint64 {
+	if x != nil {
+		return x.LostFiles
+	}
+	return 0
 }
 
 type NodeUsage struct {
@@ -3853,11 +3874,12 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04file\x18\x03 \x01(\v2\x16.strata.master.v1.FileR\x04file\"t\n" +
 	"\x11ListFilesResponse\x125\n" +
 	"\aentries\x18\x01 \x03(\v2\x1b.strata.master.v1.ListEntryR\aentries\x12(\n" +
-	"\x10next_start_after\x18\x02 \x01(\tR\x0enextStartAfter\"v\n" +
+	"\x10next_start_after\x18\x02 \x01(\tR\x0enextStartAfter\"\x99\x01\n" +
 	"\x15CheckpointFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x127\n" +
 	"\x05state\x18\x02 \x01(\x0e2!.strata.master.v1.CheckpointStateR\x05state\x12\x10\n" +
-	"\x03uri\x18\x03 \x01(\tR\x03uri\"\xa0\x01\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\x12!\n" +
+	"\fclient_token\x18\x04 \x01(\tR\vclientToken\"\xa0\x01\n" +
 	"\x0fSealFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12!\n" +
@@ -3881,7 +3903,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"G\n" +
 	"\x16GetDatasetUsageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
-	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\xd4\x02\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\xf3\x02\n" +
 	"\fDatasetUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x04R\x05files\x12!\n" +
@@ -3892,7 +3914,10 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"totalBytes\x12%\n" +
 	"\x0euncached_files\x18\a \x01(\x04R\runcachedFiles\x12-\n" +
 	"\x12checkpointed_bytes\x18\b \x01(\x03R\x11checkpointedBytes\x12\x1a\n" +
-	"\bcomplete\x18\t \x01(\bR\bcomplete\"B\n" +
+	"\bcomplete\x18\t \x01(\bR\bcomplete\x12\x1d\n" +
+	"\n" +
+	"lost_files\x18\n" +
+	" \x01(\x04R\tlostFiles\"B\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
 	"\fcached_bytes\x18\x02 \x01(\x03R\vcachedBytes\"\xb7\x01\n" +

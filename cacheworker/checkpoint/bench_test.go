@@ -1,0 +1,127 @@
+package checkpoint_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/checkpoint"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+)
+
+// Sizes of the benchmark: one output file of 64 MiB in blocks of 4 MiB, as a step writes it.
+const (
+	benchFileSize  = 64 << 20
+	benchBlockSize = 4 << 20
+)
+
+// BenchmarkCheckpoint writes one sealed output file from a MEM tier on tmpfs to MinIO on
+// 127.0.0.1, in one run next to its baseline:
+//
+//   - "checkpoint": the checkpointer's write of the file, at once (as a write-through or a
+//     persist before a drop does): its blocks read back from tmpfs, each checked against its
+//     CRC-32C on the way, streamed to MinIO, and recorded at the master;
+//
+//   - "PutObject from memory": the same bytes put to MinIO with minio-go from a byte slice, the
+//     least any copy to the under-store costs;
+//
+//   - "checkpoint in the background, capped at 32 MiB/s": the background loop's write under a
+//     CachePolicy's bandwidthLimit of 32Mi, from the file's seal to its blocks marked clean.
+//
+//     go test ./cacheworker/checkpoint/ -run '^$' -bench Checkpoint -benchtime 5x -count 3
+func BenchmarkCheckpoint(b *testing.B) {
+	ctx := context.Background()
+	n := newNode(b, 4*benchFileSize)
+	n.bs = benchBlockSize
+	n.store = benchStore(b, n)
+	n.cp.Attach(n.store)
+	data := randomBytes(benchFileSize, 7)
+	// Every file sealed gets a new path and token: b.Run calls each function more than once, and
+	// a seal of a path and token the master knows would find that file, checkpointed already.
+
+	b.Run("checkpoint", func(b *testing.B) {
+		n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/now/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 1})
+		b.SetBytes(benchFileSize)
+		for range b.N {
+			b.StopTimer()
+			seed := n.nextID.Add(1)
+			f := n.sealData("ns/now/u1", fmt.Sprintf("part-%d", seed), data, seed)
+			sealed := checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: benchFileSize, Blocks: f.blocks}
+			b.StartTimer()
+			wrote, err := n.cp.WriteThrough(ctx, sealed)
+			if err != nil || !wrote {
+				b.Fatalf("wrote %v: %v", wrote, err)
+			}
+			n.cp.Published(ctx, sealed, wrote)
+			b.StopTimer()
+			n.drop(f)
+			b.StartTimer()
+		}
+	})
+	b.Run("PutObject from memory", func(b *testing.B) {
+		b.SetBytes(benchFileSize)
+		for i := range b.N {
+			if _, err := n.minio.Client.PutObject(ctx, bucket, fmt.Sprintf("direct/part-%d", i), bytes.NewReader(data), benchFileSize,
+				minio.PutObjectOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("checkpoint in the background, capped at 32 MiB/s", func(b *testing.B) {
+		n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/later/u2", BandwidthLimit: 32 << 20})
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { n.cp.Run(runCtx); close(done) }()
+		defer func() { cancel(); <-done }()
+		b.SetBytes(benchFileSize)
+		for range b.N {
+			seed := n.nextID.Add(1)
+			f := n.sealData("ns/later/u2", fmt.Sprintf("part-%d", seed), data, seed)
+			n.cp.Wake()
+			for !n.checkpointed(f) {
+				time.Sleep(time.Millisecond)
+			}
+			b.StopTimer()
+			n.drop(f)
+			b.StartTimer()
+		}
+	})
+}
+
+// benchStore is a tier store whose MEM tier is on tmpfs, as in production, persisting through
+// n's checkpointer.
+func benchStore(b *testing.B, n *node) *tierstore.Store {
+	b.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "strata-bench-checkpoint-")
+	if err != nil {
+		b.Logf("no /dev/shm (%v): the MEM tier is on disk, which this measures instead", err)
+		dir = b.TempDir()
+	}
+	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	_ = n.store.Close()
+	s, err := tierstore.Open(context.Background(), tierstore.Config{
+		Tiers:    []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{dir}, Quota: 4 * benchFileSize}},
+		IndexDir: filepath.Join(b.TempDir(), "index"), Persist: n.cp.Persist,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// drop removes a checkpointed file's blocks, to make room for the next.
+func (n *node) drop(f file) {
+	for _, id := range f.blocks {
+		if err := n.store.Delete(context.Background(), id); err != nil {
+			n.t.Fatal(err)
+		}
+	}
+}

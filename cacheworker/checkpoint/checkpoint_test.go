@@ -1,0 +1,472 @@
+package checkpoint_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/minio/minio-go/v7"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/checkpoint"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/masterpb"
+	"github.com/strata-cache/strata/master/mastertest"
+)
+
+const (
+	blockSize = 64 << 10
+	bucket    = "checkpoints"
+	worker    = "pool/node-a"
+)
+
+// clock is a settable clock, shared by the tier store (blocks' creation) and the checkpointer.
+type clock struct{ ns atomic.Int64 }
+
+func newClock() *clock {
+	c := &clock{}
+	c.ns.Store(time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// node is one worker's part: a tier store whose persist callback is its checkpointer's, a real
+// master, and a real MinIO to checkpoint to.
+type node struct {
+	t      testing.TB
+	master *client.Client
+	minio  *miniotest.Server
+	store  *tierstore.Store
+	cp     *checkpoint.Checkpointer
+	reg    *prometheus.Registry
+	clock  *clock
+	nextID atomic.Uint64
+	// bs is the size of the blocks files are sealed into.
+	bs int64
+}
+
+func newNode(t testing.TB, quota int64) *node {
+	t.Helper()
+	n := &node{t: t, bs: blockSize, master: mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client(), minio: miniotest.Start(t),
+		reg: prometheus.NewRegistry(), clock: newClock()}
+	n.minio.MakeBucket(t, bucket)
+	metrics, err := checkpoint.NewMetrics(n.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.cp = checkpoint.New(checkpoint.Config{Master: n.master, Metrics: metrics, Now: n.clock.Now, Poll: 50 * time.Millisecond, Log: testr.NewWithInterface(t, testr.Options{})})
+	base := t.TempDir()
+	n.store, err = tierstore.Open(context.Background(), tierstore.Config{
+		Tiers:    []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(base, "mem")}, Quota: quota}},
+		IndexDir: filepath.Join(base, "index"), Persist: n.cp.Persist, Now: n.clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.store.Close() })
+	n.cp.Attach(n.store)
+	if _, err := n.master.RegisterWorker(context.Background(), &masterpb.RegisterWorkerRequest{Id: worker, Address: "127.0.0.1:1", Node: "node-a"}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// run runs the background loop until the test ends.
+func (n *node) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { n.cp.Run(ctx); close(done) }()
+	n.t.Cleanup(func() { cancel(); <-done })
+}
+
+// settings is what the operator would write for datasets, checkpointed to MinIO under their names.
+func (n *node) settings(endpoint string, datasets ...checkpoint.Dataset) {
+	n.t.Helper()
+	for i := range datasets {
+		d := &datasets[i]
+		d.Root = root(d.Name)
+		d.Target = checkpoint.Target{URI: "s3://" + bucket + "/" + strings.ReplaceAll(d.Name, "/", "-"), Endpoint: endpoint,
+			Credentials: map[string]string{understore.CredentialAccessKeyID: miniotest.AccessKey, understore.CredentialSecretAccessKey: miniotest.SecretKey}}
+		if d.Strategy == "" {
+			d.Strategy = datav1alpha1.CheckpointEdge
+		}
+	}
+	raw, err := json.Marshal(checkpoint.File{Datasets: datasets})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	s, err := checkpoint.Parse(raw)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.cp.Apply(s)
+}
+
+func (n *node) endpoint() string { return "http://" + n.minio.Endpoint }
+
+func root(dataset string) string { return "/datasets/" + dataset }
+
+// file is an output file sealed on the node.
+type file struct {
+	dataset, rel, token string
+	data                []byte
+	blocks              []string
+}
+
+func (f file) path() string { return root(f.dataset) + "/" + f.rel }
+
+// seal stores data as the blocks of a file of dataset, unclean, and publishes it at the master,
+// as an output mount does.
+func (n *node) seal(dataset, rel string, size int, seed uint64) file {
+	n.t.Helper()
+	return n.sealData(dataset, rel, randomBytes(size, seed), seed)
+}
+
+// sealData seals data as the file rel of dataset, its token made of seed.
+func (n *node) sealData(dataset, rel string, data []byte, seed uint64) file {
+	n.t.Helper()
+	ctx := context.Background()
+	size := len(data)
+	f := file{dataset: dataset, rel: rel, token: fmt.Sprintf("%032x", seed), data: data}
+	if _, err := n.master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: dataset, Root: root(dataset)}); err != nil {
+		n.t.Fatal(err)
+	}
+	req := &masterpb.SealFileRequest{Path: f.path(), Dataset: dataset, ClientToken: f.token}
+	for i, off := int64(0), int64(0); off < int64(size); i, off = i+1, off+n.bs {
+		end := min(off+n.bs, int64(size))
+		id := f.token + "-" + strconv.FormatInt(i, 10)
+		origin, err := proto.Marshal(&workerpb.BlockOrigin{Path: f.path(), Dataset: dataset, Root: root(dataset), Index: i, Offset: off, FileToken: f.token})
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		info, err := n.store.Put(ctx, id, bytes.NewReader(f.data[off:end]), end-off, tierstore.PutOptions{Origin: origin})
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		f.blocks = append(f.blocks, id)
+		req.Blocks = append(req.Blocks, &masterpb.CommitBlockRequest{BlockId: n.nextID.Add(1), Offset: off, Size: info.Size,
+			Checksum: strconv.FormatUint(uint64(info.Checksum), 16), Worker: worker, Tier: "mem"})
+	}
+	if _, err := n.master.SealFile(ctx, req); err != nil {
+		n.t.Fatal(err)
+	}
+	return f
+}
+
+// object is the checkpoint of f in MinIO, or nil.
+func (n *node) object(f file) []byte {
+	key := strings.ReplaceAll(f.dataset, "/", "-") + "/" + f.rel
+	obj, err := n.minio.Client.GetObject(context.Background(), bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = obj.Close() }()
+	data, err := io.ReadAll(obj)
+	if err != nil {
+		return nil
+	}
+	return data
+}
+
+// checkpointed says whether the master records f as checkpointed and every block of f is clean.
+func (n *node) checkpointed(f file) bool {
+	mf, err := n.master.GetFile(context.Background(), &masterpb.GetFileRequest{Path: f.path()})
+	if err != nil || mf.GetCheckpointState() != masterpb.CheckpointState_CHECKPOINT_STATE_DONE {
+		return false
+	}
+	for _, id := range f.blocks {
+		if info, err := n.store.Info(id); err != nil || !info.Clean {
+			return false
+		}
+	}
+	return true
+}
+
+// count is the value of a checkpoint counter for reason.
+func (n *node) count(name, reason string) float64 {
+	families, err := n.reg.Gather()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func randomBytes(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// TestEdgeWritesTheLeavesThenHotFiles: a file of a Dataset a Lineage has read already is not a
+// leaf, and is left in memory, while the newer leaf is written; once read more than hotReads
+// times it is hot, and written too.
+func TestEdgeWritesTheLeavesThenHotFiles(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(),
+		checkpoint.Dataset{Name: "ns/parent/u1", CachePolicy: "ns/p", EdgeFraction: 0.5, HotReads: 2, Consumed: true},
+		checkpoint.Dataset{Name: "ns/leaf/u2", CachePolicy: "ns/p", EdgeFraction: 0.5, HotReads: 2})
+	parent := n.seal("ns/parent/u1", "part-0", 3*blockSize+100, 1)
+	n.clock.Advance(time.Second)
+	leaf := n.seal("ns/leaf/u2", "dir/part-0", 2*blockSize, 2)
+	n.run()
+
+	g.Eventually(func() bool { return n.checkpointed(leaf) }).WithTimeout(30*time.Second).Should(BeTrue(), "the leaf is checkpointed")
+	g.Expect(n.object(leaf)).To(Equal(leaf.data), "under its path in the Dataset, byte for byte")
+	g.Expect(n.count("strata_worker_checkpoint_files_total", "edge")).To(BeEquivalentTo(1))
+	g.Consistently(func() []byte { return n.object(parent) }).WithTimeout(time.Second).Should(BeNil(),
+		"a file a Lineage read already, read no more than hotReads times, stays in memory")
+	g.Expect(n.checkpointed(parent)).To(BeFalse())
+
+	for range 3 {
+		_, _, err := n.store.Get(context.Background(), parent.blocks[0])
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	n.cp.Wake()
+	g.Eventually(func() bool { return n.checkpointed(parent) }).WithTimeout(30*time.Second).Should(BeTrue(), "read three times, it is hot")
+	g.Expect(n.object(parent)).To(Equal(parent.data))
+	g.Expect(n.count("strata_worker_checkpoint_files_total", "hot")).To(BeEquivalentTo(1))
+	mf, err := n.master.GetFile(context.Background(), &masterpb.GetFileRequest{Path: parent.path()})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(mf.GetCheckpointUri()).To(Equal("s3://checkpoints/ns-parent-u1/part-0"))
+}
+
+// TestTemporaryDataIsNeverWrittenInTheBackground: a temporary Dataset, a file under a
+// temporary path pattern, and a Dataset of strategy None stay in memory, while a file next to
+// them is written.
+func TestTemporaryDataIsNeverWrittenInTheBackground(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(),
+		checkpoint.Dataset{Name: "ns/temp/u1", Temporary: true},
+		checkpoint.Dataset{Name: "ns/mixed/u2", TemporaryPaths: []string{"_tmp/**"}},
+		checkpoint.Dataset{Name: "ns/none/u3", Strategy: datav1alpha1.CheckpointNone})
+	never := []file{
+		n.seal("ns/temp/u1", "a", blockSize, 1),
+		n.seal("ns/mixed/u2", "_tmp/scratch/b", blockSize, 2),
+		n.seal("ns/none/u3", "c", blockSize, 3),
+	}
+	n.clock.Advance(time.Second)
+	kept := n.seal("ns/mixed/u2", "result", blockSize, 4)
+	n.run()
+
+	g.Eventually(func() bool { return n.checkpointed(kept) }).WithTimeout(30 * time.Second).Should(BeTrue())
+	for _, f := range never {
+		g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500*time.Millisecond).Should(BeNil(), "%s is never written", f.path())
+	}
+}
+
+// TestIntervalWritesAtTheTickAfterTheFile: under strategy Interval a file waits for the first
+// tick after it was written, ticks counted from the Dataset's creation.
+func TestIntervalWritesAtTheTickAfterTheFile(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	created := n.clock.Now()
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/every/u1", Strategy: datav1alpha1.CheckpointInterval,
+		IntervalSeconds: 60, CreatedUnix: created.Unix()})
+	n.clock.Advance(70 * time.Second)
+	f := n.seal("ns/every/u1", "x", blockSize, 1) // written after the first tick (60 s): due at 120 s
+	n.run()
+	n.clock.Advance(40 * time.Second) // 110 s
+	n.cp.Wake()
+	g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500 * time.Millisecond).Should(BeNil())
+	n.clock.Advance(10 * time.Second) // 120 s
+	n.cp.Wake()
+	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
+	g.Expect(n.count("strata_worker_checkpoint_files_total", "interval")).To(BeEquivalentTo(1))
+}
+
+// TestAFullTierWritesBeforeItDrops: a tier full of output that is not checkpointed writes the
+// file of the block it drops to the under-store first, whatever the strategy, and a Dataset
+// without a target keeps its blocks: the write that needs their room fails and says why.
+func TestAFullTierWritesBeforeItDrops(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	n := newNode(t, 6*blockSize)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1", Strategy: datav1alpha1.CheckpointNone, Temporary: true})
+	first := n.seal("ns/out/u1", "first", 2*blockSize, 1)
+	n.clock.Advance(time.Second)
+	n.seal("ns/out/u1", "second", 2*blockSize, 2)
+	n.clock.Advance(time.Second)
+	n.seal("ns/out/u1", "third", 2*blockSize, 3) // past the high watermark: the coldest leave
+
+	g.Expect(n.object(first)).To(Equal(first.data), "the file of the block dropped was written first, whole")
+	mf, err := n.master.GetFile(ctx, &masterpb.GetFileRequest{Path: first.path()})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(mf.GetCheckpointState()).To(Equal(masterpb.CheckpointState_CHECKPOINT_STATE_DONE))
+	_, err = n.store.Info(first.blocks[0])
+	g.Expect(errors.Is(err, tierstore.ErrNotFound)).To(BeTrue(), "and its block left memory: %v", err)
+	g.Expect(n.count("strata_worker_checkpoint_files_total", "persist")).To(BeEquivalentTo(1))
+	g.Expect(n.store.Stats()[0].Persisted).To(BeNumerically(">=", 1))
+
+	// A Dataset with no target: its blocks stay, and once they fill the tier, writes fail.
+	var err2 error
+	for i := range 8 {
+		n.clock.Advance(time.Second)
+		origin, _ := proto.Marshal(&workerpb.BlockOrigin{Path: root("ns/bare/u2") + "/f" + strconv.Itoa(i), Dataset: "ns/bare/u2",
+			Root: root("ns/bare/u2"), FileToken: fmt.Sprintf("%032x", 100+i)})
+		_, err2 = n.store.Put(ctx, fmt.Sprintf("%032x-0", 100+i), bytes.NewReader(randomBytes(blockSize, uint64(i))), blockSize,
+			tierstore.PutOptions{Origin: origin})
+		if err2 != nil {
+			break
+		}
+	}
+	g.Expect(errors.Is(err2, tierstore.ErrTierFull)).To(BeTrue(), "a tier full of what exists nowhere else refuses writes: %v", err2)
+	g.Expect(err2.Error()).To(ContainSubstring("has no checkpoint target this worker knows of (its spec.checkpoint)"))
+}
+
+// TestWriteThroughAboveTheThreshold: a file above the Dataset's syncWriteThreshold is in the
+// under-store before its seal returns, and recorded once published; a smaller one is left to
+// the background; an under-store that cannot be reached fails the seal and says where.
+func TestWriteThroughAboveTheThreshold(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/big/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 2 * blockSize})
+
+	big := n.seal("ns/big/u1", "big", 3*blockSize, 1)
+	sealed := checkpoint.SealedFile{Dataset: big.dataset, Path: big.path(), Token: big.token, Size: int64(len(big.data)), Blocks: big.blocks}
+	wrote, err := n.cp.WriteThrough(ctx, sealed)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(wrote).To(BeTrue())
+	g.Expect(n.object(big)).To(Equal(big.data), "written before the seal returns")
+	n.cp.Published(ctx, sealed, wrote)
+	g.Expect(n.checkpointed(big)).To(BeTrue(), "recorded at the master and clean once published")
+
+	small := n.seal("ns/big/u1", "small", blockSize, 2)
+	wrote, err = n.cp.WriteThrough(ctx, checkpoint.SealedFile{Dataset: small.dataset, Path: small.path(), Token: small.token,
+		Size: int64(len(small.data)), Blocks: small.blocks})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(wrote).To(BeFalse())
+	g.Expect(n.object(small)).To(BeNil())
+
+	n.settings("http://"+miniotest.ClosedAddr(t), checkpoint.Dataset{Name: "ns/big/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 2 * blockSize})
+	other := n.seal("ns/big/u1", "other", 3*blockSize, 3)
+	_, err = n.cp.WriteThrough(ctx, checkpoint.SealedFile{Dataset: other.dataset, Path: other.path(), Token: other.token,
+		Size: int64(len(other.data)), Blocks: other.blocks})
+	g.Expect(err).To(MatchError(And(ContainSubstring("above the syncWriteThreshold"), ContainSubstring("s3://checkpoints/ns-big-u1"))))
+	g.Expect(errors.Is(err, understore.ErrUnreachable)).To(BeTrue(), "%v", err)
+}
+
+// TestReadBackAfterTheBlocksAreGone: a checkpointed file whose blocks left the node is read
+// from its checkpoint, and the block is kept, clean; a file with no checkpoint is not.
+func TestReadBackAfterTheBlocksAreGone(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 1})
+	f := n.seal("ns/out/u1", "x", 2*blockSize+10, 1)
+	sealed := checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: int64(len(f.data)), Blocks: f.blocks}
+	wrote, err := n.cp.WriteThrough(ctx, sealed)
+	g.Expect(err).NotTo(HaveOccurred())
+	n.cp.Published(ctx, sealed, wrote)
+	for _, id := range f.blocks {
+		g.Expect(n.store.Delete(ctx, id)).To(Succeed())
+	}
+
+	req := checkpoint.ReadBackRequest{Dataset: f.dataset, Root: root(f.dataset), Path: f.path(), Token: f.token,
+		BlockID: f.blocks[2], Index: 2, Offset: 2 * blockSize, Length: 10}
+	data, err := n.cp.ReadBack(ctx, req)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data).To(Equal(f.data[2*blockSize:]))
+	info, err := n.store.Info(f.blocks[2])
+	g.Expect(err).NotTo(HaveOccurred(), "the block read back is kept")
+	g.Expect(info.Clean).To(BeTrue(), "clean: its checkpoint is a copy")
+
+	req.Token = "another version"
+	_, err = n.cp.ReadBack(ctx, req)
+	g.Expect(errors.Is(err, checkpoint.ErrNotCheckpointed)).To(BeTrue(), "%v", err)
+}
+
+// TestAFailedCheckpointIsTriedAgain: a target that cannot be reached fails the checkpoint,
+// counted, and the file stays unclean; once the target answers, the retry writes it.
+func TestAFailedCheckpointIsTriedAgain(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	n.settings("http://"+miniotest.ClosedAddr(t), checkpoint.Dataset{Name: "ns/out/u1"})
+	f := n.seal("ns/out/u1", "x", blockSize, 1)
+	n.run()
+	g.Eventually(func() float64 { return n.count("strata_worker_checkpoint_failures_total", "edge") }).
+		WithTimeout(30 * time.Second).Should(BeNumerically(">=", 1))
+	g.Expect(n.checkpointed(f)).To(BeFalse())
+
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1"})
+	n.clock.Advance(10 * time.Second) // past the first retry's backoff
+	n.cp.Wake()
+	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
+	g.Expect(n.object(f)).To(Equal(f.data))
+}
+
+// TestSettingsRefuseWhatTheOperatorNeverWrites: a bad entry refuses the whole file (the last
+// good settings stay in force), naming the Dataset.
+func TestSettingsRefuseWhatTheOperatorNeverWrites(t *testing.T) {
+	for name, tc := range map[string]struct {
+		dataset checkpoint.Dataset
+		says    string
+	}{
+		"a target that is not S3": {
+			checkpoint.Dataset{Name: "ns/a/u", Root: "/datasets/ns/a/u", Strategy: "Edge", Target: checkpoint.Target{URI: "file:///tmp"}},
+			"is not an s3:// URI",
+		},
+		"an Interval without a period": {
+			checkpoint.Dataset{Name: "ns/a/u", Root: "/datasets/ns/a/u", Strategy: "Interval", Target: checkpoint.Target{URI: "s3://b"}},
+			"needs a positive interval",
+		},
+		"an unknown strategy": {
+			checkpoint.Dataset{Name: "ns/a/u", Root: "/datasets/ns/a/u", Strategy: "Sometimes", Target: checkpoint.Target{URI: "s3://b"}},
+			"unknown strategy",
+		},
+		"a bad temporary pattern": {
+			checkpoint.Dataset{Name: "ns/a/u", Root: "/datasets/ns/a/u", Strategy: "Edge", Target: checkpoint.Target{URI: "s3://b"},
+				TemporaryPaths: []string{"a/[x"}},
+			"temporaryPathPatterns",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			raw, err := json.Marshal(checkpoint.File{Datasets: []checkpoint.Dataset{tc.dataset}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = checkpoint.Parse(raw)
+			NewWithT(t).Expect(err).To(MatchError(And(ContainSubstring("ns/a/u"), ContainSubstring(tc.says))))
+		})
+	}
+	s, err := checkpoint.Parse(nil)
+	NewWithT(t).Expect(err).NotTo(HaveOccurred())
+	NewWithT(t).Expect(s.Datasets()).To(BeZero(), "no file checkpoints nothing")
+}

@@ -1,0 +1,576 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/lineage"
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// Blocks is the part of the tier store the checkpointer works on.
+type Blocks interface {
+	Blocks() []tierstore.BlockInfo
+	OpenVerified(ctx context.Context, id string) (io.ReadCloser, tierstore.BlockInfo, error)
+	SetClean(ctx context.Context, id string) error
+	Put(ctx context.Context, id string, r io.Reader, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
+}
+
+// Master is the part of the master client the checkpointer uses: a file's record, and the
+// record of its checkpoint.
+type Master interface {
+	GetFile(ctx context.Context, req *masterpb.GetFileRequest) (*masterpb.File, error)
+	CheckpointFile(ctx context.Context, req *masterpb.CheckpointFileRequest) (*masterpb.File, error)
+}
+
+// Defaults of Config.
+const (
+	// DefaultPoll is how often the files held are looked at when nothing wakes the checkpointer:
+	// reads make files hot, and Interval ticks come due, without a seal to say so.
+	DefaultPoll = 5 * time.Second
+	// DefaultMasterTimeout bounds each call to the master.
+	DefaultMasterTimeout = 30 * time.Second
+)
+
+// Bounds of the retries of a file whose checkpoint failed: the under-store may come back.
+const (
+	firstRetry = 5 * time.Second
+	lastRetry  = 5 * time.Minute
+)
+
+// chunk is the most bytes a background write reads at once, and so the burst the bandwidth
+// cap allows.
+const chunk = 256 << 10
+
+// Config configures a Checkpointer.
+type Config struct {
+	Master Master
+	// Stored reports a block read back from a checkpoint and kept in the tier store, so that
+	// peers find it (locations.Directory.Enqueue); nil reports none.
+	Stored func(ctx context.Context, info tierstore.BlockInfo)
+	// OpenStore opens an under-store; nil means understore.Open.
+	OpenStore func(ctx context.Context, src understore.Source) (understore.Store, error)
+	// Poll is how often the files held are looked at anew; 0 means DefaultPoll.
+	Poll time.Duration
+	// MasterTimeout bounds each call to the master; 0 means DefaultMasterTimeout.
+	MasterTimeout time.Duration
+	// Metrics receives the counts; nil counts nowhere.
+	Metrics *Metrics
+	// Now is the clock of planning; nil means time.Now.
+	Now func() time.Time
+	Log logr.Logger
+}
+
+// Checkpointer writes the output files a worker holds to their Datasets' under-stores: in the
+// background, one at a time, as each Dataset's strategy plans it and within its bandwidth cap;
+// at once, for the tier store before it drops the only copy of a block (Persist) and for an
+// output mount before a large file's seal returns (WriteThrough). It reads a lost block back
+// from its checkpoint (ReadBack). See doc.go.
+type Checkpointer struct {
+	cfg     Config
+	log     logr.Logger
+	store   atomic.Pointer[storeRef]
+	limiter *rate.Limiter
+	wake    chan struct{}
+
+	mu       sync.Mutex
+	settings *Settings
+	stores   map[string]understore.Store // by Dataset, for its current target
+	planners map[string]*lineage.Planner // by CachePolicy
+	turn     int                         // the planner whose turn it is
+	// recorded are files whose checkpoint the master holds, by path, with their token: their
+	// blocks are marked clean by the next round.
+	recorded map[string]string
+	retries  map[string]retry // by path and token
+}
+
+type storeRef struct{ Blocks }
+
+// retry is when a file whose checkpoint failed is tried again.
+type retry struct {
+	failures int
+	at       time.Time
+}
+
+// New returns a Checkpointer. It checkpoints nothing until Attach gives it the tier store and
+// Apply its settings.
+func New(cfg Config) *Checkpointer {
+	if cfg.Poll <= 0 {
+		cfg.Poll = DefaultPoll
+	}
+	if cfg.MasterTimeout <= 0 {
+		cfg.MasterTimeout = DefaultMasterTimeout
+	}
+	if cfg.OpenStore == nil {
+		cfg.OpenStore = understore.Open
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = newMetrics()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log.GetSink() == nil {
+		cfg.Log = logr.Discard()
+	}
+	return &Checkpointer{
+		cfg: cfg, log: cfg.Log, limiter: rate.NewLimiter(rate.Inf, chunk), wake: make(chan struct{}, 1),
+		stores: map[string]understore.Store{}, planners: map[string]*lineage.Planner{},
+		recorded: map[string]string{}, retries: map[string]retry{},
+	}
+}
+
+// Attach gives the checkpointer the tier store whose blocks it writes. The store's Persist
+// callback is this checkpointer's, so the store is opened after New and attached once open.
+func (c *Checkpointer) Attach(store Blocks) { c.store.Store(&storeRef{store}) }
+
+func (c *Checkpointer) blocks() (Blocks, error) {
+	ref := c.store.Load()
+	if ref == nil {
+		return nil, errors.New("the checkpointer has no tier store yet")
+	}
+	return ref.Blocks, nil
+}
+
+// Apply makes s the settings in force. A Dataset whose target changed gets a new under-store.
+func (c *Checkpointer) Apply(s *Settings) {
+	c.mu.Lock()
+	for name := range c.stores {
+		if old, now := c.settings.of(name), s.of(name); now == nil || old == nil || !sameTarget(old.Target, now.Target) {
+			delete(c.stores, name)
+		}
+	}
+	c.settings = s
+	c.mu.Unlock()
+	c.log.Info("Applied the checkpoint settings", "datasets", s.Datasets())
+	c.Wake()
+}
+
+func sameTarget(a, b Target) bool {
+	if a.URI != b.URI || a.Endpoint != b.Endpoint || a.Region != b.Region || len(a.Credentials) != len(b.Credentials) {
+		return false
+	}
+	for k, v := range a.Credentials {
+		if b.Credentials[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Wake makes the background loop look at the files held now: one was sealed.
+func (c *Checkpointer) Wake() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Checkpointer) current() *Settings {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.settings
+}
+
+// storeOf is the under-store of d's target, opened once.
+func (c *Checkpointer) storeOf(ctx context.Context, d *dataset) (understore.Store, error) {
+	c.mu.Lock()
+	s := c.stores[d.Name]
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s, err := c.cfg.OpenStore(ctx, d.Target.source())
+	if err != nil {
+		return nil, fmt.Errorf("opening the checkpoint target of Dataset %s: %w", d.Name, err)
+	}
+	c.mu.Lock()
+	if c.settings.of(d.Name) == d {
+		c.stores[d.Name] = s
+	}
+	c.mu.Unlock()
+	return s, nil
+}
+
+// Run checkpoints in the background until ctx ends: whenever woken, and every Poll, it looks
+// at the output files the store holds and writes the one the plan picks, until none is left.
+func (c *Checkpointer) Run(ctx context.Context) {
+	timer := time.NewTimer(c.cfg.Poll)
+	defer timer.Stop()
+	for {
+		if worked := c.round(ctx); worked {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		timer.Reset(c.cfg.Poll)
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// round checkpoints at most one file, and reports whether it tried one.
+func (c *Checkpointer) round(ctx context.Context) bool {
+	store, err := c.blocks()
+	if err != nil {
+		return false
+	}
+	settings := c.current()
+	files, pending := heldFiles(store, settings)
+	c.cfg.Metrics.pending.Set(float64(pending))
+	now := c.cfg.Now()
+	var todo []*heldFile
+	for _, f := range files {
+		switch {
+		case c.isRecorded(f.path, f.token):
+			c.markClean(ctx, store, f)
+		case !c.retryDue(f, now):
+		default:
+			todo = append(todo, f)
+		}
+	}
+	p := c.plan(todo, now)
+	if p == nil {
+		return false
+	}
+	start := c.cfg.Now()
+	err = c.checkpoint(ctx, store, p.file, p.reason, true)
+	if p.planner != nil {
+		p.planner.Done(p.kind, c.cfg.Now().Sub(start))
+	}
+	c.settle(p.file, err)
+	if err != nil && ctx.Err() == nil {
+		c.log.Error(err, "Checkpointing an output file failed; it stays in memory and is tried again",
+			"file", p.file.path, "dataset", p.file.ds.Name, "reason", p.reason)
+	}
+	return true
+}
+
+// retryDue says whether f may be tried now: it never failed, or its retry is due.
+func (c *Checkpointer) retryDue(f *heldFile, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, failed := c.retries[f.key()]
+	return !failed || !now.Before(r.at)
+}
+
+// settle records how a checkpoint of f went, for its retries.
+func (c *Checkpointer) settle(f *heldFile, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil || errors.Is(err, errGone) {
+		delete(c.retries, f.key())
+		return
+	}
+	r := c.retries[f.key()]
+	r.failures++
+	r.at = c.cfg.Now().Add(min(firstRetry<<min(r.failures-1, 16), lastRetry))
+	c.retries[f.key()] = r
+}
+
+func (c *Checkpointer) isRecorded(path, token string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.recorded[path] == token
+}
+
+// errGone means the file was forgotten or replaced at the master: its blocks are another
+// version's, which nobody reads, and the sweeper removes them.
+var errGone = errors.New("the master no longer has this version of the file")
+
+// checkpoint writes the file f, which this node holds, to its Dataset's target, records it at
+// the master, and marks its blocks clean. Background writes (limited) keep to the Dataset's
+// bandwidth cap.
+func (c *Checkpointer) checkpoint(ctx context.Context, store Blocks, f *heldFile, reason string, limited bool) error {
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
+	mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: f.path})
+	cancel()
+	switch {
+	case status.Code(err) == codes.NotFound:
+		return errGone
+	case err != nil:
+		return fmt.Errorf("reading the record of %s at the master: %w", f.path, err)
+	case mf.GetClientToken() != f.token:
+		return errGone
+	case mf.GetCheckpointState() == masterpb.CheckpointState_CHECKPOINT_STATE_DONE:
+		c.markClean(ctx, store, f)
+		return nil
+	}
+	ids, err := f.blockIDs(len(mf.GetBlockIds()))
+	if err != nil {
+		return err
+	}
+	bandwidth := rate.Inf
+	if limited && f.ds.BandwidthLimit > 0 {
+		bandwidth = rate.Limit(f.ds.BandwidthLimit)
+	}
+	start := c.cfg.Now()
+	if err := c.write(ctx, store, f.ds, f.path, ids, mf.GetSize(), bandwidth); err != nil {
+		c.cfg.Metrics.failures.WithLabelValues(reason).Inc()
+		return err
+	}
+	if err := c.record(ctx, f.ds, f.path, f.token); err != nil {
+		c.cfg.Metrics.failures.WithLabelValues(reason).Inc()
+		return err
+	}
+	c.cfg.Metrics.files.WithLabelValues(reason).Inc()
+	c.cfg.Metrics.bytes.WithLabelValues(reason).Add(float64(mf.GetSize()))
+	c.cfg.Metrics.duration.WithLabelValues(reason).Observe(c.cfg.Now().Sub(start).Seconds())
+	c.log.V(1).Info("Checkpointed an output file", "file", f.path, "bytes", mf.GetSize(), "reason", reason,
+		"seconds", c.cfg.Now().Sub(start).Seconds())
+	c.markClean(ctx, store, f)
+	return nil
+}
+
+// write streams the blocks ids, size bytes in all, to the file path's place in d's target.
+func (c *Checkpointer) write(ctx context.Context, store Blocks, d *dataset, path string, ids []string, size int64, bandwidth rate.Limit) error {
+	target, err := c.storeOf(ctx, d)
+	if err != nil {
+		return err
+	}
+	r := &blocksReader{ctx: ctx, store: store, ids: ids}
+	defer r.close()
+	var body io.Reader = r
+	if bandwidth != rate.Inf {
+		// Background writes take turns (one at a time), so one limiter serves them all.
+		c.limiter.SetLimit(bandwidth)
+		body = &limitedReader{ctx: ctx, r: r, limiter: c.limiter}
+	}
+	if err := target.Write(ctx, d.rel(path), body, size); err != nil {
+		return fmt.Errorf("checkpointing %s: %w", path, err)
+	}
+	return nil
+}
+
+// record tells the master that the version token of path is checkpointed. The master refuses
+// if the file has another version by now, and the write is then forgotten (errGone).
+func (c *Checkpointer) record(ctx context.Context, d *dataset, path, token string) error {
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
+	defer cancel()
+	_, err := c.cfg.Master.CheckpointFile(mctx, &masterpb.CheckpointFileRequest{
+		Path: path, State: masterpb.CheckpointState_CHECKPOINT_STATE_DONE, Uri: d.Target.objectURI(d.rel(path)), ClientToken: token,
+	})
+	switch {
+	case status.Code(err) == codes.NotFound || status.Code(err) == codes.FailedPrecondition:
+		return errGone
+	case err != nil:
+		return fmt.Errorf("recording the checkpoint of %s at the master: %w", path, err)
+	}
+	c.mu.Lock()
+	c.recorded[path] = token
+	c.mu.Unlock()
+	return nil
+}
+
+// markClean tells the tier store that f's blocks have a copy in the under-store, so that they
+// may leave the last tier without a checkpoint first.
+func (c *Checkpointer) markClean(ctx context.Context, store Blocks, f *heldFile) {
+	var failed bool
+	for _, b := range f.blocks {
+		if b.Clean {
+			continue
+		}
+		if err := store.SetClean(ctx, b.ID); err != nil && !errors.Is(err, tierstore.ErrNotFound) {
+			failed = true
+			c.log.Error(err, "Marking a checkpointed block clean; the next round tries again", "block", b.ID, "file", f.path)
+		}
+	}
+	if !failed {
+		c.mu.Lock()
+		if c.recorded[f.path] == f.token {
+			delete(c.recorded, f.path)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// heldFile is an output file whose blocks this node holds.
+type heldFile struct {
+	ds          *dataset
+	path, token string
+	// blocks are the blocks of the file held here, clean or not, by index.
+	blocks  []tierstore.BlockInfo
+	indexes []int64
+	created time.Time
+	reads   uint64
+}
+
+func (f *heldFile) key() string { return f.path + "\x00" + f.token }
+
+// blockIDs are the ids of the file's n blocks, in order, if this node holds all of them.
+func (f *heldFile) blockIDs(n int) ([]string, error) {
+	if len(f.blocks) != n {
+		return nil, fmt.Errorf("%s has %d blocks and this node holds %d of them: only the writer's node, which holds all, checkpoints it",
+			f.path, n, len(f.blocks))
+	}
+	ids := make([]string, n)
+	for i, b := range f.blocks {
+		if f.indexes[i] != int64(i) {
+			return nil, fmt.Errorf("%s: block %d is missing on this node", f.path, i)
+		}
+		ids[i] = b.ID
+	}
+	return ids, nil
+}
+
+// heldFiles groups the output blocks store holds by file: those of Datasets with settings and
+// a block not yet clean (not yet checkpointed, as far as the store knows). pending is the size
+// of every output block not clean, with settings or not.
+func heldFiles(store Blocks, settings *Settings) (files []*heldFile, pending int64) {
+	byKey := map[string]*heldFile{}
+	dirty := map[string]bool{}
+	for _, b := range store.Blocks() {
+		o, ok := outputOrigin(b.Origin)
+		if !ok {
+			continue
+		}
+		if !b.Clean {
+			pending += b.Size
+		}
+		d := settings.of(o.GetDataset())
+		if d == nil {
+			continue
+		}
+		key := o.GetPath() + "\x00" + o.GetFileToken()
+		f := byKey[key]
+		if f == nil {
+			f = &heldFile{ds: d, path: o.GetPath(), token: o.GetFileToken(), created: b.Created}
+			byKey[key] = f
+		}
+		f.blocks = append(f.blocks, b)
+		f.indexes = append(f.indexes, o.GetIndex())
+		f.created = minTime(f.created, b.Created)
+		f.reads = max(f.reads, b.Accesses)
+		if !b.Clean {
+			dirty[key] = true
+		}
+	}
+	for key, f := range byKey {
+		if !dirty[key] {
+			continue
+		}
+		sortByIndex(f)
+		files = append(files, f)
+	}
+	slices.SortFunc(files, func(a, b *heldFile) int { return strings.Compare(a.key(), b.key()) })
+	return files, pending
+}
+
+func sortByIndex(f *heldFile) {
+	order := make([]int, len(f.blocks))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return int(f.indexes[a] - f.indexes[b]) })
+	blocks, indexes := make([]tierstore.BlockInfo, len(order)), make([]int64, len(order))
+	for i, j := range order {
+		blocks[i], indexes[i] = f.blocks[j], f.indexes[j]
+	}
+	f.blocks, f.indexes = blocks, indexes
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// outputOrigin decodes the origin of a block an output mount sealed (it carries the file's
+// token); ok is false for any other block.
+func outputOrigin(raw []byte) (*workerpb.BlockOrigin, bool) {
+	if len(raw) == 0 {
+		return nil, false
+	}
+	var o workerpb.BlockOrigin
+	if err := proto.Unmarshal(raw, &o); err != nil || o.GetFileToken() == "" || o.GetPath() == "" {
+		return nil, false
+	}
+	return &o, true
+}
+
+// blocksReader reads blocks of the tier store one after the other, each checked against its
+// checksum at its end, opening each only when the one before is read.
+type blocksReader struct {
+	ctx   context.Context
+	store Blocks
+	ids   []string
+	cur   io.ReadCloser
+}
+
+func (r *blocksReader) Read(p []byte) (int, error) {
+	for {
+		if r.cur == nil {
+			if len(r.ids) == 0 {
+				return 0, io.EOF
+			}
+			f, _, err := r.store.OpenVerified(r.ctx, r.ids[0])
+			if err != nil {
+				return 0, fmt.Errorf("opening block %s: %w", r.ids[0], err)
+			}
+			r.cur, r.ids = f, r.ids[1:]
+		}
+		n, err := r.cur.Read(p)
+		if errors.Is(err, io.EOF) {
+			_ = r.cur.Close()
+			r.cur = nil
+			if n > 0 {
+				return n, nil
+			}
+			continue
+		}
+		return n, err
+	}
+}
+
+func (r *blocksReader) close() {
+	if r.cur != nil {
+		_ = r.cur.Close()
+	}
+}
+
+// limitedReader keeps reads to a limiter's rate: the bandwidth cap of background checkpoints.
+type limitedReader struct {
+	ctx     context.Context
+	r       io.Reader
+	limiter waiter
+}
+
+// waiter is the part of a rate.Limiter a limitedReader uses.
+type waiter interface {
+	WaitN(ctx context.Context, n int) error
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if len(p) > chunk {
+		p = p[:chunk]
+	}
+	n, err := l.r.Read(p)
+	if n > 0 {
+		if werr := l.limiter.WaitN(l.ctx, n); werr != nil {
+			return n, werr
+		}
+	}
+	return n, err
+}

@@ -1,0 +1,182 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// ErrNoTarget means a Dataset has no checkpoint target this worker knows of: its spec has no
+// checkpoint, or the operator's settings have not reached the worker yet.
+var ErrNoTarget = errors.New("no checkpoint target")
+
+// ErrNotCheckpointed means a file has no checkpoint to read back.
+var ErrNotCheckpointed = errors.New("not checkpointed")
+
+// Persist is the tier store's persist callback (tierstore.Config.Persist): before the store
+// drops the only copy of a block of an output file, the whole file is written to its Dataset's
+// target, at once and without the bandwidth cap, and recorded at the master. Blocks of a
+// Dataset without a target are refused: they stay, and a tier full of them refuses writes.
+func (c *Checkpointer) Persist(ctx context.Context, b tierstore.BlockInfo, _ io.Reader) error {
+	store, err := c.blocks()
+	if err != nil {
+		return err
+	}
+	o, ok := outputOrigin(b.Origin)
+	if !ok {
+		return fmt.Errorf("block %s is no output file's, and only output files are checkpointed", b.ID)
+	}
+	d := c.current().of(o.GetDataset())
+	if d == nil {
+		return fmt.Errorf("block %s holds the only copy of part of %s, and Dataset %s has %w this worker knows of (its spec.checkpoint): it stays in memory",
+			b.ID, o.GetPath(), o.GetDataset(), ErrNoTarget)
+	}
+	if c.isRecorded(o.GetPath(), o.GetFileToken()) {
+		return nil
+	}
+	files, _ := heldFiles(store, &Settings{datasets: map[string]*dataset{d.Name: d}})
+	for _, f := range files {
+		if f.path == o.GetPath() && f.token == o.GetFileToken() {
+			if err := c.checkpoint(ctx, store, f, reasonPersist, false); err != nil && !errors.Is(err, errGone) {
+				return err
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("block %s: its file %s is not among the blocks held", b.ID, o.GetPath())
+}
+
+// SealedFile is a file an output mount seals: its blocks are in the tier store, and it is, or
+// is about to be, published at the master under its token.
+type SealedFile struct {
+	Dataset, Path, Token string
+	Size                 int64
+	// Blocks are the ids of its blocks, in order.
+	Blocks []string
+}
+
+// WriteThrough writes f to its Dataset's target before its seal returns, when f is larger than
+// the Dataset's syncWriteThreshold, and reports whether it did: the file is durable before the
+// writer's close(2) returns, or the close fails. A Dataset without a known target, or no
+// threshold, writes nothing here: the background loop checkpoints the file later.
+func (c *Checkpointer) WriteThrough(ctx context.Context, f SealedFile) (bool, error) {
+	d := c.current().of(f.Dataset)
+	if d == nil || d.SyncWriteThreshold <= 0 || f.Size <= d.SyncWriteThreshold {
+		return false, nil
+	}
+	store, err := c.blocks()
+	if err != nil {
+		return false, err
+	}
+	start := c.cfg.Now()
+	if err := c.write(ctx, store, d, f.Path, f.Blocks, f.Size, rate.Inf); err != nil {
+		c.cfg.Metrics.failures.WithLabelValues(reasonWriteThrough).Inc()
+		return false, fmt.Errorf("writing %s through to its checkpoint target (it is above the syncWriteThreshold of %d bytes): %w",
+			f.Path, d.SyncWriteThreshold, err)
+	}
+	c.cfg.Metrics.files.WithLabelValues(reasonWriteThrough).Inc()
+	c.cfg.Metrics.bytes.WithLabelValues(reasonWriteThrough).Add(float64(f.Size))
+	c.cfg.Metrics.duration.WithLabelValues(reasonWriteThrough).Observe(c.cfg.Now().Sub(start).Seconds())
+	return true, nil
+}
+
+// Published tells the checkpointer that f is published at the master. A file written through
+// is recorded as checkpointed and its blocks marked clean; any other is a new candidate for the
+// background loop.
+func (c *Checkpointer) Published(ctx context.Context, f SealedFile, wroteThrough bool) {
+	defer c.Wake()
+	if !wroteThrough {
+		return
+	}
+	d := c.current().of(f.Dataset)
+	if d == nil {
+		return
+	}
+	if err := c.record(ctx, d, f.Path, f.Token); err != nil {
+		// The background loop writes it again and records it then.
+		c.log.Error(err, "Recording a file written through; it is checkpointed again later", "file", f.Path)
+		return
+	}
+	store, err := c.blocks()
+	if err != nil {
+		return
+	}
+	held := &heldFile{ds: d, path: f.Path, token: f.Token}
+	for _, id := range f.Blocks {
+		held.blocks = append(held.blocks, tierstore.BlockInfo{ID: id})
+	}
+	c.markClean(ctx, store, held)
+}
+
+// ReadBackRequest names a block of an output file to read from the file's checkpoint.
+type ReadBackRequest struct {
+	// Dataset and Root are the Dataset's name and root at the master.
+	Dataset, Root string
+	// Path is the file's path at the master, Token the version the reader shows.
+	Path, Token string
+	// BlockID is the block's id in the tier store; Index its index in the file, at Offset, of
+	// Length bytes.
+	BlockID               string
+	Index, Offset, Length int64
+}
+
+// ReadBack reads a block of an output file from its checkpoint, when no worker holds it any
+// more (its node was lost, or memory dropped it once checkpointed), and keeps it in the tier
+// store, clean, for the next reads. It fails with ErrNotCheckpointed if the master has no
+// checkpoint of this version of the file.
+func (c *Checkpointer) ReadBack(ctx context.Context, r ReadBackRequest) ([]byte, error) {
+	d := c.current().of(r.Dataset)
+	if d == nil {
+		return nil, fmt.Errorf("reading %s back: Dataset %s has %w this worker knows of", r.Path, r.Dataset, ErrNoTarget)
+	}
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
+	mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: r.Path, StaleOk: true})
+	cancel()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading %s back: asking the master for its checkpoint: %w", r.Path, err)
+	case mf.GetClientToken() != r.Token || mf.GetCheckpointState() != masterpb.CheckpointState_CHECKPOINT_STATE_DONE:
+		return nil, fmt.Errorf("reading %s back: this version is %w", r.Path, ErrNotCheckpointed)
+	}
+	target, err := c.storeOf(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, r.Length)
+	if n, err := target.ReadAt(ctx, d.rel(r.Path), buf, r.Offset); int64(n) < r.Length {
+		return nil, fmt.Errorf("reading block %d of %s back from its checkpoint: %d of %d bytes: %w", r.Index, r.Path, n, r.Length, err)
+	}
+	c.cfg.Metrics.readBack.Add(float64(r.Length))
+	c.keep(ctx, r, buf)
+	return buf, nil
+}
+
+// keep stores a block read back, clean (its checkpoint is a copy), so that the next reads are
+// local; a block that does not fit is only not kept.
+func (c *Checkpointer) keep(ctx context.Context, r ReadBackRequest, data []byte) {
+	store, err := c.blocks()
+	if err != nil {
+		return
+	}
+	origin, err := proto.Marshal(&workerpb.BlockOrigin{Path: r.Path, Dataset: r.Dataset, Root: r.Root, Index: r.Index, Offset: r.Offset, FileToken: r.Token})
+	if err != nil {
+		return
+	}
+	info, err := store.Put(ctx, r.BlockID, bytes.NewReader(data), int64(len(data)), tierstore.PutOptions{Clean: true, Origin: origin})
+	switch {
+	case errors.Is(err, tierstore.ErrExists):
+	case err != nil:
+		c.log.V(1).Info("Not keeping a block read back from its checkpoint", "block", r.BlockID, "error", err.Error())
+	case c.cfg.Stored != nil:
+		c.cfg.Stored(ctx, info)
+	}
+}

@@ -1,0 +1,173 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/checkpoint"
+	"github.com/strata-cache/strata/cacheworker/understore"
+)
+
+// The CachePolicy API's checkpoint defaults, for outputs whose Dataset names no policy.
+const (
+	defaultEdgeFraction = 0.5
+	defaultHotReads     = 2
+)
+
+// checkpointsFile is the pool's checkpoint settings (see cacheworker/checkpoint): for every
+// output Dataset of the pool with a spec.checkpoint, where its files go, with the credentials of
+// its Secret, and how its CachePolicy says to checkpoint them. An output whose Secret or
+// CachePolicy is missing, or incomplete, is left out (its status says why): its files stay in
+// memory. The order is stable, so that an unchanged set writes nothing.
+func (r *WorkerReconciler) checkpointsFile(ctx context.Context, pool *datav1alpha1.TierPool) (string, error) {
+	var datasets datav1alpha1.DatasetList
+	if err := r.Client.List(ctx, &datasets); err != nil {
+		return "", fmt.Errorf("listing Datasets for the checkpoints of TierPool %s: %w", pool.Name, err)
+	}
+	consumed := map[string]map[string]bool{} // by namespace
+	file := checkpoint.File{Datasets: []checkpoint.Dataset{}}
+	for i := range datasets.Items {
+		ds := &datasets.Items[i]
+		if ds.Spec.TierPoolName != pool.Name || ds.Spec.Lineage == nil || ds.Spec.Checkpoint == nil || !ds.DeletionTimestamp.IsZero() {
+			continue
+		}
+		target, ok, err := r.checkpointTarget(ctx, ds)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			continue
+		}
+		d := checkpoint.Dataset{
+			Name:        datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)),
+			Root:        datav1alpha1.MasterDatasetRoot(ds.Namespace, ds.Name, string(ds.UID)),
+			Target:      target,
+			Temporary:   ds.Spec.Temporary,
+			CreatedUnix: ds.CreationTimestamp.Unix(),
+		}
+		spec := datav1alpha1.CheckpointSpec{Strategy: datav1alpha1.CheckpointEdge, EdgeFraction: defaultEdgeFraction, HotReads: defaultHotReads}
+		if name := ds.Spec.CachePolicyName; name != "" {
+			var cp datav1alpha1.CachePolicy
+			if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: name}, &cp); err != nil {
+				if client.IgnoreNotFound(err) != nil {
+					return "", fmt.Errorf("reading CachePolicy %s/%s: %w", ds.Namespace, name, err)
+				}
+				continue
+			}
+			if temporaryPatternsProblem(cp.Spec.Checkpoint.TemporaryPathPatterns) != "" {
+				continue
+			}
+			spec, d.CachePolicy = cp.Spec.Checkpoint, ds.Namespace+"/"+name
+		}
+		setCheckpointSpec(&d, spec)
+		if consumed[ds.Namespace] == nil {
+			if consumed[ds.Namespace], err = r.consumedDatasets(ctx, ds.Namespace); err != nil {
+				return "", err
+			}
+		}
+		d.Consumed = consumed[ds.Namespace][ds.Name]
+		file.Datasets = append(file.Datasets, d)
+	}
+	slices.SortFunc(file.Datasets, func(a, b checkpoint.Dataset) int { return strings.Compare(a.Name, b.Name) })
+	raw, err := json.MarshalIndent(file, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("writing the checkpoint settings of TierPool %s: %w", pool.Name, err)
+	}
+	return string(raw) + "\n", nil
+}
+
+// setCheckpointSpec copies a CachePolicy's checkpoint settings into d.
+func setCheckpointSpec(d *checkpoint.Dataset, spec datav1alpha1.CheckpointSpec) {
+	d.Strategy = spec.Strategy
+	if d.Strategy == "" {
+		d.Strategy = datav1alpha1.CheckpointEdge
+	}
+	d.EdgeFraction, d.HotReads = spec.EdgeFraction, int(spec.HotReads)
+	if spec.Interval != nil {
+		d.IntervalSeconds = spec.Interval.Seconds()
+	}
+	if spec.BandwidthLimit != nil {
+		d.BandwidthLimit = spec.BandwidthLimit.Value()
+	}
+	if spec.SyncWriteThreshold != nil {
+		d.SyncWriteThreshold = spec.SyncWriteThreshold.Value()
+	}
+	d.TemporaryPaths = spec.TemporaryPathPatterns
+}
+
+// checkpointTarget is where ds is checkpointed, with the keys of its Secret; ok is false when
+// the Secret is missing or lacks a key (the Dataset's CheckpointTargetReachable condition says so).
+func (r *WorkerReconciler) checkpointTarget(ctx context.Context, ds *datav1alpha1.Dataset) (checkpoint.Target, bool, error) {
+	spec := ds.Spec.Checkpoint
+	var secret corev1.Secret
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: spec.SecretRef.Name}, &secret); err != nil {
+		return checkpoint.Target{}, false, client.IgnoreNotFound(err)
+	}
+	creds := map[string]string{}
+	for _, key := range []string{understore.CredentialAccessKeyID, understore.CredentialSecretAccessKey, understore.CredentialSessionToken} {
+		if v := secret.Data[key]; len(v) > 0 {
+			creds[key] = string(v)
+		}
+	}
+	if creds[understore.CredentialAccessKeyID] == "" || creds[understore.CredentialSecretAccessKey] == "" {
+		return checkpoint.Target{}, false, nil
+	}
+	return checkpoint.Target{URI: spec.URI, Endpoint: spec.Endpoint, Region: spec.Region, Credentials: creds}, true, nil
+}
+
+// consumedDatasets are the Datasets of namespace that a Lineage reads and has run on, or runs
+// on now: their files are no leaves of the lineage graph any more.
+func (r *WorkerReconciler) consumedDatasets(ctx context.Context, namespace string) (map[string]bool, error) {
+	var lineages datav1alpha1.LineageList
+	if err := r.Client.List(ctx, &lineages, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("listing the Lineages of %s: %w", namespace, err)
+	}
+	out := map[string]bool{}
+	for _, l := range lineages.Items {
+		if !lineageStarted(&l) {
+			continue
+		}
+		for _, in := range l.Spec.Inputs {
+			out[in] = true
+		}
+	}
+	return out, nil
+}
+
+// lineageStarted says whether a Lineage's Job has run or runs: it reads its inputs.
+func lineageStarted(l *datav1alpha1.Lineage) bool {
+	c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionReady)
+	return l.Status.ActiveRecomputation != nil || c != nil && (c.Reason == ReasonRunning || c.Reason == ReasonWritten)
+}
+
+// temporaryPatternsProblem says what is wrong with a CachePolicy's temporaryPathPatterns, or "".
+func temporaryPatternsProblem(patterns []string) string {
+	return patternsProblem("spec.checkpoint.temporaryPathPatterns", patterns)
+}
+
+// poolsOfCheckpointSecret maps a Secret to the TierPools of the output Datasets of its
+// namespace that checkpoint with it: their settings carry its keys.
+func (r *WorkerReconciler) poolsOfCheckpointSecret(ctx context.Context, obj client.Object) []reconcile.Request {
+	var datasets datav1alpha1.DatasetList
+	if err := r.Client.List(ctx, &datasets, client.InNamespace(obj.GetNamespace())); err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []reconcile.Request
+	for _, ds := range datasets.Items {
+		if c := ds.Spec.Checkpoint; c != nil && c.SecretRef.Name == obj.GetName() && !seen[ds.Spec.TierPoolName] {
+			seen[ds.Spec.TierPoolName] = true
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: ds.Spec.TierPoolName}})
+		}
+	}
+	return out
+}

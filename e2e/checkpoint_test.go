@@ -1,0 +1,145 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+)
+
+// A pipeline whose outputs name a checkpoint target in MinIO: the worker of the node that wrote
+// them checkpoints the newest in the background (Edge), never the temporary one, and when that
+// node stops, the checkpointed output is read back from MinIO instead of recomputed.
+var _ = Describe("A pipeline checkpointed to S3", Ordered, Label("lineage", "checkpoint"), func() {
+	var (
+		namespace, pool string
+		nodes           []string
+		written         []object
+	)
+	const bucket = "e2e-checkpoint"
+	steps := []struct {
+		name, input, output string
+		temporary           bool
+	}{
+		{"step-a", "raw", "tmp-a", true},
+		{"step-b", "tmp-a", "out-b", false},
+		{"step-c", "out-b", "out-c", false},
+	}
+	prefix := func(output string) string { return namespace + "/" + output + "/" }
+	// inMinIO is what MinIO holds under an output's checkpoint prefix, read by a pod on node.
+	inMinIO := func(ctx context.Context, node, output string) []object {
+		return contents(runPod(ctx, testkitPod(namespace, node, "s3", "get", "--endpoint", minioEndpoint, "--bucket", bucket,
+			"--prefix", prefix(output))))
+	}
+	lineageOf := func(ctx context.Context, name string) *datav1alpha1.Lineage {
+		l := &datav1alpha1.Lineage{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, l)).To(Succeed())
+		return l
+	}
+
+	BeforeAll(func(ctx SpecContext) {
+		namespace = testNamespace(ctx, "e2e-checkpoint-")
+		nodes = cacheNodes(ctx)
+		pool = memoryPool(ctx, "checkpoint", "4Mi")
+		keys := []string{prefix("raw") + "big.bin", prefix("raw") + "dir/a.txt", prefix("raw") + "dir/b.txt"}
+		written = putObjects(ctx, namespace, nodes[1], bucket, keys, 9<<20, 11)
+		for i := range written {
+			written[i].Key = strings.TrimPrefix(written[i].Key, prefix("raw"))
+		}
+		raw := minioDataset(namespace, "raw", pool, "s3://"+bucket+"/"+prefix("raw"))
+		Expect(k8sClient.Create(ctx, raw)).To(Succeed())
+		waitReady(ctx, raw)
+	})
+	AfterEach(func() { dumpOnFailure(namespace) })
+
+	It("checkpoints the newest output in the background, and never the temporary one", Label("smoke"), func(ctx SpecContext) {
+		for _, s := range steps {
+			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: s.output, Namespace: namespace},
+				Spec: datav1alpha1.DatasetSpec{
+					Lineage: &datav1alpha1.LineageReference{Name: s.name}, TierPoolName: pool, Temporary: s.temporary,
+					Checkpoint: &datav1alpha1.CheckpointTarget{URI: "s3://" + bucket + "/" + prefix(s.output), Endpoint: minioEndpoint,
+						SecretRef: datav1alpha1.SecretReference{Name: "minio-credentials"}},
+				},
+			})).To(Succeed())
+			Expect(k8sClient.Create(ctx, copyLineage(namespace, s.name, s.input, s.output, nodes[0], false))).To(Succeed())
+		}
+		for _, s := range steps {
+			waitLineage(ctx, namespace, s.name, "Written")
+		}
+
+		By("the last output, the leaf of the lineage graph, reaches MinIO")
+		Eventually(func(g Gomega) {
+			l := &datav1alpha1.Lineage{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "step-c"}, l)).To(Succeed())
+			g.Expect(l.Status.Outputs).To(HaveExactElements(HaveField("State", datav1alpha1.OutputCheckpointed)))
+			g.Expect(meta.IsStatusConditionTrue(l.Status.Conditions, datav1alpha1.ConditionCheckpointed)).To(BeTrue())
+			g.Expect(l.Status.UncheckpointedDepth).To(BeZero(), "a checkpointed leaf ends every chain")
+			out := &datav1alpha1.Dataset{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "out-c"}, out)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(out.Status.Conditions, datav1alpha1.ConditionCheckpointTargetReachable)).To(BeTrue())
+			g.Expect(out.Status.CheckpointedBytes).To(Equal(out.Status.TotalBytes))
+		}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for out-c to be checkpointed")
+		Expect(inMinIO(ctx, nodes[1], "out-c")).To(Equal(contents(written)), "out-c in MinIO, byte for byte, under its paths")
+
+		By("the temporary output stays in memory alone")
+		Expect(inMinIO(ctx, nodes[1], "tmp-a")).To(BeEmpty())
+		Expect(stateOf(lineageOf(ctx, "step-a"), "tmp-a")).To(Equal(datav1alpha1.OutputInMemory))
+	})
+
+	It("reads the checkpointed output back when its node stops, and recomputes only what has no checkpoint", func(ctx SpecContext) {
+		By("stopping " + nodes[0] + " with docker stop")
+		out, err := exec.CommandContext(ctx, "docker", "stop", nodes[0]).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "docker stop: %s", out)
+		DeferCleanup(func(ctx SpecContext) {
+			out, err := exec.CommandContext(ctx, "docker", "start", nodes[0]).CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), "docker start: %s", out)
+			Eventually(func(g Gomega) {
+				var node corev1.Node
+				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: nodes[0]}, &node)).To(Succeed())
+				g.Expect(node.Status.Conditions).To(ContainElement(And(HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))))
+			}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s to be Ready again", nodes[0])
+		})
+
+		By("the temporary output, in " + nodes[0] + "'s memory alone, is recomputed")
+		Eventually(func(g Gomega) {
+			l := &datav1alpha1.Lineage{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "step-a"}, l)).To(Succeed())
+			g.Expect(l.Status.Recomputations).To(BeEquivalentTo(1))
+			c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal("NothingLost"), "%s", c.Message)
+		}).WithContext(ctx).WithTimeout(10*minute).Should(Succeed(), "waiting for step-a to be recomputed")
+
+		By("a pod on " + nodes[1] + " reads the checkpointed output from MinIO, whole")
+		reader := claimPod(namespace, nodes[1], "out-c", "sum", "--wait", "4m", "--expect-files", fmt.Sprint(len(written)), "/data")
+		Expect(k8sClient.Create(ctx, reader)).To(Succeed())
+		Expect(contents(runLogsWhenDone(ctx, reader))).To(Equal(contents(written)))
+
+		By("and out-c is never recomputed: it was not lost")
+		l := lineageOf(ctx, "step-c")
+		Expect(l.Status.Recomputations).To(BeZero())
+		Expect(stateOf(l, "out-c")).To(Equal(datav1alpha1.OutputCheckpointed))
+	})
+})
+
+// stateOf is the state a Lineage's status gives one of its outputs.
+func stateOf(l *datav1alpha1.Lineage, output string) datav1alpha1.OutputState {
+	for _, o := range l.Status.Outputs {
+		if o.Name == output {
+			return o.State
+		}
+	}
+	return ""
+}
