@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
-	"github.com/strata-cache/strata/cacheworker/eviction"
 )
 
 // Reasons of a CachePolicy's Ready condition.
@@ -26,8 +25,6 @@ const (
 	ReasonInvalidPinnedPaths = "InvalidPinnedPaths"
 	// ReasonInvalidTemporaryPaths: a pattern of spec.checkpoint.temporaryPathPatterns does not parse.
 	ReasonInvalidTemporaryPaths = "InvalidTemporaryPathPatterns"
-	// ReasonEvictionNotImplemented: the policy names an eviction policy the workers lack.
-	ReasonEvictionNotImplemented = "EvictionNotImplemented"
 )
 
 // CachePolicyReconciler reports on each CachePolicy: whether the workers can apply it, and how
@@ -60,17 +57,14 @@ func (r *CachePolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	cp.Status.ObservedGeneration = cp.Generation
 	ready := metav1.Condition{Type: datav1alpha1.ConditionReady, ObservedGeneration: cp.Generation,
 		Status: metav1.ConditionTrue, Reason: ReasonPolicyAccepted,
-		Message: "the workers of its Datasets' pools apply its pinnedPaths, eviction policy, watermarks and promotion threshold, " +
+		Message: "the workers of its Datasets' pools apply its pinnedPaths, eviction policy (MRD by the Lineages of the namespace), " +
+			"watermarks and promotion threshold, " +
 			"and its checkpoint settings to the outputs with a spec.checkpoint; its replication and prefetch settings are not applied yet"}
 	if why := pinnedPathsProblem(cp.Spec.PinnedPaths); why != "" {
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonInvalidPinnedPaths, why+": fix the pattern; its Datasets are not served until then"
 	} else if why := temporaryPatternsProblem(cp.Spec.Checkpoint.TemporaryPathPatterns); why != "" {
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonInvalidTemporaryPaths,
 			why+": fix the pattern; its outputs are not checkpointed until then, and stay in memory"
-	} else if _, err := eviction.ConfigFromSpec(cp.Spec.Eviction); err != nil {
-		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonEvictionNotImplemented,
-			fmt.Sprintf("spec.eviction.policy %s is not implemented by the workers yet: its Datasets' blocks are ranked by the workers' own policy; "+
-				"choose LRU, LFU or LRFU. The rest of the policy applies", cp.Spec.Eviction.Policy)
 	}
 	meta.SetStatusCondition(&cp.Status.Conditions, ready)
 	if apiequality.Semantic.DeepEqual(before.Status, cp.Status) {

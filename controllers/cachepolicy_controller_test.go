@@ -66,15 +66,24 @@ var _ = Describe("The CachePolicy reconciler", func() {
 		Eventually(func() []string { return eventReasons(ns.Name, cp.Name) }).
 			Should(ContainElement(ReasonInvalidPinnedPaths), "a Warning event says it too")
 
-		By("saying that DAG-aware eviction is not implemented, while the rest applies")
+		By("saying which temporary path pattern the workers cannot apply")
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
 			cp.Spec.PinnedPaths = []string{"index/**"}
+			cp.Spec.Checkpoint.TemporaryPathPatterns = []string{"**/_tmp/**", "scratch/[a"}
+			g.Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		}).Should(Succeed())
+		status(1, ReasonInvalidTemporaryPaths)
+		Expect(meta.FindStatusCondition(cp.Status.Conditions, datav1alpha1.ConditionReady).Message).
+			To(ContainSubstring(`spec.checkpoint.temporaryPathPatterns[1]: path pattern "scratch/[a"`))
+
+		By("accepting DAG-aware eviction (MRD)")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
+			cp.Spec.Checkpoint.TemporaryPathPatterns = nil
 			cp.Spec.Eviction.Policy = datav1alpha1.EvictMRD
 			g.Expect(k8sClient.Update(ctx, cp)).To(Succeed())
 		}).Should(Succeed())
-		status(1, ReasonEvictionNotImplemented)
-		Expect(meta.FindStatusCondition(cp.Status.Conditions, datav1alpha1.ConditionReady).Message).
-			To(ContainSubstring("spec.eviction.policy MRD is not implemented"))
+		status(1, ReasonPolicyAccepted)
 	})
 })

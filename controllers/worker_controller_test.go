@@ -143,6 +143,42 @@ var _ = Describe("The worker reconciler", func() {
 		}).Should(Succeed())
 	})
 
+	It("gives the MRD Datasets of the pool the stages to their next read by a Lineage", func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "mrd-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		Expect(k8sClient.Create(ctx, &datav1alpha1.CachePolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "dag", Namespace: ns.Name},
+			Spec:       datav1alpha1.CachePolicySpec{Eviction: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictMRD}},
+		})).To(Succeed())
+		raw := &datav1alpha1.Dataset{ObjectMeta: metav1.ObjectMeta{Name: "raw", Namespace: ns.Name}, Spec: datav1alpha1.DatasetSpec{
+			Source: &datav1alpha1.DatasetSource{URI: "s3://bucket/raw/"}, TierPoolName: pool.Name, CachePolicyName: "dag"}}
+		features := &datav1alpha1.Dataset{ObjectMeta: metav1.ObjectMeta{Name: "features", Namespace: ns.Name}, Spec: datav1alpha1.DatasetSpec{
+			Lineage: &datav1alpha1.LineageReference{Name: "extract"}, TierPoolName: pool.Name, CachePolicyName: "dag"}}
+		model := &datav1alpha1.Dataset{ObjectMeta: metav1.ObjectMeta{Name: "model", Namespace: ns.Name}, Spec: datav1alpha1.DatasetSpec{
+			Lineage: &datav1alpha1.LineageReference{Name: "train"}, TierPoolName: pool.Name, CachePolicyName: "dag"}}
+		for _, ds := range []*datav1alpha1.Dataset{raw, features, model} {
+			Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		}
+		Expect(k8sClient.Create(ctx, newLineage(ns.Name, "extract", []string{"raw"}, []string{"features"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(ns.Name, "train", []string{"features"}, []string{"model"}))).To(Succeed())
+		master := func(ds *datav1alpha1.Dataset) string {
+			return datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID))
+		}
+		mrd := func(next int) tierstore.DatasetRules {
+			// The API's default promotion threshold comes with the policy.
+			return tierstore.DatasetRules{Eviction: eviction.Config{Kind: eviction.MRD}, NextUse: next, PromotionThreshold: 3}
+		}
+		Eventually(func(g Gomega) {
+			set, err := policy.Parse([]byte(getConfigMap(g).Data[policy.FileName]))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(set.Rules()).To(And(
+				HaveKeyWithValue(master(raw), mrd(0)),
+				HaveKeyWithValue(master(features), mrd(1)),
+				HaveKeyWithValue(master(model), mrd(tierstore.NoNextUse)),
+			), "extract reads raw first, train features a stage later, nothing reads model")
+		}).Should(Succeed(), "waiting for the pool's policies file to carry the next uses")
+	})
+
 	It("runs the workers as a DaemonSet on the pool's nodes, owned by the pool", func() {
 		Eventually(func(g Gomega) {
 			ds := getDaemonSet(g)

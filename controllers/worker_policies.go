@@ -25,6 +25,7 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 		return "", fmt.Errorf("listing Datasets for the policies of TierPool %s: %w", pool.Name, err)
 	}
 	file := policy.File{Datasets: []policy.Dataset{}}
+	uses := map[string]map[string]int{} // by namespace, for MRD
 	for _, ds := range datasets.Items {
 		if ds.Spec.TierPoolName != pool.Name || ds.Spec.CachePolicyName == "" || !ds.DeletionTimestamp.IsZero() {
 			continue
@@ -39,7 +40,20 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 		if pinnedPathsProblem(cp.Spec.PinnedPaths) != "" {
 			continue
 		}
-		file.Datasets = append(file.Datasets, datasetPolicy(datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)), &cp))
+		d := datasetPolicy(datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)), &cp)
+		if d.Eviction == string(eviction.MRD) {
+			if uses[ds.Namespace] == nil {
+				var lineages datav1alpha1.LineageList
+				if err := r.Client.List(ctx, &lineages, client.InNamespace(ds.Namespace)); err != nil {
+					return "", fmt.Errorf("listing the Lineages of %s for MRD eviction: %w", ds.Namespace, err)
+				}
+				uses[ds.Namespace] = nextUses(lineages.Items)
+			}
+			if u, ok := uses[ds.Namespace][ds.Name]; ok {
+				d.NextUse = &u
+			}
+		}
+		file.Datasets = append(file.Datasets, d)
 	}
 	slices.SortFunc(file.Datasets, func(a, b policy.Dataset) int { return strings.Compare(a.Name, b.Name) })
 	raw, err := json.MarshalIndent(file, "", "  ")
@@ -50,8 +64,8 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 }
 
 // datasetPolicy is what the workers apply to the blocks of the Dataset named name at the master
-// from its CachePolicy cp: pins, its eviction policy among its own blocks (none for MRD, which
-// the CachePolicy's status reports), its share of each tier, its promotion threshold.
+// from its CachePolicy cp: pins, its eviction policy (MRD's next use is the caller's), its share
+// of each tier, its promotion threshold.
 func datasetPolicy(name string, cp *datav1alpha1.CachePolicy) policy.Dataset {
 	d := policy.Dataset{
 		Name: name, CachePolicy: cp.Namespace + "/" + cp.Name, PinnedPaths: cp.Spec.PinnedPaths,

@@ -17,7 +17,7 @@ const (
 	EvictLFU EvictionPolicy = "LFU"
 	// EvictLRFU weighs recency against frequency with lambda: 0 behaves like LFU, 1 like LRU.
 	EvictLRFU EvictionPolicy = "LRFU"
-	// EvictMRD is DAG-aware: it evicts the block whose next use in the lineage graph is furthest away.
+	// EvictMRD is DAG-aware: it evicts the data whose next use in the lineage graph is furthest away.
 	EvictMRD EvictionPolicy = "MRD"
 )
 
@@ -25,9 +25,13 @@ const (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.lambda) || (has(self.policy) && self.policy == 'LRFU')",message="spec.eviction.lambda only applies to policy: LRFU"
 type EvictionSpec struct {
-	// Policy is LRU, LFU, LRFU or MRD (DAG-aware, not implemented yet). It ranks the
-	// Dataset's own blocks: when a tier needs room, the TierPool's workers pick the Dataset of the
-	// block they rank coldest, and that Dataset gives up the block its policy ranks coldest.
+	// Policy is LRU, LFU, LRFU or MRD. It ranks the Dataset's own blocks: when a tier needs
+	// room, the TierPool's workers pick the Dataset of the block they rank coldest, and that
+	// Dataset gives up the block its policy ranks coldest. MRD (DAG-aware, Kariz) ranks by the
+	// Lineages of the namespace instead: a Dataset no pending Lineage reads gives up its blocks
+	// before any other Dataset, and when the workers pick an MRD Dataset, the MRD Dataset whose
+	// next read by a Lineage's Job is the most stages away pays instead; its own blocks leave
+	// least recently used first.
 	// +kubebuilder:default=LRU
 	// +optional
 	Policy EvictionPolicy `json:"policy,omitempty"`

@@ -470,3 +470,20 @@ func TestSettingsRefuseWhatTheOperatorNeverWrites(t *testing.T) {
 	NewWithT(t).Expect(err).NotTo(HaveOccurred())
 	NewWithT(t).Expect(s.Datasets()).To(BeZero(), "no file checkpoints nothing")
 }
+
+// TestAForgottenFileIsLeftToTheSweeper: a file the master forgot (its output is recomputed) is
+// not written, nor tried again, and the files after it are checkpointed.
+func TestAForgottenFileIsLeftToTheSweeper(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1"})
+	forgotten := n.seal("ns/out/u1", "old", blockSize, 1)
+	_, err := n.master.DeleteFile(context.Background(), forgotten.path())
+	g.Expect(err).NotTo(HaveOccurred())
+	n.run()
+	n.clock.Advance(time.Second)
+	next := n.seal("ns/out/u1", "new", blockSize, 2)
+	n.cp.Wake()
+	g.Eventually(func() bool { return n.checkpointed(next) }).WithTimeout(30 * time.Second).Should(BeTrue())
+	g.Expect(n.object(forgotten)).To(BeNil())
+}

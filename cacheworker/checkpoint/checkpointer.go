@@ -98,6 +98,9 @@ type Checkpointer struct {
 	// blocks are marked clean by the next round.
 	recorded map[string]string
 	retries  map[string]retry // by path and token
+	// gone are the files, by path and token, that the master no longer has (forgotten for a
+	// recomputation, or the Dataset deleted): their blocks wait for the sweeper, unread.
+	gone map[string]bool
 }
 
 type storeRef struct{ Blocks }
@@ -132,7 +135,7 @@ func New(cfg Config) *Checkpointer {
 	return &Checkpointer{
 		cfg: cfg, log: cfg.Log, limiter: rate.NewLimiter(rate.Inf, chunk), wake: make(chan struct{}, 1),
 		stores: map[string]understore.Store{}, planners: map[string]*lineage.Planner{},
-		recorded: map[string]string{}, retries: map[string]retry{},
+		recorded: map[string]string{}, retries: map[string]retry{}, gone: map[string]bool{},
 	}
 }
 
@@ -240,6 +243,7 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 	files, pending := heldFiles(store, settings)
 	c.cfg.Metrics.pending.Set(float64(pending))
 	now := c.cfg.Now()
+	c.forgetGone(files)
 	var todo []*heldFile
 	for _, f := range files {
 		switch {
@@ -267,19 +271,41 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 	return true
 }
 
-// retryDue says whether f may be tried now: it never failed, or its retry is due.
+// retryDue says whether f may be tried now: the master has it, and it never failed, or its
+// retry is due.
 func (c *Checkpointer) retryDue(f *heldFile, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r, failed := c.retries[f.key()]
-	return !failed || !now.Before(r.at)
+	return !c.gone[f.key()] && (!failed || !now.Before(r.at))
+}
+
+// forgetGone forgets the gone files whose blocks the store no longer holds (held are those it
+// holds now), so that the set does not grow.
+func (c *Checkpointer) forgetGone(held []*heldFile) {
+	keys := make(map[string]bool, len(held))
+	for _, f := range held {
+		keys[f.key()] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key := range c.gone {
+		if !keys[key] {
+			delete(c.gone, key)
+		}
+	}
 }
 
 // settle records how a checkpoint of f went, for its retries.
 func (c *Checkpointer) settle(f *heldFile, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err == nil || errors.Is(err, errGone) {
+	if errors.Is(err, errGone) {
+		delete(c.retries, f.key())
+		c.gone[f.key()] = true
+		return
+	}
+	if err == nil {
 		delete(c.retries, f.key())
 		return
 	}

@@ -32,11 +32,15 @@ type Policy interface {
 // Kind names a policy.
 type Kind string
 
-// The policies of this package. MRD (DAG-aware) needs the lineage graph and lives elsewhere.
+// The policies of this package.
 const (
 	LRU  Kind = "LRU"
 	LFU  Kind = "LFU"
 	LRFU Kind = "LRFU"
+	// MRD (Kariz) is DAG-aware: which Dataset gives up blocks is decided by the lineage graph,
+	// the Dataset whose next read by a pipeline step is furthest away first (the tier store
+	// does that, from each Dataset's next use); among its own blocks, it ranks as LRU does.
+	MRD Kind = "MRD"
 )
 
 // Config chooses a policy.
@@ -50,7 +54,7 @@ type Config struct {
 // Validate reports what is wrong with c.
 func (c Config) Validate() error {
 	switch c.Kind {
-	case "", LRU, LFU:
+	case "", LRU, LFU, MRD:
 		if c.Lambda != 0 {
 			return fmt.Errorf("eviction lambda %g only applies to policy %s, not %s", c.Lambda, LRFU, c.kind())
 		}
@@ -61,7 +65,7 @@ func (c Config) Validate() error {
 		}
 		return nil
 	default:
-		return fmt.Errorf("unknown eviction policy %q: use LRU, LFU or LRFU", c.Kind)
+		return fmt.Errorf("unknown eviction policy %q: use LRU, LFU, LRFU or MRD", c.Kind)
 	}
 }
 
@@ -83,17 +87,14 @@ func New(c Config) (Policy, error) {
 	case LRFU:
 		return NewLRFU(c.Lambda), nil
 	default:
+		// LRU, and MRD among one Dataset's own blocks.
 		return NewLRU(), nil
 	}
 }
 
-// ConfigFromSpec turns a CachePolicy's eviction spec into a Config. MRD is refused here because
-// it ranks by the lineage graph, which this package does not see.
+// ConfigFromSpec turns a CachePolicy's eviction spec into a Config.
 func ConfigFromSpec(spec datav1alpha1.EvictionSpec) (Config, error) {
 	c := Config{Kind: Kind(spec.Policy)}
-	if spec.Policy == datav1alpha1.EvictMRD {
-		return Config{}, fmt.Errorf("eviction policy %s is DAG-aware and needs the lineage-aware policy, not a per-tier one", spec.Policy)
-	}
 	if spec.Lambda != nil {
 		c.Lambda = *spec.Lambda
 	} else if c.Kind == LRFU {

@@ -189,8 +189,8 @@ func TestConfig(t *testing.T) {
 		"LRFU without lambda weighs recency and frequency equally": {
 			spec: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictLRFU}, want: Config{Kind: LRFU, Lambda: 0.5},
 		},
-		"MRD is refused because it needs the lineage graph": {
-			spec: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictMRD}, wantErr: "DAG-aware",
+		"MRD passes through: the tier store ranks its Datasets by the lineage graph, and it ranks its own blocks as LRU": {
+			spec: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictMRD}, want: Config{Kind: MRD},
 		},
 		"a lambda on LRU is refused": {
 			spec: datav1alpha1.EvictionSpec{Policy: datav1alpha1.EvictLRU, Lambda: &half}, wantErr: "only applies to policy LRFU",

@@ -6,8 +6,9 @@
 //
 // What applies per Dataset: a CachePolicy's pinnedPaths (glob patterns of a Dataset's files
 // whose blocks are never evicted), its eviction policy (how the Dataset's blocks rank against
-// each other when its tier needs room), its watermarks (the Dataset's share of every tier) and
-// its promotion threshold (see tierstore.DatasetRules).
+// each other when its tier needs room; MRD also which Dataset gives up blocks, by its next use
+// in the lineage graph, which the operator writes with it), its watermarks (the Dataset's share
+// of every tier) and its promotion threshold (see tierstore.DatasetRules).
 package policy
 
 import (
@@ -54,6 +55,10 @@ type Dataset struct {
 	// PromotionThreshold is how many reads one of its blocks in a lower tier needs to move up;
 	// 0 means the worker's own.
 	PromotionThreshold int `json:"promotionThreshold,omitempty"`
+	// NextUse, for Eviction MRD, is how many pipeline stages away the Dataset's next read by a
+	// Lineage's Job is (0: a Job that reads it runs, or may run, now); none means no Lineage
+	// will read it again (tierstore.NoNextUse).
+	NextUse *int `json:"nextUse,omitempty"`
 }
 
 // Watermarks are a share of a tier: above High, the Dataset's coldest blocks leave the tier
@@ -71,6 +76,12 @@ func (d Dataset) rules() (tierstore.DatasetRules, bool) {
 	}
 	if d.Watermarks != nil {
 		r.High, r.Low = d.Watermarks.High, d.Watermarks.Low
+	}
+	if r.Eviction.Kind == eviction.MRD {
+		r.NextUse = tierstore.NoNextUse
+		if d.NextUse != nil {
+			r.NextUse = *d.NextUse
+		}
 	}
 	return r, r != tierstore.DatasetRules{}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/eviction"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
@@ -189,4 +190,20 @@ func TestAPolicyFileBoundsADatasetsShareLive(t *testing.T) {
 
 	_, err = Parse([]byte(`{"datasets":[{"name":"ns/c/uid","cachePolicy":"ns/p","eviction":"MRU"}]}`))
 	g.Expect(err).To(MatchError(And(ContainSubstring("ns/c/uid"), ContainSubstring("MRU"))))
+}
+
+// TestMRDCarriesTheNextUse: an MRD Dataset's rules carry how far its next read is, and one the
+// operator gives no next use is read by no step again.
+func TestMRDCarriesTheNextUse(t *testing.T) {
+	g := NewWithT(t)
+	set, err := Parse([]byte(`{"datasets":[
+		{"name":"ns/soon/u","eviction":"MRD","nextUse":2},
+		{"name":"ns/never/u","eviction":"MRD"},
+		{"name":"ns/lru/u","eviction":"LRU","nextUse":5}]}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(set.Rules()).To(Equal(map[string]tierstore.DatasetRules{
+		"ns/soon/u":  {Eviction: eviction.Config{Kind: eviction.MRD}, NextUse: 2},
+		"ns/never/u": {Eviction: eviction.Config{Kind: eviction.MRD}, NextUse: tierstore.NoNextUse},
+		"ns/lru/u":   {Eviction: eviction.Config{Kind: eviction.LRU}},
+	}), "a next use means nothing to LRU")
 }

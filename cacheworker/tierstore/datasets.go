@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 
 	"github.com/strata-cache/strata/cacheworker/eviction"
@@ -25,6 +26,25 @@ type DatasetRules struct {
 	// PromotionThreshold is how many reads one of its blocks in a lower tier needs before it
 	// moves up; 0 means the store's.
 	PromotionThreshold int
+	// NextUse, for a Dataset whose Eviction is MRD, is how many pipeline stages away its next
+	// read by a Lineage's Job is: 0 when a Job that reads it runs (or may run) now, n when it
+	// waits for n stages before it; NoNextUse when no Lineage will read it again.
+	NextUse int
+}
+
+// NoNextUse is the NextUse of a Dataset no pipeline step will read again.
+const NoNextUse = -1
+
+// mrd says whether the Dataset of rules r is ranked by the lineage graph, and its rank: the
+// further its next use, the higher, highest for none.
+func (r DatasetRules) mrd() (rank int, ok bool) {
+	if r.Eviction.Kind != eviction.MRD {
+		return 0, false
+	}
+	if r.NextUse == NoNextUse {
+		return math.MaxInt, true
+	}
+	return r.NextUse, true
 }
 
 // Validate reports what is wrong with r.
@@ -37,6 +57,9 @@ func (r DatasetRules) Validate() error {
 	}
 	if r.PromotionThreshold < 0 {
 		return fmt.Errorf("promotion threshold must be at least 1, got %d", r.PromotionThreshold)
+	}
+	if r.NextUse < NoNextUse {
+		return fmt.Errorf("next use must be a number of stages, or %d for none, got %d", NoNextUse, r.NextUse)
 	}
 	return nil
 }

@@ -170,3 +170,50 @@ func TestADatasetsShareBoundsEveryTier(t *testing.T) {
 	g.Expect(s.tierOf("a0")).To(BeEmpty(), "the oldest block left the last tier")
 	g.Expect(s.tierOf("a14")).To(Equal("mem"))
 }
+
+// TestMRDGivesUpTheDataWhoseNextUseIsFurthest fills a tier with the blocks of three Datasets
+// ranked by the lineage graph (MRD: read now, read three stages from now, read by no step any
+// more) and of one without rules, and writes more: what no step reads goes first, however
+// recently read; when the tier's LRU picks a Dataset ranked by the graph, the one read furthest
+// from now pays instead; a Dataset without rules keeps the tier's order.
+func TestMRDGivesUpTheDataWhoseNextUseIsFurthest(t *testing.T) {
+	g := NewWithT(t)
+	s := newStore(t, []tierSpec{{name: "mem", quota: 10, high: 1, low: 0.95}, nvmeTier}, byOrigin)
+	mrd := func(next int) DatasetRules {
+		return DatasetRules{Eviction: eviction.Config{Kind: eviction.MRD}, NextUse: next}
+	}
+	g.Expect(s.SetDatasetRules(context.Background(), map[string]DatasetRules{
+		"now": mrd(0), "later": mrd(3), "done": mrd(NoNextUse),
+	})).To(Succeed())
+	blocks := map[string][]string{"now": names("now", 2), "later": names("later", 2), "done": names("done", 2), "plain": names("plain", 4)}
+	for dataset, ids := range blocks {
+		for _, id := range ids {
+			s.put(id, in(dataset))
+		}
+	}
+	// Least recently read first: now's, then one of plain's, then later's, done's, plain's.
+	for _, id := range []string{"now0", "now1", "plain0", "later0", "later1", "done0", "done1", "plain1", "plain2", "plain3"} {
+		s.get(id)
+	}
+	demoted := func(ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			g.Expect(s.tierOf(id)).To(Equal("nvme"), "block %s", id)
+		}
+	}
+	// A write into the full tier moves two blocks down (to the low watermark), and the next fits.
+	s.put("y0", in("y"))
+	demoted("done0", "done1")
+	s.put("y1", in("y"))
+	s.put("y2", in("y"))
+	demoted("later0", "later1")
+	s.put("y3", in("y"))
+	s.put("y4", in("y"))
+	demoted("now0", "now1")
+	s.put("y5", in("y"))
+	s.put("y6", in("y"))
+	demoted("plain0", "plain1")
+	for _, id := range []string{"plain2", "plain3", "y0", "y1", "y2", "y3", "y4", "y5", "y6"} {
+		g.Expect(s.tierOf(id)).To(Equal("mem"), "block %s", id)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"slices"
 
@@ -207,22 +208,55 @@ func (s *Store) usedOf(t *tier) int64 {
 
 // victimLocked is the block of t that leaves next, of those that may leave now: the coldest by
 // the tier's policy, exchanged for the coldest of the same Dataset by the Dataset's own policy
-// when it has one (see DatasetRules). mu must be held.
+// when it has one (see DatasetRules). Datasets ranked by the lineage graph (MRD, Kariz) come
+// first when no pipeline step will read them again, and when the tier picks one of them, the one
+// whose next use is furthest pays instead. mu must be held.
 func (s *Store) victimLocked(t *tier, failed map[string]bool, colderThan *block) *block {
 	skip := func(id string) bool {
 		b := s.blocks[id]
 		return b == nil || b.moving || failed[id] || (colderThan != nil && b.tierReads >= colderThan.tierReads)
 	}
+	if v := s.furthestUseLocked(t, skip, math.MaxInt); v != nil {
+		return v
+	}
 	id, ok := t.policy.Victim(skip)
 	if !ok {
 		return nil
 	}
-	if sh := t.shares[s.blocks[id].dataset]; sh != nil && sh.policy != nil {
+	dataset := s.blocks[id].dataset
+	if _, ok := s.rules[dataset].mrd(); ok {
+		if v := s.furthestUseLocked(t, skip, 0); v != nil {
+			return v
+		}
+	}
+	if sh := t.shares[dataset]; sh != nil && sh.policy != nil {
 		if own, ok := sh.policy.Victim(skip); ok {
 			id = own
 		}
 	}
 	return s.blocks[id]
+}
+
+// furthestUseLocked is the coldest block in t, by its Dataset's own ranking, of the MRD
+// Dataset whose next use is furthest, of those whose rank is at least atLeast; nil when none
+// has a block that may leave. Ties go to the Dataset of the lower name, so that the choice
+// never depends on the order of a map. mu must be held.
+func (s *Store) furthestUseLocked(t *tier, skip func(string) bool, atLeast int) *block {
+	var victim string
+	bestRank, bestName := -1, ""
+	for name, sh := range t.shares {
+		rank, ok := s.rules[name].mrd()
+		if !ok || sh.policy == nil || rank < atLeast || rank < bestRank || (rank == bestRank && name > bestName) {
+			continue
+		}
+		if id, ok := sh.policy.Victim(skip); ok {
+			victim, bestRank, bestName = id, rank, name
+		}
+	}
+	if victim == "" {
+		return nil
+	}
+	return s.blocks[victim]
 }
 
 // evict moves b one tier down or, from the last tier or when the tiers below are full,

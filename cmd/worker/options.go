@@ -145,6 +145,10 @@ func (o *options) resolve() (tierstore.Config, error) {
 	if ev.Kind == eviction.LRFU {
 		ev.Lambda = o.lambda
 	}
+	if ev.Kind == eviction.MRD {
+		return tierstore.Config{}, errors.New("--eviction=MRD: MRD is a CachePolicy's, which ranks the Datasets the lineage graph knows; " +
+			"a tier's own order is LRU, LFU or LRFU")
+	}
 	if err := ev.Validate(); err != nil {
 		return tierstore.Config{}, err
 	}
