@@ -19,14 +19,31 @@
 // pipeline in any order runs them in dependency order. A Job that fails is reported, not
 // retried.
 //
-// It then follows the outputs at the master: InMemory while every block has a live copy, Lost
-// when a block has none (its node is gone), Checkpointed when the files are in the
-// under-store; and the depth of uncheckpointed lineage ending at each Lineage (status and the
-// strata_operator_lineage_uncheckpointed_depth gauge). A lost output is recomputed
+// It then follows the outputs at the master: InMemory while every file has a live copy,
+// Checkpointing and Checkpointed as their files reach the under-store (the workers checkpoint
+// them, see cacheworker/checkpoint), Lost when a file has neither a live copy nor a checkpoint
+// (its node is gone); and the depth of uncheckpointed lineage ending at each Lineage (status and
+// the strata_operator_lineage_uncheckpointed_depth gauge). A lost output is recomputed
 // (lineage_recompute.go): once its inputs are available again (asked of the master and of the
 // parent's recomputation Jobs, not of the parent's status, which may lag a loss), so that a
 // chain recovers parents first, a Job from the template is created suspended, the master
-// forgets the outputs, and the Job runs and writes them again, at the lowest PriorityClass, raised to the highest priority of the pods that mount the lost data by
-// recreating the Job while its pod waits for a node (Tachyon's priority inheritance), at most
-// spec.maxRecomputations times.
+// forgets the outputs, and the Job runs and writes them again, at the lowest PriorityClass,
+// raised to the highest priority of the pods that mount the lost data by recreating the Job
+// while its pod waits for a node (Tachyon's priority inheritance), at most
+// spec.maxRecomputations times. For an Indexed Job whose Lineage maps completion indexes to
+// partitions of its outputs (lineage_partitions.go), only the indexes whose partitions hold lost
+// files rerun, each as a Job of one completion that finds its index where an Indexed Job's pod
+// does, and the master lets go of those partitions' files alone (the outputs opened again).
+// A recomputation that fails leaves what it was to write lost: it is tried again, within
+// spec.maxRecomputations.
+//
+// # Checkpoints and MRD
+//
+// The worker reconciler also writes each pool's checkpoint settings into a Secret its workers
+// mount (worker_checkpoints.go): every output with a spec.checkpoint, its target with the keys of
+// its Secret, its CachePolicy's checkpoint settings, and whether a Lineage reads it already (no
+// longer the edge of the lineage graph). The Dataset reconciler says in an output's
+// CheckpointTargetReachable condition whether the bucket answers to the keys. For the Datasets
+// of an MRD CachePolicy, the policies file carries each one's next use, in pipeline stages, from
+// the Lineages of the namespace (lineage_stages.go).
 package controllers

@@ -62,6 +62,9 @@ type LineageReconciler struct {
 	Recorder record.EventRecorder
 	// Master, when the operator runs one, tells which outputs are written, whole, and lost.
 	Master LineageMaster
+	// Partitions, when set (the master), lets a recomputation rerun only the completion indexes
+	// of an Indexed Job whose partitions were lost (spec.partitions); without it, the whole Job.
+	Partitions PartitionsMaster
 	// Depth, when set, receives each Lineage's uncheckpointed depth.
 	Depth *prometheus.GaugeVec
 	// RecomputeClass is the PriorityClass recomputation Jobs start at; empty means
@@ -313,7 +316,7 @@ func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.L
 				st := datav1alpha1.LineageOutputStatus{Name: in, State: state}
 				r.outputUsage(ctx, l.Namespace, in, &st)
 				_, active, _, err := r.recomputeJobs(ctx, producer)
-				available = st.State != datav1alpha1.OutputLost && active == nil && err == nil
+				available = st.State != datav1alpha1.OutputLost && len(active) == 0 && err == nil
 			}
 		}
 		if !available {

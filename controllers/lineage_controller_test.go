@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"google.golang.org/grpc/codes"
@@ -322,6 +323,105 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		Consistently(func() int32 { return lineageOf("score").Status.Recomputations }, "2s").Should(BeEquivalentTo(1))
 	})
 })
+
+var _ = Describe("Recomputation of lost partitions", func() {
+	var namespace string
+
+	BeforeEach(func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "partitions-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: DefaultRecomputeClass}, Value: -100}
+		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, pc))).To(Succeed())
+	})
+
+	It("reruns only the completion indexes whose partitions were lost, each as a Job of its own", func() {
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "parts", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "split"}},
+		})).To(Succeed())
+		l := newLineage(namespace, "split", nil, []string{"parts"})
+		l.Spec.Template.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+		l.Spec.Template.Spec.Completions, l.Spec.Template.Spec.Parallelism = ptr.To[int32](3), ptr.To[int32](3)
+		l.Spec.Template.Spec.BackoffLimitPerIndex = ptr.To[int32](1)
+		l.Spec.Partitions = []datav1alpha1.OutputPartition{
+			{Index: 0, Output: "parts", Path: "part-0"}, {Index: 1, Output: "parts", Path: "part-1"}, {Index: 2, Output: "parts", Path: "part-2"},
+		}
+		Expect(k8sClient.Create(ctx, l)).To(Succeed())
+		run := &batchv1.Job{}
+		Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "split-run"}, run) }).Should(Succeed())
+
+		By("index 0 and 2 write on one node, index 1 on another")
+		ds := &datav1alpha1.Dataset{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "parts"}, ds)).To(Succeed())
+		name, root := datav1alpha1.MasterDatasetName(namespace, "parts", string(ds.UID)), datav1alpha1.MasterDatasetRoot(namespace, "parts", string(ds.UID))
+		_, err := lineageMaster.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root})
+		Expect(err).NotTo(HaveOccurred())
+		lostWorker, keptWorker := "pool/"+namespace+"-a", "pool/"+namespace+"-b"
+		for _, w := range []string{lostWorker, keptWorker} {
+			_, err = lineageMaster.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: w, Node: w})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		files := map[string]string{"part-0": lostWorker, "part-1": keptWorker, "part-2/a": lostWorker, "part-2/b": lostWorker}
+		for path, w := range files {
+			_, err = lineageMaster.SealFile(ctx, &masterpb.SealFileRequest{Path: root + "/" + path, Dataset: name, ClientToken: path,
+				Blocks: []*masterpb.CommitBlockRequest{{BlockId: uint64(specID.Add(1)) << 40, Size: 100, Worker: w, Tier: "mem"}}})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		finishJob(run, true)
+		Eventually(func() bool {
+			d, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+			return err == nil && d.GetComplete()
+		}).Should(BeTrue())
+
+		By("the node of index 0 and 2 is lost: two Jobs, one per lost index, rerun them")
+		_, err = lineageMaster.MarkWorkerLost(ctx, lostWorker, "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+		var jobs batchv1.JobList
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace), client.MatchingLabels{recomputationLabel: "1"})).To(Succeed())
+			g.Expect(jobs.Items).To(HaveLen(2))
+			g.Expect(lineageOf(namespace, "split").Status.ActiveRecomputation).To(HaveField("Indexes", Equal([]int32{0, 2})))
+		}).Should(Succeed())
+		for _, job := range jobs.Items {
+			index := job.Labels[completionIndexLabel]
+			Expect(index).To(BeElementOf("0", "2"))
+			Expect(*job.Spec.CompletionMode).To(Equal(batchv1.NonIndexedCompletion))
+			Expect(*job.Spec.Completions).To(BeEquivalentTo(1))
+			Expect(job.Spec.BackoffLimitPerIndex).To(BeNil(), "an Indexed Job's setting")
+			Expect(job.Spec.Template.Annotations).To(HaveKeyWithValue(batchv1.JobCompletionIndexAnnotation, index))
+			Expect(job.Spec.Template.Spec.Containers[0].Env).To(ContainElement(corev1.EnvVar{Name: "JOB_COMPLETION_INDEX", Value: index}))
+			Expect(*job.Spec.Suspend).To(BeFalse(), "let run once the master let go of the partitions")
+		}
+
+		By("the master let go of the lost partitions' files, kept the other's, and takes new files")
+		listed, err := lineageMaster.ListFiles(ctx, &masterpb.ListFilesRequest{Dir: root, Recursive: true})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(listed.GetEntries()).To(HaveExactElements(HaveField("Path", root+"/part-1")))
+		d, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(d.GetComplete()).To(BeFalse())
+
+		By("index 2's Job fails: its partition is lost still, and it alone is rerun")
+		for i := range jobs.Items {
+			job := &jobs.Items[i]
+			finishJob(job, job.Labels[completionIndexLabel] == "0")
+		}
+		Eventually(func(g Gomega) {
+			var second batchv1.JobList
+			g.Expect(k8sClient.List(ctx, &second, client.InNamespace(namespace), client.MatchingLabels{recomputationLabel: "2"})).To(Succeed())
+			g.Expect(second.Items).To(HaveExactElements(HaveField("Labels", HaveKeyWithValue(completionIndexLabel, "2"))))
+		}).Should(Succeed())
+	})
+})
+
+// lineageOf reads a Lineage.
+func lineageOf(namespace, name string) *datav1alpha1.Lineage {
+	GinkgoHelper()
+	l := &datav1alpha1.Lineage{}
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, l)).To(Succeed())
+	return l
+}
 
 // finishJob ends a Job as the Job controller would, which envtest does not run.
 func finishJob(job *batchv1.Job, succeeded bool) {

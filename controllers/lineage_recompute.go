@@ -57,8 +57,12 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 	}
 	l.Status.Recomputations = made
 	l.Status.ActiveRecomputation = nil
-	if active != nil {
+	if len(active) > 0 {
 		return r.followRecomputation(ctx, l, active)
+	}
+	if len(last) > 0 && failed(last) {
+		// What a recomputation that failed was to write is missing: the master let go of it first.
+		markLost(l, r.rewritten(l, last))
 	}
 	var lost []string
 	for _, o := range l.Status.Outputs {
@@ -74,8 +78,8 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 		cond.Reason = ReasonRecomputationLimit
 		cond.Message = fmt.Sprintf("%s lost, and %d recomputations were made already (spec.maxRecomputations): not trying again; "+
 			"raise spec.maxRecomputations to try again", strings.Join(lost, ", "), made)
-		if last != nil && jobFinished(last) == batchv1.JobFailed {
-			cond.Message += fmt.Sprintf("; the last, Job %s, failed: see `kubectl logs job/%s`", last.Name, last.Name)
+		if len(last) > 0 && failed(last) {
+			cond.Message += fmt.Sprintf("; the last failed: see `kubectl logs job/%s`", failedJob(last).Name)
 		}
 		return cond, nil
 	}
@@ -89,33 +93,54 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 	if err != nil {
 		return cond, err
 	}
-	// Created suspended, then the outputs are forgotten, then it runs: from the moment this
-	// Lineage decides to recompute, a Job says so to the Lineages that read its outputs (see
-	// missingInputs), and it never writes before the master let go of the old files.
-	job, err := r.createRecomputeJob(ctx, l, made+1, class, true)
+	indexes, partial, err := r.lostPartitions(ctx, l, lost)
 	if err != nil {
 		return cond, err
 	}
-	if err := r.release(ctx, l, job); err != nil {
+	if partial && len(last) > 0 {
+		for _, i := range failedIndexes(last) {
+			if !slices.Contains(indexes, i) {
+				indexes = append(indexes, i)
+			}
+		}
+		slices.Sort(indexes)
+	}
+	if !partial {
+		indexes = nil
+	}
+	// Created suspended, then the master lets go of what they write, then they run: from the
+	// moment this Lineage decides to recompute, a Job says so to the Lineages that read its
+	// outputs (see missingInputs), and none writes before the master let go of the old files.
+	jobs, err := r.createRecomputation(ctx, l, made+1, class, indexes)
+	if err != nil {
+		return cond, err
+	}
+	if err := r.release(ctx, l, jobs); err != nil {
 		return cond, err
 	}
 	l.Status.Recomputations = made + 1
-	l.Status.ActiveRecomputation = &datav1alpha1.RecomputationStatus{JobName: job.Name, PriorityClassName: class, StartTime: job.CreationTimestamp}
-	markRecomputing(l, l.Spec.Outputs)
+	l.Status.ActiveRecomputation = recomputationStatus(jobs)
+	markRecomputing(l, r.rewritten(l, jobs))
+	what := strings.Join(lost, ", ")
+	if len(indexes) > 0 {
+		what += fmt.Sprintf(" (the partitions of completion indexes %v)", indexes)
+	}
 	r.Recorder.Eventf(l, corev1.EventTypeWarning, ReasonRecomputing, "%s lost: recomputing with Job %s at PriorityClass %s",
-		strings.Join(lost, ", "), job.Name, class)
+		what, jobNames(jobs), class)
 	cond.Status, cond.Reason = metav1.ConditionTrue, ReasonRecomputing
-	cond.Message = fmt.Sprintf("Job %s recomputes %s at PriorityClass %s", job.Name, strings.Join(lost, ", "), class)
+	cond.Message = fmt.Sprintf("Job %s recomputes %s at PriorityClass %s", jobNames(jobs), what, class)
 	return cond, nil
 }
 
-// recomputeJobs reads l's recomputation Jobs from the API server: how many were made, the one
-// running (not finished, not being deleted), and the newest.
-func (r *LineageReconciler) recomputeJobs(ctx context.Context, l *datav1alpha1.Lineage) (made int32, active, last *batchv1.Job, err error) {
+// recomputeJobs reads l's recomputation Jobs from the API server: how many recomputations were
+// made, the Jobs of the one that runs (not finished, not being deleted: one Job, or one per lost
+// partition), and the Jobs of the newest.
+func (r *LineageReconciler) recomputeJobs(ctx context.Context, l *datav1alpha1.Lineage) (made int32, active, last []*batchv1.Job, err error) {
 	jobs := &batchv1.JobList{}
 	if err := r.reader().List(ctx, jobs, client.InNamespace(l.Namespace), client.MatchingLabels{lineageLabel: l.Name}); err != nil {
 		return 0, nil, nil, fmt.Errorf("listing the recomputation Jobs of Lineage %s: %w", l.Name, err)
 	}
+	groups := map[int32][]*batchv1.Job{}
 	for i := range jobs.Items {
 		job := &jobs.Items[i]
 		n, err := strconv.ParseInt(job.Labels[recomputationLabel], 10, 32)
@@ -123,15 +148,52 @@ func (r *LineageReconciler) recomputeJobs(ctx context.Context, l *datav1alpha1.L
 			continue // the first run, or not ours
 		}
 		made = max(made, int32(n))
-		if last == nil || job.CreationTimestamp.After(last.CreationTimestamp.Time) {
-			last = job
-		}
-		if job.DeletionTimestamp.IsZero() && jobFinished(job) == "" &&
-			(active == nil || job.CreationTimestamp.After(active.CreationTimestamp.Time)) {
-			active = job
+		if job.DeletionTimestamp.IsZero() {
+			groups[int32(n)] = append(groups[int32(n)], job)
 		}
 	}
-	return made, active, last, nil
+	last = groups[made]
+	for _, job := range last {
+		if jobFinished(job) == "" {
+			return made, last, last, nil
+		}
+	}
+	return made, nil, last, nil
+}
+
+// failed says whether a Job of a recomputation failed.
+func failed(jobs []*batchv1.Job) bool { return failedJob(jobs) != nil }
+
+func failedJob(jobs []*batchv1.Job) *batchv1.Job {
+	for _, job := range jobs {
+		if jobFinished(job) == batchv1.JobFailed {
+			return job
+		}
+	}
+	return nil
+}
+
+// jobNames lists the names of jobs for messages.
+func jobNames(jobs []*batchv1.Job) string {
+	names := make([]string, len(jobs))
+	for i, job := range jobs {
+		names[i] = job.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// recomputationStatus describes the running recomputation made of jobs.
+func recomputationStatus(jobs []*batchv1.Job) *datav1alpha1.RecomputationStatus {
+	first := jobs[0]
+	st := &datav1alpha1.RecomputationStatus{JobName: first.Name, PriorityClassName: first.Spec.Template.Spec.PriorityClassName,
+		StartTime: first.CreationTimestamp}
+	for _, job := range jobs {
+		if i, ok := jobIndex(job); ok {
+			st.Indexes = append(st.Indexes, i)
+		}
+	}
+	slices.Sort(st.Indexes)
+	return st
 }
 
 // jobFinished is JobComplete or JobFailed once job ended, "" before.
@@ -144,55 +206,81 @@ func jobFinished(job *batchv1.Job) batchv1.JobConditionType {
 	return ""
 }
 
-// followRecomputation reports the running recomputation, and recreates it with a higher class
-// when a pod of higher priority waits for the data and the Job's pods have no node yet.
-func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1alpha1.Lineage, job *batchv1.Job) (metav1.Condition, error) {
-	if job.Spec.Suspend != nil && *job.Spec.Suspend {
-		// Made by a reconcile that could not forget the outputs: finish its work.
-		if err := r.release(ctx, l, job); err != nil {
-			return metav1.Condition{}, err
-		}
+// followRecomputation reports the running recomputation, and recreates a Job of it with a
+// higher class when a pod of higher priority waits for the data and the Job's pods have no node
+// yet.
+func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1alpha1.Lineage, jobs []*batchv1.Job) (metav1.Condition, error) {
+	if err := r.release(ctx, l, jobs); err != nil {
+		// Made by a reconcile that could not let go of the old files, or not let every Job run.
+		return metav1.Condition{}, err
 	}
-	current := job.Spec.Template.Spec.PriorityClassName
-	l.Status.ActiveRecomputation = &datav1alpha1.RecomputationStatus{JobName: job.Name, PriorityClassName: current, StartTime: job.CreationTimestamp}
-	markRecomputing(l, l.Spec.Outputs) // the Job writes every output again
+	l.Status.ActiveRecomputation = recomputationStatus(jobs)
+	rewritten := r.rewritten(l, jobs)
+	markRecomputing(l, rewritten)
+	current := l.Status.ActiveRecomputation.PriorityClassName
 	cond := metav1.Condition{Type: datav1alpha1.ConditionRecomputing, Status: metav1.ConditionTrue, Reason: ReasonRecomputing,
-		ObservedGeneration: l.Generation, Message: fmt.Sprintf("Job %s recomputes the lost outputs at PriorityClass %s", job.Name, current)}
+		ObservedGeneration: l.Generation, Message: fmt.Sprintf("Job %s recomputes the lost outputs at PriorityClass %s", jobNames(jobs), current)}
 
 	// Priority inheritance: a pod's priority cannot change, so a Job whose pods all still wait
 	// for room is recreated with the higher class; one that runs is left alone.
-	class, err := r.inheritedClass(ctx, l.Namespace, l.Spec.Outputs)
-	if err != nil || class == current {
-		return cond, err
-	}
-	higher, err := r.higherClass(ctx, class, current)
-	if err != nil || !higher {
-		return cond, err
-	}
-	started, err := r.jobStarted(ctx, job)
-	if err != nil || started {
-		return cond, err
-	}
-	if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-		return cond, fmt.Errorf("deleting Job %s to raise its priority: %w", job.Name, err)
-	}
-	n, _ := strconv.ParseInt(job.Labels[recomputationLabel], 10, 32)
-	replacement, err := r.createRecomputeJob(ctx, l, int32(n), class, false) // the outputs are forgotten already
+	class, err := r.inheritedClass(ctx, l.Namespace, rewritten)
 	if err != nil {
 		return cond, err
 	}
-	l.Status.ActiveRecomputation = &datav1alpha1.RecomputationStatus{JobName: replacement.Name, PriorityClassName: class, StartTime: replacement.CreationTimestamp}
+	var recreated []*batchv1.Job
+	for i, job := range jobs {
+		if jobFinished(job) != "" || class == job.Spec.Template.Spec.PriorityClassName {
+			continue
+		}
+		higher, err := r.higherClass(ctx, class, job.Spec.Template.Spec.PriorityClassName)
+		if err != nil {
+			return cond, err
+		}
+		if !higher {
+			continue
+		}
+		started, err := r.jobStarted(ctx, job)
+		if err != nil {
+			return cond, err
+		}
+		if started {
+			continue
+		}
+		if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return cond, fmt.Errorf("deleting Job %s to raise its priority: %w", job.Name, err)
+		}
+		n, _ := strconv.ParseInt(job.Labels[recomputationLabel], 10, 32)
+		var index *int32
+		if i, ok := jobIndex(job); ok {
+			index = &i
+		}
+		replacement, err := r.createRecomputeJob(ctx, l, int32(n), class, false, index) // the old files are let go already
+		if err != nil {
+			return cond, err
+		}
+		jobs[i] = replacement
+		recreated = append(recreated, replacement)
+	}
+	if len(recreated) == 0 {
+		return cond, nil
+	}
+	l.Status.ActiveRecomputation = recomputationStatus(jobs)
 	r.Recorder.Eventf(l, corev1.EventTypeNormal, ReasonPriorityInherited,
-		"a pod of PriorityClass %s waits for the lost data: recreated the pending recomputation as Job %s with that class", class, replacement.Name)
-	cond.Message = fmt.Sprintf("Job %s recomputes the lost outputs at PriorityClass %s, inherited from a pod that waits for them", replacement.Name, class)
+		"a pod of PriorityClass %s waits for the lost data: recreated the pending recomputation as Job %s with that class", class, jobNames(recreated))
+	cond.Message = fmt.Sprintf("Job %s recomputes the lost outputs at PriorityClass %s, inherited from a pod that waits for them", jobNames(jobs), class)
 	return cond, nil
 }
 
 // markRecomputing shows outputs as being recomputed.
-func markRecomputing(l *datav1alpha1.Lineage, lost []string) {
+func markRecomputing(l *datav1alpha1.Lineage, outputs []string) { markOutputs(l, outputs, datav1alpha1.OutputRecomputing) }
+
+// markLost shows outputs as lost.
+func markLost(l *datav1alpha1.Lineage, outputs []string) { markOutputs(l, outputs, datav1alpha1.OutputLost) }
+
+func markOutputs(l *datav1alpha1.Lineage, outputs []string, state datav1alpha1.OutputState) {
 	for i := range l.Status.Outputs {
-		if contains(lost, l.Status.Outputs[i].Name) {
-			l.Status.Outputs[i].State = datav1alpha1.OutputRecomputing
+		if contains(outputs, l.Status.Outputs[i].Name) {
+			l.Status.Outputs[i].State = state
 		}
 	}
 }
@@ -280,29 +368,91 @@ func (r *LineageReconciler) jobStarted(ctx context.Context, job *batchv1.Job) (b
 	return false, nil
 }
 
-// release lets a suspended recomputation Job run once the master forgot l's outputs, so that
-// its files can be sealed again under the same paths.
-func (r *LineageReconciler) release(ctx context.Context, l *datav1alpha1.Lineage, job *batchv1.Job) error {
-	for _, out := range l.Spec.Outputs {
-		if err := r.forgetOutput(ctx, l.Namespace, out); err != nil {
-			return err
+// release lets the suspended Jobs of a recomputation run once the master let go of what they
+// write: every output of l (a whole recomputation), or the files of the lost partitions, whose
+// outputs are opened again (a partial one). The master lets go only while every Job of the
+// recomputation is suspended: once one runs, it may have written files that must stay.
+func (r *LineageReconciler) release(ctx context.Context, l *datav1alpha1.Lineage, jobs []*batchv1.Job) error {
+	suspended := 0
+	for _, job := range jobs {
+		if job.Spec.Suspend != nil && *job.Spec.Suspend {
+			suspended++
 		}
 	}
-	before := job.DeepCopy()
-	job.Spec.Suspend = ptr.To(false)
-	if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); err != nil {
-		return fmt.Errorf("letting recomputation Job %s run: %w", job.Name, err)
+	if suspended == 0 {
+		return nil
+	}
+	if suspended == len(jobs) {
+		var indexes []int32
+		for _, job := range jobs {
+			if i, ok := jobIndex(job); ok {
+				indexes = append(indexes, i)
+			}
+		}
+		if len(indexes) > 0 {
+			if err := r.releasePartitions(ctx, l, indexes); err != nil {
+				return err
+			}
+		} else {
+			for _, out := range l.Spec.Outputs {
+				if err := r.forgetOutput(ctx, l.Namespace, out); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, job := range jobs {
+		if job.Spec.Suspend == nil || !*job.Spec.Suspend {
+			continue
+		}
+		before := job.DeepCopy()
+		job.Spec.Suspend = ptr.To(false)
+		if err := r.Client.Patch(ctx, job, client.MergeFrom(before)); err != nil {
+			return fmt.Errorf("letting recomputation Job %s run: %w", job.Name, err)
+		}
 	}
 	return nil
 }
 
-// createRecomputeJob creates the n-th recomputation Job of l at class, suspended if asked.
-func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string, suspended bool) (*batchv1.Job, error) {
+// createRecomputation creates the Jobs of the n-th recomputation of l at class, suspended: one
+// per index when indexes are given (the lost partitions of an Indexed Job), else one that runs
+// the whole template. If one cannot be created, those created are deleted again.
+func (r *LineageReconciler) createRecomputation(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string, indexes []int32) ([]*batchv1.Job, error) {
+	if len(indexes) == 0 {
+		job, err := r.createRecomputeJob(ctx, l, n, class, true, nil)
+		if err != nil {
+			return nil, err
+		}
+		return []*batchv1.Job{job}, nil
+	}
+	var jobs []*batchv1.Job
+	for _, index := range indexes {
+		job, err := r.createRecomputeJob(ctx, l, n, class, true, &index)
+		if err != nil {
+			for _, made := range jobs {
+				if derr := r.Client.Delete(ctx, made, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(derr) != nil {
+					ctrl.LoggerFrom(ctx).Error(derr, "deleting a Job of a recomputation that could not be made whole", "job", made.Name)
+				}
+			}
+			return nil, err
+		}
+		jobs = append(jobs, job)
+	}
+	return jobs, nil
+}
+
+// createRecomputeJob creates a Job of the n-th recomputation of l at class, suspended if asked:
+// the template's Job, or, for index, the one completion index of it.
+func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string, suspended bool, index *int32) (*batchv1.Job, error) {
 	job, err := r.jobFromTemplate(l)
 	if err != nil {
 		return nil, err
 	}
 	job.GenerateName = objectName(l.Name, fmt.Sprintf("-recompute-%d-", n))
+	if index != nil {
+		job.GenerateName = objectName(l.Name, fmt.Sprintf("-recompute-%d-index-%d-", n, *index))
+		onlyIndex(job, *index)
+	}
 	job.Labels[recomputationLabel] = strconv.Itoa(int(n))
 	job.Spec.Suspend = ptr.To(suspended)
 	job.Spec.Template.Spec.PriorityClassName = class
@@ -315,7 +465,7 @@ func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alp
 	if err := r.Client.Create(ctx, job); err != nil {
 		return nil, fmt.Errorf("creating a recomputation Job for Lineage %s/%s: %w", l.Namespace, l.Name, err)
 	}
-	ctrl.LoggerFrom(ctx).Info("created a recomputation Job", "job", job.Name, "priorityClass", class)
+	ctrl.LoggerFrom(ctx).Info("created a recomputation Job", "job", job.Name, "priorityClass", class, "index", index)
 	return job, nil
 }
 

@@ -10,9 +10,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -143,3 +145,98 @@ func stateOf(l *datav1alpha1.Lineage, output string) datav1alpha1.OutputState {
 	}
 	return ""
 }
+
+// An Indexed step writes one partition per completion index into an output checkpointed to
+// MinIO, all on one node; one partition is temporary (never checkpointed). When that node
+// stops, only the index whose partition has no checkpoint is rerun, as a Job of its own, and a
+// pod reads the whole output: one partition from MinIO, the other recomputed.
+var _ = Describe("An Indexed step that loses one of its partitions", Ordered, Label("lineage", "checkpoint", "partitions"), func() {
+	var (
+		namespace, pool string
+		nodes           []string
+		written         []object
+	)
+	const bucket = "e2e-partitions"
+
+	BeforeAll(func(ctx SpecContext) {
+		namespace = testNamespace(ctx, "e2e-partitions-")
+		nodes = cacheNodes(ctx)
+		pool = memoryPool(ctx, "partitions", "1Mi")
+		written = putObjects(ctx, namespace, nodes[1], bucket, []string{namespace + "/raw/a.bin", namespace + "/raw/b.bin"}, 3<<20, 21)
+		for i := range written {
+			written[i].Key = strings.TrimPrefix(written[i].Key, namespace+"/raw/")
+		}
+		raw := minioDataset(namespace, "raw", pool, "s3://"+bucket+"/"+namespace+"/raw/")
+		Expect(k8sClient.Create(ctx, raw)).To(Succeed())
+		waitReady(ctx, raw)
+	})
+	AfterEach(func() { dumpOnFailure(namespace) })
+
+	It("reruns only the index whose partition was lost with its node, and a pod reads the whole output", func(ctx SpecContext) {
+		Expect(k8sClient.Create(ctx, &datav1alpha1.CachePolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "part-1-scratch", Namespace: namespace},
+			Spec:       datav1alpha1.CachePolicySpec{Checkpoint: datav1alpha1.CheckpointSpec{TemporaryPathPatterns: []string{"part-1/**"}}},
+		})).To(Succeed())
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "parts", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Lineage: &datav1alpha1.LineageReference{Name: "split"}, TierPoolName: pool, CachePolicyName: "part-1-scratch",
+				Checkpoint: &datav1alpha1.CheckpointTarget{URI: "s3://" + bucket + "/" + namespace + "/parts/", Endpoint: minioEndpoint,
+					SecretRef: datav1alpha1.SecretReference{Name: "minio-credentials"}},
+			},
+		})).To(Succeed())
+		l := copyLineage(namespace, "split", "raw", "parts", nodes[0], false)
+		spec := &l.Spec.Template.Spec
+		spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+		spec.Completions, spec.Parallelism = ptr.To[int32](2), ptr.To[int32](1)
+		// Each index copies the input into a partition of its own.
+		spec.Template.Spec.Containers[0].Args = []string{"copy", "/data", "/out/part-$(JOB_COMPLETION_INDEX)"}
+		l.Spec.Partitions = []datav1alpha1.OutputPartition{{Index: 0, Output: "parts", Path: "part-0"}, {Index: 1, Output: "parts", Path: "part-1"}}
+		Expect(k8sClient.Create(ctx, l)).To(Succeed())
+		waitLineage(ctx, namespace, "split", "Written")
+		var want []object
+		for _, part := range []string{"part-0", "part-1"} {
+			for _, o := range written {
+				o.Key = part + "/" + o.Key
+				want = append(want, o)
+			}
+		}
+
+		By("part-0 reaches MinIO; part-1, temporary, stays in " + nodes[0] + "'s memory alone")
+		Eventually(func(g Gomega) {
+			l := &datav1alpha1.Lineage{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "split"}, l)).To(Succeed())
+			g.Expect(stateOf(l, "parts")).To(Equal(datav1alpha1.OutputCheckpointing))
+		}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for part-0 to be checkpointed")
+
+		By("stopping " + nodes[0] + " with docker stop")
+		out, err := exec.CommandContext(ctx, "docker", "stop", nodes[0]).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "docker stop: %s", out)
+		DeferCleanup(func(ctx SpecContext) {
+			out, err := exec.CommandContext(ctx, "docker", "start", nodes[0]).CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), "docker start: %s", out)
+			Eventually(func(g Gomega) {
+				var node corev1.Node
+				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: nodes[0]}, &node)).To(Succeed())
+				g.Expect(node.Status.Conditions).To(ContainElement(And(HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))))
+			}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s to be Ready again", nodes[0])
+		})
+
+		By("index 1 alone is rerun, by a Job of its own")
+		Eventually(func(g Gomega) {
+			l := &datav1alpha1.Lineage{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "split"}, l)).To(Succeed())
+			g.Expect(l.Status.Recomputations).To(BeEquivalentTo(1))
+			c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal("NothingLost"), "%s", c.Message)
+		}).WithContext(ctx).WithTimeout(10*minute).Should(Succeed(), "waiting for the lost partition to be recomputed")
+		var jobs batchv1.JobList
+		Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace), client.HasLabels{"data.strata.dev/recomputation"})).To(Succeed())
+		Expect(jobs.Items).To(HaveExactElements(HaveField("Labels", HaveKeyWithValue("data.strata.dev/completion-index", "1"))))
+
+		By("a pod on " + nodes[1] + " reads both partitions: part-0 from MinIO, part-1 recomputed")
+		reader := claimPod(namespace, nodes[1], "parts", "sum", "/data")
+		Expect(contents(runPod(ctx, reader))).To(Equal(contents(want)))
+	})
+})

@@ -145,6 +145,23 @@ func (n *node) seal(dataset, rel string, size int, seed uint64) file {
 // sealData seals data as the file rel of dataset, its token made of seed.
 func (n *node) sealData(dataset, rel string, data []byte, seed uint64) file {
 	n.t.Helper()
+	f, req := n.storeFile(dataset, rel, data, seed)
+	n.publish(req)
+	return f
+}
+
+// publish publishes a file stored by storeFile at the master, as the end of a seal does.
+func (n *node) publish(req *masterpb.SealFileRequest) {
+	n.t.Helper()
+	if _, err := n.master.SealFile(context.Background(), req); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// storeFile stores data as the blocks of the file rel of dataset, unclean, as the start of a
+// seal does, and returns what publishes it.
+func (n *node) storeFile(dataset, rel string, data []byte, seed uint64) (file, *masterpb.SealFileRequest) {
+	n.t.Helper()
 	ctx := context.Background()
 	size := len(data)
 	f := file{dataset: dataset, rel: rel, token: fmt.Sprintf("%032x", seed), data: data}
@@ -167,10 +184,7 @@ func (n *node) sealData(dataset, rel string, data []byte, seed uint64) file {
 		req.Blocks = append(req.Blocks, &masterpb.CommitBlockRequest{BlockId: n.nextID.Add(1), Offset: off, Size: info.Size,
 			Checksum: strconv.FormatUint(uint64(info.Checksum), 16), Worker: worker, Tier: "mem"})
 	}
-	if _, err := n.master.SealFile(ctx, req); err != nil {
-		n.t.Fatal(err)
-	}
-	return f
+	return f, req
 }
 
 // object is the checkpoint of f in MinIO, or nil.
@@ -486,4 +500,20 @@ func TestAForgottenFileIsLeftToTheSweeper(t *testing.T) {
 	n.cp.Wake()
 	g.Eventually(func() bool { return n.checkpointed(next) }).WithTimeout(30 * time.Second).Should(BeTrue())
 	g.Expect(n.object(forgotten)).To(BeNil())
+}
+
+// TestAFileIsCheckpointedOncePublished: an output mount stores a file's blocks before it
+// publishes the file at the master; a checkpointer that sees the blocks first waits for it.
+func TestAFileIsCheckpointedOncePublished(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1"})
+	f, publish := n.storeFile("ns/out/u1", "x", randomBytes(blockSize, 1), 1)
+	n.run()
+	g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500 * time.Millisecond).Should(BeNil(), "not published: nothing to record")
+	n.publish(publish)
+	n.clock.Advance(time.Minute) // past the retry's backoff
+	n.cp.Wake()
+	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
+	g.Expect(n.object(f)).To(Equal(f.data))
 }

@@ -264,7 +264,11 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 		p.planner.Done(p.kind, c.cfg.Now().Sub(start))
 	}
 	c.settle(p.file, err)
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case errors.Is(err, errGone) || errors.Is(err, errNotPublished):
+		c.log.V(1).Info("Not checkpointing an output file now", "file", p.file.path, "why", err.Error())
+	default:
 		c.log.Error(err, "Checkpointing an output file failed; it stays in memory and is tried again",
 			"file", p.file.path, "dataset", p.file.ds.Name, "reason", p.reason)
 	}
@@ -325,6 +329,14 @@ func (c *Checkpointer) isRecorded(path, token string) bool {
 // version's, which nobody reads, and the sweeper removes them.
 var errGone = errors.New("the master no longer has this version of the file")
 
+// errNotPublished means the master has no file of this path yet: an output mount stores a
+// file's blocks before it publishes the file, so a young file is tried again later.
+var errNotPublished = errors.New("the file is not published at the master yet")
+
+// publishGrace is how long after its blocks were stored a file the master does not know is
+// taken for one being sealed, not for one forgotten: the sweeper's own grace.
+const publishGrace = 10 * time.Minute
+
 // checkpoint writes the file f, which this node holds, to its Dataset's target, records it at
 // the master, and marks its blocks clean. Background writes (limited) keep to the Dataset's
 // bandwidth cap.
@@ -333,6 +345,8 @@ func (c *Checkpointer) checkpoint(ctx context.Context, store Blocks, f *heldFile
 	mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: f.path})
 	cancel()
 	switch {
+	case status.Code(err) == codes.NotFound && c.cfg.Now().Sub(f.created) < publishGrace:
+		return errNotPublished
 	case status.Code(err) == codes.NotFound:
 		return errGone
 	case err != nil:

@@ -212,6 +212,7 @@ func run(opts options) error {
 		APIReader:   mgr.GetAPIReader(),
 	}
 	var lineageMaster controllers.LineageMaster
+	var partitionsMaster controllers.PartitionsMaster
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {
 			owner, err := ownerReference(context.Background(), mgr.GetAPIReader(), opts.namespace, opts.ownerDeployment)
@@ -237,6 +238,7 @@ func run(opts options) error {
 		pools.Master = masters
 		pools.Forgetter = masters
 		lineageMaster = masters
+		partitionsMaster = masters
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TierPool controller: %w", err)
@@ -254,7 +256,7 @@ func run(opts options) error {
 		return err
 	}
 	if err := (&controllers.LineageReconciler{
-		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: lineageMaster, Depth: depth,
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: lineageMaster, Partitions: partitionsMaster, Depth: depth,
 		RecomputeClass: opts.recomputeClass, APIReader: mgr.GetAPIReader(),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lineage controller: %w", err)

@@ -310,6 +310,12 @@ func (c *Client) CompleteDataset(ctx context.Context, name string) (*masterpb.Da
 	return ds, err
 }
 
+// ReopenDataset clears a dataset's complete flag (idempotent): its files may be written again.
+func (c *Client) ReopenDataset(ctx context.Context, name string) (*masterpb.Dataset, error) {
+	ds, _, err := call(ctx, c, "ReopenDataset", &masterpb.ReopenDatasetRequest{Name: name}, masterpb.MasterClient.ReopenDataset)
+	return ds, err
+}
+
 // GetDatasetUsage sums what the workers hold of a dataset.
 func (c *Client) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error) {
 	u, _, err := call(ctx, c, "GetDatasetUsage", req, masterpb.MasterClient.GetDatasetUsage)

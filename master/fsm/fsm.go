@@ -211,6 +211,8 @@ func apply(txn *badger.Txn, cmd *masterpb.Command) (proto.Message, error) {
 		return removePeer(txn, op.RemovePeer)
 	case *masterpb.Command_CompleteDataset:
 		return completeDataset(txn, op.CompleteDataset)
+	case *masterpb.Command_ReopenDataset:
+		return reopenDataset(txn, op.ReopenDataset)
 	case *masterpb.Command_ForgetWorker:
 		return forgetWorker(txn, op.ForgetWorker)
 	case *masterpb.Command_SealFile:

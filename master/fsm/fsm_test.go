@@ -88,6 +88,10 @@ func complete(name string) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_CompleteDataset{CompleteDataset: &masterpb.CompleteDatasetRequest{Name: name}}}
 }
 
+func reopen(name string) *masterpb.Command {
+	return &masterpb.Command{Op: &masterpb.Command_ReopenDataset{ReopenDataset: &masterpb.ReopenDatasetRequest{Name: name}}}
+}
+
 func deleteDataset(name string, limit uint32) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_DeleteDataset{DeleteDataset: &masterpb.DeleteDatasetStep{Name: name, Limit: limit}}}
 }
@@ -252,6 +256,21 @@ func TestCommandOutcomes(t *testing.T) {
 			setup: []*masterpb.Command{dataset("ds", "/d"), createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}), complete("ds")},
 			cmd:   remove("/d/x"), wantErr: ErrFailedPrecondition,
 		},
+		"a reopened dataset's files are deleted and created again": {
+			setup: []*masterpb.Command{dataset("ds", "/d"), createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}), complete("ds"),
+				reopen("ds"), remove("/d/x")},
+			cmd: createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}),
+		},
+		"reopening an open dataset is a no-op": {
+			setup: []*masterpb.Command{dataset("ds", "/d")},
+			cmd:   reopen("ds"),
+			check: func(t *testing.T, _ *FSM, resp proto.Message) {
+				if resp.(*masterpb.Dataset).Complete {
+					t.Error("the dataset is complete")
+				}
+			},
+		},
+		"reopening an unknown dataset fails": {cmd: reopen("nope"), wantErr: ErrNotFound},
 		"completing a dataset twice is a no-op": {
 			setup: []*masterpb.Command{dataset("ds", "/d"), complete("ds")},
 			cmd:   complete("ds"),

@@ -361,6 +361,22 @@ func completeDataset(txn *badger.Txn, req *masterpb.CompleteDatasetRequest) (pro
 	return ds, nil
 }
 
+// reopenDataset clears a dataset's complete flag: its files may be written again.
+func reopenDataset(txn *badger.Txn, req *masterpb.ReopenDatasetRequest) (proto.Message, error) {
+	ds, err := getDataset(txn, req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !ds.Complete {
+		return ds, nil
+	}
+	ds.Complete = false
+	if err := putProto(txn, datasetKey(ds.Name), ds); err != nil {
+		return nil, err
+	}
+	return ds, nil
+}
+
 // sealFile creates a file and commits its blocks in one transaction (see
 // masterpb.SealFileRequest). A retry finds the file its first attempt made, by client token.
 func sealFile(txn *badger.Txn, at int64, req *masterpb.SealFileRequest) (proto.Message, error) {

@@ -138,10 +138,14 @@ func (f *FSM) GetDataset(name string) (*masterpb.Dataset, error) {
 	return ds, nil
 }
 
+// MaxLostPaths is the most lost files a usage lists (masterpb.DatasetUsage.lost_paths).
+const MaxLostPaths = 10000
+
 // DatasetUsage sums what the workers hold of the dataset called name: the bytes of its blocks
-// that have a live copy, and the bytes of live copies per tier. It reads every file and block of
-// the dataset, so callers poll it, not call it per read.
-func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
+// that have a live copy, and the bytes of live copies per tier; with listLost, it lists the
+// paths of its lost files too (at most MaxLostPaths). It reads every file and block of the
+// dataset, so callers poll it, not call it per read.
+func (f *FSM) DatasetUsage(name string, listLost bool) (*masterpb.DatasetUsage, error) {
 	ds, err := f.GetDataset(name)
 	if err != nil {
 		return nil, err
@@ -209,6 +213,9 @@ func (f *FSM) DatasetUsage(name string) (*masterpb.DatasetUsage, error) {
 				usage.UncachedFiles++
 				if file.CheckpointState != masterpb.CheckpointState_CHECKPOINT_STATE_DONE {
 					usage.LostFiles++
+					if listLost && len(usage.LostPaths) < MaxLostPaths {
+						usage.LostPaths = append(usage.LostPaths, file.Path)
+					}
 				}
 			}
 		}

@@ -27,7 +27,7 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	} {
 		h.must(cmd)
 	}
-	usage, err := h.fsm.DatasetUsage("ns/d/uid")
+	usage, err := h.fsm.DatasetUsage("ns/d/uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.Files).To(BeEquivalentTo(2))
 	g.Expect(usage.TotalBytes).To(BeEquivalentTo(300))
@@ -44,11 +44,15 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 
 	// Worker a is lost: block 1 still has b's copy; block 3 has none left.
 	h.must(lost("a", 100))
-	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	usage, err = h.fsm.DatasetUsage("ns/d/uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CachedBytes).To(BeEquivalentTo(200))
 	g.Expect(usage.UncachedFiles).To(BeEquivalentTo(1), "dir/y lost its only block")
 	g.Expect(usage.LostFiles).To(BeEquivalentTo(1), "dir/y has no checkpoint either")
+	g.Expect(usage.LostPaths).To(BeEmpty(), "listed only when asked for")
+	usage, err = h.fsm.DatasetUsage("ns/d/uid", true)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(usage.LostPaths).To(Equal([]string{"/datasets/ns/d/uid/dir/y"}))
 	g.Expect(usage.TotalBytes).To(BeEquivalentTo(300), "a lost block still counts in its file's size")
 	g.Expect(usage.Nodes).To(HaveExactElements(And(HaveField("Node", "node-b"), HaveField("CachedBytes", BeEquivalentTo(200)))),
 		"a lost worker's node holds nothing")
@@ -60,24 +64,24 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	h.must(&masterpb.Command{Op: &masterpb.Command_CheckpointFile{CheckpointFile: &masterpb.CheckpointFileRequest{
 		Path: "/datasets/ns/d/uid/x", State: masterpb.CheckpointState_CHECKPOINT_STATE_DONE, Uri: "s3://b/x",
 	}}})
-	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	usage, err = h.fsm.DatasetUsage("ns/d/uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CheckpointedBytes).To(BeEquivalentTo(200), "x, of two blocks, is checkpointed")
 	g.Expect(usage.Complete).To(BeFalse())
 
 	h.must(checkpoint("/datasets/ns/d/uid/dir/y"))
-	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	usage, err = h.fsm.DatasetUsage("ns/d/uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.UncachedFiles).To(BeEquivalentTo(1), "dir/y has no live copy still")
 	g.Expect(usage.LostFiles).To(BeZero(), "but its checkpoint brings it back: it is not lost")
 	g.Expect(usage.CheckpointedBytes).To(BeEquivalentTo(300))
 
 	h.must(complete("ns/d/uid"))
-	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	usage, err = h.fsm.DatasetUsage("ns/d/uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.Complete).To(BeTrue(), "the usage carries the complete flag, for the Lineage reconciler's one read per output")
 
-	_, err = h.fsm.DatasetUsage("ns/nothing/uid")
+	_, err = h.fsm.DatasetUsage("ns/nothing/uid", false)
 	g.Expect(errors.Is(err, ErrNotFound)).To(BeTrue(), "an unknown dataset: %v", err)
 }
 
@@ -100,7 +104,7 @@ func TestRemovingACopyForgetsItOnly(t *testing.T) {
 	g.Expect(b.Locations).To(HaveExactElements(HaveField("Worker", "b")), "a's copy is forgotten, b's stays")
 	b = h.must(remove(1, "a")).(*masterpb.Block)
 	g.Expect(b.Locations).To(HaveLen(1), "forgetting it again changes nothing")
-	usage, err := h.fsm.DatasetUsage("ns/d/uid")
+	usage, err := h.fsm.DatasetUsage("ns/d/uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.Tiers).To(HaveExactElements(HaveField("Tier", "nvme")))
 
@@ -109,7 +113,7 @@ func TestRemovingACopyForgetsItOnly(t *testing.T) {
 	g.Expect(resp.GetCounts().GetBlocksLost()).To(BeZero())
 
 	h.must(remove(1, "b"))
-	usage, err = h.fsm.DatasetUsage("ns/d/uid")
+	usage, err = h.fsm.DatasetUsage("ns/d/uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(usage.CachedBytes).To(BeZero(), "a block no worker holds is not cached")
 

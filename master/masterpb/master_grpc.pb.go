@@ -36,6 +36,7 @@ const (
 	Master_GetDataset_FullMethodName        = "/strata.master.v1.Master/GetDataset"
 	Master_DeleteDataset_FullMethodName     = "/strata.master.v1.Master/DeleteDataset"
 	Master_CompleteDataset_FullMethodName   = "/strata.master.v1.Master/CompleteDataset"
+	Master_ReopenDataset_FullMethodName     = "/strata.master.v1.Master/ReopenDataset"
 	Master_GetDatasetUsage_FullMethodName   = "/strata.master.v1.Master/GetDatasetUsage"
 	Master_CommitBlock_FullMethodName       = "/strata.master.v1.Master/CommitBlock"
 	Master_GetBlockLocations_FullMethodName = "/strata.master.v1.Master/GetBlockLocations"
@@ -73,6 +74,9 @@ type MasterClient interface {
 	GetDataset(ctx context.Context, in *GetDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	DeleteDataset(ctx context.Context, in *DeleteDatasetRequest, opts ...grpc.CallOption) (*DeleteDatasetResponse, error)
 	CompleteDataset(ctx context.Context, in *CompleteDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
+	// ReopenDataset clears a dataset's complete flag, so that its files can be written again: a
+	// recomputation of some of its partitions deletes their files, and its Jobs write them anew.
+	ReopenDataset(ctx context.Context, in *ReopenDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error)
 	CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error)
 	GetBlockLocations(ctx context.Context, in *GetBlockLocationsRequest, opts ...grpc.CallOption) (*GetBlockLocationsResponse, error)
@@ -228,6 +232,16 @@ func (c *masterClient) CompleteDataset(ctx context.Context, in *CompleteDatasetR
 	return out, nil
 }
 
+func (c *masterClient) ReopenDataset(ctx context.Context, in *ReopenDatasetRequest, opts ...grpc.CallOption) (*Dataset, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Dataset)
+	err := c.cc.Invoke(ctx, Master_ReopenDataset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DatasetUsage)
@@ -362,6 +376,9 @@ type MasterServer interface {
 	GetDataset(context.Context, *GetDatasetRequest) (*Dataset, error)
 	DeleteDataset(context.Context, *DeleteDatasetRequest) (*DeleteDatasetResponse, error)
 	CompleteDataset(context.Context, *CompleteDatasetRequest) (*Dataset, error)
+	// ReopenDataset clears a dataset's complete flag, so that its files can be written again: a
+	// recomputation of some of its partitions deletes their files, and its Jobs write them anew.
+	ReopenDataset(context.Context, *ReopenDatasetRequest) (*Dataset, error)
 	GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error)
 	CommitBlock(context.Context, *CommitBlockRequest) (*Block, error)
 	GetBlockLocations(context.Context, *GetBlockLocationsRequest) (*GetBlockLocationsResponse, error)
@@ -425,6 +442,9 @@ func (UnimplementedMasterServer) DeleteDataset(context.Context, *DeleteDatasetRe
 }
 func (UnimplementedMasterServer) CompleteDataset(context.Context, *CompleteDatasetRequest) (*Dataset, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CompleteDataset not implemented")
+}
+func (UnimplementedMasterServer) ReopenDataset(context.Context, *ReopenDatasetRequest) (*Dataset, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReopenDataset not implemented")
 }
 func (UnimplementedMasterServer) GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetDatasetUsage not implemented")
@@ -714,6 +734,24 @@ func _Master_CompleteDataset_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_ReopenDataset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReopenDatasetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).ReopenDataset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_ReopenDataset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).ReopenDataset(ctx, req.(*ReopenDatasetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_GetDatasetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetDatasetUsageRequest)
 	if err := dec(in); err != nil {
@@ -970,6 +1008,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CompleteDataset",
 			Handler:    _Master_CompleteDataset_Handler,
+		},
+		{
+			MethodName: "ReopenDataset",
+			Handler:    _Master_ReopenDataset_Handler,
 		},
 		{
 			MethodName: "GetDatasetUsage",

@@ -157,7 +157,7 @@ func (s *Server) GetDataset(ctx context.Context, req *masterpb.GetDatasetRequest
 func (s *Server) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error) {
 	var usage *masterpb.DatasetUsage
 	err := s.read(ctx, req.StaleOk, func(m *fsm.FSM) (err error) {
-		usage, err = m.DatasetUsage(req.Name)
+		usage, err = m.DatasetUsage(req.Name, req.ListLost)
 		return err
 	})
 	return usage, err
@@ -169,6 +169,14 @@ func (s *Server) CompleteDataset(ctx context.Context, req *masterpb.CompleteData
 		return nil, err
 	}
 	return apply[*masterpb.Dataset](ctx, s, &masterpb.Command{Op: &masterpb.Command_CompleteDataset{CompleteDataset: req}})
+}
+
+// ReopenDataset clears a dataset's complete flag: its files may be written again.
+func (s *Server) ReopenDataset(ctx context.Context, req *masterpb.ReopenDatasetRequest) (*masterpb.Dataset, error) {
+	if err := required("name", req.Name); err != nil {
+		return nil, err
+	}
+	return apply[*masterpb.Dataset](ctx, s, &masterpb.Command{Op: &masterpb.Command_ReopenDataset{ReopenDataset: req}})
 }
 
 // DeleteDataset deletes a dataset and its files.
