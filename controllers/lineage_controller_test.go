@@ -349,7 +349,9 @@ var _ = Describe("Recomputation of lost partitions", func() {
 		}
 		Expect(k8sClient.Create(ctx, l)).To(Succeed())
 		run := &batchv1.Job{}
-		Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "split-run"}, run) }).Should(Succeed())
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "split-run"}, run)
+		}).Should(Succeed())
 
 		By("index 0 and 2 write on one node, index 1 on another")
 		ds := &datav1alpha1.Dataset{}

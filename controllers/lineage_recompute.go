@@ -272,10 +272,14 @@ func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1al
 }
 
 // markRecomputing shows outputs as being recomputed.
-func markRecomputing(l *datav1alpha1.Lineage, outputs []string) { markOutputs(l, outputs, datav1alpha1.OutputRecomputing) }
+func markRecomputing(l *datav1alpha1.Lineage, outputs []string) {
+	markOutputs(l, outputs, datav1alpha1.OutputRecomputing)
+}
 
 // markLost shows outputs as lost.
-func markLost(l *datav1alpha1.Lineage, outputs []string) { markOutputs(l, outputs, datav1alpha1.OutputLost) }
+func markLost(l *datav1alpha1.Lineage, outputs []string) {
+	markOutputs(l, outputs, datav1alpha1.OutputLost)
+}
 
 func markOutputs(l *datav1alpha1.Lineage, outputs []string, state datav1alpha1.OutputState) {
 	for i := range l.Status.Outputs {

@@ -156,7 +156,7 @@ var _ = BeforeSuite(func() {
 	Expect((&LineageReconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Master: lineageMaster, Partitions: lineageMaster,
 		APIReader: mgr.GetAPIReader(),
-		Refresh: time.Second,
+		Refresh:   time.Second,
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&ProvisionerReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 

@@ -510,7 +510,7 @@ func TestAFileIsCheckpointedOncePublished(t *testing.T) {
 	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1"})
 	f, publish := n.storeFile("ns/out/u1", "x", randomBytes(blockSize, 1), 1)
 	n.run()
-	g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500 * time.Millisecond).Should(BeNil(), "not published: nothing to record")
+	g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500*time.Millisecond).Should(BeNil(), "not published: nothing to record")
 	n.publish(publish)
 	n.clock.Advance(time.Minute) // past the retry's backoff
 	n.cp.Wake()

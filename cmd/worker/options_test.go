@@ -78,6 +78,7 @@ func TestResolve(t *testing.T) {
 			},
 		},
 		"an unknown eviction policy is refused": {tiers: twoTiers, change: func(o *options) { o.eviction = "FIFO" }, wantErr: `unknown eviction policy "FIFO"`},
+		"MRD is a CachePolicy's, not a tier's":  {tiers: twoTiers, change: func(o *options) { o.eviction = "MRD" }, wantErr: "MRD is a CachePolicy's"},
 		"an empty tiers file is refused":        {tiers: "[]", wantErr: "lists no tiers"},
 		"an unknown field is refused":           {tiers: "- name: mem\n  size: 4Gi\n", wantErr: `unknown field "size"`},
 		"a missing tiers file is refused":       {change: func(o *options) { o.tiersFile = "/nonexistent/tiers.yaml" }, wantErr: "reading the tiers file"},
