@@ -106,6 +106,8 @@ bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compare
 	STRATA_MINIO="$(MINIO)" go test ./cacheworker/dataplane/ -run '^$$' -bench BenchmarkPeerRead -benchmem -count=3
 	go test ./cacheworker/shortcircuit/ -run '^$$' -bench . -benchtime 200x
 	go test ./cacheworker/tierstore/ -run '^$$' -bench AScanAgainstAHotDataset -benchtime 20x -count 3
+	go test ./cacheworker/tierstore/ -run '^$$' -bench APipelineThatRereadsItsInput -benchtime 10x -count 3
+	STRATA_MINIO="$(MINIO)" go test ./cacheworker/checkpoint/ -run '^$$' -bench Checkpoint -benchtime 5x -count 3
 	go test ./cacheworker/outputfs/ -run '^$$' -bench WritingAnOutput -benchtime 5x -count 2
 	go test ./master/bench -run '^$$' -bench 'Create|Exists|Rename|Delete|List' -benchtime 3000x -timeout 30m
 	go test ./master/bench -run '^$$' -bench 'Failover|MemoryPerFile' -benchtime 3x -files $(BENCH_FILES) -timeout 2h

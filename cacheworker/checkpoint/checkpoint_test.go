@@ -512,8 +512,10 @@ func TestAFileIsCheckpointedOncePublished(t *testing.T) {
 	n.run()
 	g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500*time.Millisecond).Should(BeNil(), "not published: nothing to record")
 	n.publish(publish)
-	n.clock.Advance(time.Minute) // past the retry's backoff
-	n.cp.Wake()
+	// What the output mount says once it published the file (the clock stands still: only this
+	// brings the file's turn).
+	n.cp.Published(context.Background(), checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token,
+		Size: int64(len(f.data)), Blocks: f.blocks}, false)
 	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
 	g.Expect(n.object(f)).To(Equal(f.data))
 }

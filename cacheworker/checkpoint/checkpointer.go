@@ -52,6 +52,9 @@ const (
 const (
 	firstRetry = 5 * time.Second
 	lastRetry  = 5 * time.Minute
+	// unpublishedRetry is when a file whose blocks are stored but which the master does not
+	// list yet is looked at again: its seal publishes it within moments.
+	unpublishedRetry = time.Second
 )
 
 // chunk is the most bytes a background write reads at once, and so the burst the bandwidth
@@ -313,6 +316,11 @@ func (c *Checkpointer) settle(f *heldFile, err error) {
 		delete(c.retries, f.key())
 		return
 	}
+	if errors.Is(err, errNotPublished) {
+		// Being sealed: published within moments, no failure.
+		c.retries[f.key()] = retry{at: c.cfg.Now().Add(unpublishedRetry)}
+		return
+	}
 	r := c.retries[f.key()]
 	r.failures++
 	r.at = c.cfg.Now().Add(min(firstRetry<<min(r.failures-1, 16), lastRetry))
@@ -456,7 +464,10 @@ type heldFile struct {
 	reads   uint64
 }
 
-func (f *heldFile) key() string { return f.path + "\x00" + f.token }
+func (f *heldFile) key() string { return fileKey(f.path, f.token) }
+
+// fileKey names a version of a file: its path and token.
+func fileKey(path, token string) string { return path + "\x00" + token }
 
 // blockIDs are the ids of the file's n blocks, in order, if this node holds all of them.
 func (f *heldFile) blockIDs(n int) ([]string, error) {
@@ -492,7 +503,7 @@ func heldFiles(store Blocks, settings *Settings) (files []*heldFile, pending int
 		if d == nil {
 			continue
 		}
-		key := o.GetPath() + "\x00" + o.GetFileToken()
+		key := fileKey(o.GetPath(), o.GetFileToken())
 		f := byKey[key]
 		if f == nil {
 			f = &heldFile{ds: d, path: o.GetPath(), token: o.GetFileToken(), created: b.Created}

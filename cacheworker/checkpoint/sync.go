@@ -95,6 +95,10 @@ func (c *Checkpointer) WriteThrough(ctx context.Context, f SealedFile) (bool, er
 func (c *Checkpointer) Published(ctx context.Context, f SealedFile, wroteThrough bool) {
 	defer c.Wake()
 	if !wroteThrough {
+		// The background loop may have seen its blocks before it was published: now it may.
+		c.mu.Lock()
+		delete(c.retries, fileKey(f.Path, f.Token))
+		c.mu.Unlock()
 		return
 	}
 	d := c.current().of(f.Dataset)
