@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,12 +27,11 @@ const (
 // its Secret, and how its CachePolicy says to checkpoint them. An output whose Secret or
 // CachePolicy is missing, or incomplete, is left out (its status says why): its files stay in
 // memory. The order is stable, so that an unchanged set writes nothing.
-func (r *WorkerReconciler) checkpointsFile(ctx context.Context, pool *datav1alpha1.TierPool) (string, error) {
+func (r *WorkerReconciler) checkpointsFile(ctx context.Context, pool *datav1alpha1.TierPool, lineages *namespaceLineages) (string, error) {
 	var datasets datav1alpha1.DatasetList
 	if err := r.Client.List(ctx, &datasets); err != nil {
 		return "", fmt.Errorf("listing Datasets for the checkpoints of TierPool %s: %w", pool.Name, err)
 	}
-	consumed := map[string]map[string]bool{} // by namespace
 	file := checkpoint.File{Datasets: []checkpoint.Dataset{}}
 	for i := range datasets.Items {
 		ds := &datasets.Items[i]
@@ -69,20 +67,15 @@ func (r *WorkerReconciler) checkpointsFile(ctx context.Context, pool *datav1alph
 			spec, d.CachePolicy = cp.Spec.Checkpoint, ds.Namespace+"/"+name
 		}
 		setCheckpointSpec(&d, spec)
-		if consumed[ds.Namespace] == nil {
-			if consumed[ds.Namespace], err = r.consumedDatasets(ctx, ds.Namespace); err != nil {
-				return "", err
-			}
+		ls, err := lineages.of(ctx, ds.Namespace)
+		if err != nil {
+			return "", err
 		}
-		d.Consumed = consumed[ds.Namespace][ds.Name]
+		d.Consumed = consumed(ls, ds.Name)
 		file.Datasets = append(file.Datasets, d)
 	}
 	slices.SortFunc(file.Datasets, func(a, b checkpoint.Dataset) int { return strings.Compare(a.Name, b.Name) })
-	raw, err := json.MarshalIndent(file, "", "  ")
-	if err != nil {
-		return "", fmt.Errorf("writing the checkpoint settings of TierPool %s: %w", pool.Name, err)
-	}
-	return string(raw) + "\n", nil
+	return settingsJSON(file, "checkpoint settings", pool)
 }
 
 // setCheckpointSpec copies a CachePolicy's checkpoint settings into d.
@@ -124,23 +117,15 @@ func (r *WorkerReconciler) checkpointTarget(ctx context.Context, ds *datav1alpha
 	return checkpoint.Target{URI: spec.URI, Endpoint: spec.Endpoint, Region: spec.Region, Credentials: creds}, true, nil
 }
 
-// consumedDatasets are the Datasets of namespace that a Lineage reads and has run on, or runs
-// on now: their files are no leaves of the lineage graph any more.
-func (r *WorkerReconciler) consumedDatasets(ctx context.Context, namespace string) (map[string]bool, error) {
-	var lineages datav1alpha1.LineageList
-	if err := r.Client.List(ctx, &lineages, client.InNamespace(namespace)); err != nil {
-		return nil, fmt.Errorf("listing the Lineages of %s: %w", namespace, err)
-	}
-	out := map[string]bool{}
-	for _, l := range lineages.Items {
-		if !lineageStarted(&l) {
-			continue
-		}
-		for _, in := range l.Spec.Inputs {
-			out[in] = true
+// consumed says whether a Lineage of lineages reads the Dataset name and has run or runs:
+// then its files are no leaves of the lineage graph any more.
+func consumed(lineages []datav1alpha1.Lineage, name string) bool {
+	for i := range lineages {
+		if l := &lineages[i]; lineageStarted(l) && slices.Contains(l.Spec.Inputs, name) {
+			return true
 		}
 	}
-	return out, nil
+	return false
 }
 
 // lineageStarted says whether a Lineage's Job has run or runs: it reads its inputs.

@@ -75,11 +75,12 @@ func (r *WorkerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	policies, err := r.policiesFile(ctx, pool)
+	lineages := &namespaceLineages{client: r.Client}
+	policies, err := r.policiesFile(ctx, pool, lineages)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	checkpoints, err := r.checkpointsFile(ctx, pool)
+	checkpoints, err := r.checkpointsFile(ctx, pool, lineages)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -19,13 +19,12 @@ import (
 // of its Datasets that the workers apply, in a stable order so that an unchanged set writes
 // nothing. A Dataset whose CachePolicy is missing or names a bad pattern is left out; its own
 // status says why. A Dataset without a CachePolicy follows the workers' own settings.
-func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.TierPool) (string, error) {
+func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.TierPool, lineages *namespaceLineages) (string, error) {
 	var datasets datav1alpha1.DatasetList
 	if err := r.Client.List(ctx, &datasets); err != nil {
 		return "", fmt.Errorf("listing Datasets for the policies of TierPool %s: %w", pool.Name, err)
 	}
 	file := policy.File{Datasets: []policy.Dataset{}}
-	uses := map[string]map[string]int{} // by namespace, for MRD
 	for _, ds := range datasets.Items {
 		if ds.Spec.TierPoolName != pool.Name || ds.Spec.CachePolicyName == "" || !ds.DeletionTimestamp.IsZero() {
 			continue
@@ -42,25 +41,50 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 		}
 		d := datasetPolicy(datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)), &cp)
 		if d.Eviction == string(eviction.MRD) {
-			if uses[ds.Namespace] == nil {
-				var lineages datav1alpha1.LineageList
-				if err := r.Client.List(ctx, &lineages, client.InNamespace(ds.Namespace)); err != nil {
-					return "", fmt.Errorf("listing the Lineages of %s for MRD eviction: %w", ds.Namespace, err)
-				}
-				uses[ds.Namespace] = nextUses(lineages.Items)
+			ls, err := lineages.of(ctx, ds.Namespace)
+			if err != nil {
+				return "", err
 			}
-			if u, ok := uses[ds.Namespace][ds.Name]; ok {
+			if u, ok := nextUses(ls)[ds.Name]; ok {
 				d.NextUse = &u
 			}
 		}
 		file.Datasets = append(file.Datasets, d)
 	}
 	slices.SortFunc(file.Datasets, func(a, b policy.Dataset) int { return strings.Compare(a.Name, b.Name) })
-	raw, err := json.MarshalIndent(file, "", "  ")
+	return settingsJSON(file, "policies", pool)
+}
+
+// settingsJSON is a file the pool's workers read, as JSON, in a stable form: an unchanged set
+// writes nothing.
+func settingsJSON(v any, what string, pool *datav1alpha1.TierPool) (string, error) {
+	raw, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return "", fmt.Errorf("writing the policies of TierPool %s: %w", pool.Name, err)
+		return "", fmt.Errorf("writing the %s of TierPool %s: %w", what, pool.Name, err)
 	}
 	return string(raw) + "\n", nil
+}
+
+// namespaceLineages lists the Lineages of a namespace once per reconcile of a pool: the
+// policies (MRD's next uses) and the checkpoint settings (the Datasets read already) follow them.
+type namespaceLineages struct {
+	client client.Client
+	byNS   map[string][]datav1alpha1.Lineage
+}
+
+func (n *namespaceLineages) of(ctx context.Context, namespace string) ([]datav1alpha1.Lineage, error) {
+	if ls, ok := n.byNS[namespace]; ok {
+		return ls, nil
+	}
+	var list datav1alpha1.LineageList
+	if err := n.client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("listing the Lineages of %s: %w", namespace, err)
+	}
+	if n.byNS == nil {
+		n.byNS = map[string][]datav1alpha1.Lineage{}
+	}
+	n.byNS[namespace] = list.Items
+	return list.Items, nil
 }
 
 // datasetPolicy is what the workers apply to the blocks of the Dataset named name at the master

@@ -5,13 +5,11 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -101,18 +99,7 @@ var _ = Describe("A pipeline checkpointed to S3", Ordered, Label("lineage", "che
 	})
 
 	It("reads the checkpointed output back when its node stops, and recomputes only what has no checkpoint", func(ctx SpecContext) {
-		By("stopping " + nodes[0] + " with docker stop")
-		out, err := exec.CommandContext(ctx, "docker", "stop", nodes[0]).CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), "docker stop: %s", out)
-		DeferCleanup(func(ctx SpecContext) {
-			out, err := exec.CommandContext(ctx, "docker", "start", nodes[0]).CombinedOutput()
-			Expect(err).NotTo(HaveOccurred(), "docker start: %s", out)
-			Eventually(func(g Gomega) {
-				var node corev1.Node
-				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: nodes[0]}, &node)).To(Succeed())
-				g.Expect(node.Status.Conditions).To(ContainElement(And(HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))))
-			}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s to be Ready again", nodes[0])
-		})
+		stopNode(ctx, nodes[0])
 
 		By("the temporary output, in " + nodes[0] + "'s memory alone, is recomputed")
 		Eventually(func(g Gomega) {
@@ -209,18 +196,7 @@ var _ = Describe("An Indexed step that loses one of its partitions", Ordered, La
 			g.Expect(stateOf(l, "parts")).To(Equal(datav1alpha1.OutputCheckpointing))
 		}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for part-0 to be checkpointed")
 
-		By("stopping " + nodes[0] + " with docker stop")
-		out, err := exec.CommandContext(ctx, "docker", "stop", nodes[0]).CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), "docker stop: %s", out)
-		DeferCleanup(func(ctx SpecContext) {
-			out, err := exec.CommandContext(ctx, "docker", "start", nodes[0]).CombinedOutput()
-			Expect(err).NotTo(HaveOccurred(), "docker start: %s", out)
-			Eventually(func(g Gomega) {
-				var node corev1.Node
-				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: nodes[0]}, &node)).To(Succeed())
-				g.Expect(node.Status.Conditions).To(ContainElement(And(HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))))
-			}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s to be Ready again", nodes[0])
-		})
+		stopNode(ctx, nodes[0])
 
 		By("index 1 alone is rerun, by a Job of its own")
 		Eventually(func(g Gomega) {

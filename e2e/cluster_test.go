@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -236,4 +237,31 @@ func secretEnv(name, secret, key string) corev1.EnvVar {
 	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 		LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: key,
 	}}}
+}
+
+// stopNode stops a Kind node's container with docker stop, as a node is lost, and returns what
+// starts it again; the spec's cleanup starts it, if not yet, and waits until it is Ready.
+func stopNode(ctx context.Context, node string) (start func(ctx context.Context)) {
+	GinkgoHelper()
+	By("stopping " + node + " with docker stop")
+	out, err := exec.CommandContext(ctx, "docker", "stop", node).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "docker stop: %s", out)
+	started := false
+	start = func(ctx context.Context) {
+		if started {
+			return
+		}
+		out, err := exec.CommandContext(ctx, "docker", "start", node).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "docker start: %s", out)
+		started = true
+	}
+	DeferCleanup(func(ctx SpecContext) {
+		start(ctx)
+		Eventually(func(g Gomega) {
+			var n corev1.Node
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, &n)).To(Succeed())
+			g.Expect(nodeReady(&n)).To(BeTrue())
+		}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s to be Ready again", node)
+	})
+	return start
 }

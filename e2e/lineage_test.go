@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 	"time"
 
@@ -79,25 +78,7 @@ var _ = Describe("A pipeline that loses the node holding its outputs", Ordered, 
 		Expect(k8sClient.Create(ctx, urgent)).To(Succeed())
 		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, urgent))).To(Succeed()) })
 
-		By("stopping " + nodes[0] + " with docker stop")
-		out, err := exec.CommandContext(ctx, "docker", "stop", nodes[0]).CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), "docker stop: %s", out)
-		restarted := false
-		start := func(ctx context.Context) {
-			out, err := exec.CommandContext(ctx, "docker", "start", nodes[0]).CombinedOutput()
-			Expect(err).NotTo(HaveOccurred(), "docker start: %s", out)
-			restarted = true
-		}
-		DeferCleanup(func(ctx SpecContext) {
-			if !restarted {
-				start(ctx)
-			}
-			Eventually(func(g Gomega) {
-				var node corev1.Node
-				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: nodes[0]}, &node)).To(Succeed())
-				g.Expect(node.Status.Conditions).To(ContainElement(And(HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))))
-			}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s to be Ready again", nodes[0])
-		})
+		start := stopNode(ctx, nodes[0])
 
 		By("a pod of high priority on " + nodes[1] + " waits for the last output")
 		reader := claimPod(namespace, nodes[1], "out-c", "sum", "--wait", "8m", "--expect-files", fmt.Sprint(len(written)), "/data")

@@ -17,11 +17,13 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
 	"github.com/strata-cache/strata/cacheworker/membership"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/controllers"
 	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/csi/driver"
 	"github.com/strata-cache/strata/master/masterpb"
@@ -78,6 +80,10 @@ func registered(t *testing.T) []string {
 	_, err = driver.NewMetrics(reg)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = scheduling.NewHinter(nil, nil, reg)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = checkpoint.NewMetrics(reg)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = controllers.NewLineageDepthGauge(reg)
 	g.Expect(err).NotTo(HaveOccurred())
 	reg.MustRegister(store.NewCollector(mastertest.New(t, 1, mastertest.Options{}).Nodes[0].Store))
 
