@@ -35,7 +35,10 @@
 // files rerun, each as a Job of one completion that finds its index where an Indexed Job's pod
 // does, and the master lets go of those partitions' files alone (the outputs opened again).
 // A recomputation that fails leaves what it was to write lost: it is tried again, within
-// spec.maxRecomputations.
+// spec.maxRecomputations. One whose pod is disrupted (preempted by the scheduler for work of
+// higher priority, evicted) ends at once (its pod failure policy) and comes back as a new one,
+// at the inherited priority, once the master let go of what the killed pod sealed; it does not
+// count against the limit. (A replacement pod in the same Job would find those files sealed.)
 //
 // # Checkpoints and MRD
 //

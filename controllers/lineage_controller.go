@@ -315,7 +315,7 @@ func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.L
 			if available {
 				st := datav1alpha1.LineageOutputStatus{Name: in, State: state}
 				r.outputUsage(ctx, l.Namespace, in, &st)
-				_, active, _, err := r.recomputeJobs(ctx, producer)
+				_, _, active, _, err := r.recomputeJobs(ctx, producer)
 				available = st.State != datav1alpha1.OutputLost && len(active) == 0 && err == nil
 			}
 		}
@@ -331,8 +331,9 @@ func runJobName(l *datav1alpha1.Lineage) string {
 	return objectName(l.Name, "-run")
 }
 
-// jobFromTemplate is a Job of l's template, labelled as l's and owned by it, in l's namespace.
-func (r *LineageReconciler) jobFromTemplate(l *datav1alpha1.Lineage) (*batchv1.Job, error) {
+// jobFromTemplate is a Job of l's template, labelled as l's and owned by it, in l's namespace,
+// that does onDisruption with a pod that is disrupted (see onDisruptions).
+func (r *LineageReconciler) jobFromTemplate(l *datav1alpha1.Lineage, onDisruption batchv1.PodFailurePolicyAction) (*batchv1.Job, error) {
 	tmpl := l.Spec.Template.DeepCopy()
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Labels: tmpl.Labels, Annotations: tmpl.Annotations},
@@ -342,23 +343,26 @@ func (r *LineageReconciler) jobFromTemplate(l *datav1alpha1.Lineage) (*batchv1.J
 		job.Labels = map[string]string{}
 	}
 	job.Labels[lineageLabel] = l.Name
-	ignoreDisruptions(&job.Spec)
+	onDisruptions(&job.Spec, onDisruption)
 	if err := controllerutil.SetControllerReference(l, job, r.Client.Scheme()); err != nil {
 		return nil, fmt.Errorf("owning a Job of Lineage %s/%s: %w", l.Namespace, l.Name, err)
 	}
 	return job, nil
 }
 
-// ignoreDisruptions makes a Job replace a pod that was disrupted (evicted from a lost node,
-// preempted, drained) instead of counting it as a failure: a Lineage must not fail, and a
-// recomputation must not stop, for what its program did not do. A pod failure policy needs pods
-// that are never restarted in place; a template whose pods are is left as it is.
-func ignoreDisruptions(spec *batchv1.JobSpec) {
+// onDisruptions makes a Job do action when one of its pods is disrupted (evicted from a lost
+// node, preempted, drained) rather than count it as its program's failure: Ignore replaces the
+// pod (a Lineage's first run must not fail for what its program did not do); FailJob ends the
+// Job at once, for the operator to make a new one (a recomputation, whose next Job lets go of
+// what the killed pod wrote first, and comes at the inherited priority; see disrupted). A pod
+// failure policy needs pods that are never restarted in place; a template whose pods are is left
+// as it is.
+func onDisruptions(spec *batchv1.JobSpec, action batchv1.PodFailurePolicyAction) {
 	if spec.Template.Spec.RestartPolicy != corev1.RestartPolicyNever {
 		return
 	}
 	rule := batchv1.PodFailurePolicyRule{
-		Action:          batchv1.PodFailurePolicyActionIgnore,
+		Action:          action,
 		OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
 	}
 	if spec.PodFailurePolicy == nil {
@@ -370,7 +374,7 @@ func ignoreDisruptions(spec *batchv1.JobSpec) {
 
 // createRunJob creates the Job of l's template, owned by l.
 func (r *LineageReconciler) createRunJob(ctx context.Context, l *datav1alpha1.Lineage) (*batchv1.Job, error) {
-	job, err := r.jobFromTemplate(l)
+	job, err := r.jobFromTemplate(l, batchv1.PodFailurePolicyActionIgnore)
 	if err != nil {
 		return nil, err
 	}

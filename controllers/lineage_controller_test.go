@@ -283,8 +283,8 @@ var _ = Describe("Recomputation of lost outputs", func() {
 				HaveField("Key", corev1.LabelHostname), HaveField("Operator", corev1.NodeSelectorOpNotIn),
 				HaveField("Values", ContainElement(namespace)))))), // the suite's other lost workers too
 				"the recomputation keeps off the node whose worker is lost")
-		Expect(recompute.Spec.PodFailurePolicy.Rules[0].Action).To(Equal(batchv1.PodFailurePolicyActionIgnore),
-			"a pod evicted from a lost node is replaced, not counted as a failure")
+		Expect(recompute.Spec.PodFailurePolicy.Rules[0].Action).To(Equal(batchv1.PodFailurePolicyActionFailJob),
+			"a disrupted pod ends the recomputation, for a new one that lets go of what the pod wrote")
 		_, err = lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
 		Expect(status.Code(err)).To(Equal(codes.NotFound))
 
@@ -414,6 +414,91 @@ var _ = Describe("Recomputation of lost partitions", func() {
 			g.Expect(k8sClient.List(ctx, &second, client.InNamespace(namespace), client.MatchingLabels{recomputationLabel: "2"})).To(Succeed())
 			g.Expect(second.Items).To(HaveExactElements(HaveField("Labels", HaveKeyWithValue(completionIndexLabel, "2"))))
 		}).Should(Succeed())
+	})
+})
+
+var _ = Describe("A recomputation whose pod is disrupted", func() {
+	It("comes back as a new recomputation that does not count against spec.maxRecomputations", func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "disrupted-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace := ns.Name
+		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: DefaultRecomputeClass}, Value: -100}
+		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, pc))).To(Succeed())
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "once"}},
+		})).To(Succeed())
+		l := newLineage(namespace, "once", nil, []string{"out"})
+		l.Spec.MaxRecomputations = 1
+		Expect(k8sClient.Create(ctx, l)).To(Succeed())
+		run := &batchv1.Job{}
+		Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "once-run"}, run) }).Should(Succeed())
+		ds := &datav1alpha1.Dataset{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "out"}, ds)).To(Succeed())
+		name, root := datav1alpha1.MasterDatasetName(namespace, "out", string(ds.UID)), datav1alpha1.MasterDatasetRoot(namespace, "out", string(ds.UID))
+		worker := "pool/" + namespace
+		_, err := lineageMaster.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: worker, Node: namespace})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = lineageMaster.SealFile(ctx, &masterpb.SealFileRequest{Path: root + "/part-0", Dataset: name, ClientToken: "t",
+			Blocks: []*masterpb.CommitBlockRequest{{BlockId: uint64(specID.Add(1)) << 40, Size: 100, Worker: worker, Tier: "mem"}}})
+		Expect(err).NotTo(HaveOccurred())
+		finishJob(run, true)
+		Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(namespace, "once"), "out") }).
+			Should(Equal(datav1alpha1.OutputInMemory))
+		_, err = lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+
+		recomputation := func(n string) *batchv1.Job {
+			GinkgoHelper()
+			var jobs batchv1.JobList
+			Eventually(func(g Gomega) {
+				g.Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace), client.MatchingLabels{recomputationLabel: n})).To(Succeed())
+				g.Expect(jobs.Items).To(HaveLen(1))
+			}).Should(Succeed(), "waiting for recomputation %s", n)
+			return &jobs.Items[0]
+		}
+		first := recomputation("1")
+		By("its pod is preempted: the Job fails by the pod failure policy's disruption rule")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(first), first)).To(Succeed())
+			now := metav1.Now()
+			first.Status.StartTime, first.Status.Failed = &now, 1
+			first.Status.Conditions = []batchv1.JobCondition{
+				{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonPodFailurePolicy, LastTransitionTime: now},
+				{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: batchv1.JobReasonPodFailurePolicy, LastTransitionTime: now,
+					Message: "Pod " + namespace + "/x has condition DisruptionTarget matching FailJob rule at index 0"},
+			}
+			g.Expect(k8sClient.Status().Update(ctx, first)).To(Succeed())
+		}).Should(Succeed())
+
+		By("a second recomputation comes, though spec.maxRecomputations is 1")
+		second := recomputation("2")
+		Expect(second.Spec.Template.Spec.PriorityClassName).To(Equal(DefaultRecomputeClass))
+		Eventually(func() string {
+			c := meta.FindStatusCondition(lineageOf(namespace, "once").Status.Conditions, datav1alpha1.ConditionRecomputing)
+			if c == nil {
+				return ""
+			}
+			return c.Reason
+		}).Should(Equal(ReasonRecomputing))
+
+		By("a failure of its own program counts: the limit holds")
+		Eventually(func(g Gomega) {
+			// The reconciler let it run meanwhile: read, end, retry.
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(second), second)).To(Succeed())
+			endJob(second, false)
+			g.Expect(k8sClient.Status().Update(ctx, second)).To(Succeed())
+		}).Should(Succeed())
+		Eventually(func() string {
+			c := meta.FindStatusCondition(lineageOf(namespace, "once").Status.Conditions, datav1alpha1.ConditionRecomputing)
+			if c == nil {
+				return ""
+			}
+			return c.Reason
+		}).Should(Equal(ReasonRecomputationLimit))
+		Expect(outputState(lineageOf(namespace, "once"), "out")).To(Equal(datav1alpha1.OutputLost), "what it was to write is missing")
 	})
 })
 

@@ -51,7 +51,7 @@ const recomputationLabel = "data.strata.dev/recomputation"
 // would make a second Job for one loss.
 func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) (metav1.Condition, error) {
 	cond := metav1.Condition{Type: datav1alpha1.ConditionRecomputing, Status: metav1.ConditionFalse, ObservedGeneration: l.Generation}
-	made, active, last, err := r.recomputeJobs(ctx, l)
+	made, counted, active, last, err := r.recomputeJobs(ctx, l)
 	if err != nil {
 		return cond, err
 	}
@@ -74,10 +74,10 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 	case len(lost) == 0:
 		cond.Reason, cond.Message = ReasonNothingLost, "every written output has a live copy or a checkpoint"
 		return cond, nil
-	case made >= l.Spec.MaxRecomputations:
+	case counted >= l.Spec.MaxRecomputations:
 		cond.Reason = ReasonRecomputationLimit
 		cond.Message = fmt.Sprintf("%s lost, and %d recomputations were made already (spec.maxRecomputations): not trying again; "+
-			"raise spec.maxRecomputations to try again", strings.Join(lost, ", "), made)
+			"raise spec.maxRecomputations to try again", strings.Join(lost, ", "), counted)
 		if len(last) > 0 && failed(last) {
 			cond.Message += fmt.Sprintf("; the last failed: see `kubectl logs job/%s`", failedJob(last).Name)
 		}
@@ -135,10 +135,10 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 // recomputeJobs reads l's recomputation Jobs from the API server: how many recomputations were
 // made, the Jobs of the one that runs (not finished, not being deleted: one Job, or one per lost
 // partition), and the Jobs of the newest.
-func (r *LineageReconciler) recomputeJobs(ctx context.Context, l *datav1alpha1.Lineage) (made int32, active, last []*batchv1.Job, err error) {
+func (r *LineageReconciler) recomputeJobs(ctx context.Context, l *datav1alpha1.Lineage) (made, counted int32, active, last []*batchv1.Job, err error) {
 	jobs := &batchv1.JobList{}
 	if err := r.reader().List(ctx, jobs, client.InNamespace(l.Namespace), client.MatchingLabels{lineageLabel: l.Name}); err != nil {
-		return 0, nil, nil, fmt.Errorf("listing the recomputation Jobs of Lineage %s: %w", l.Name, err)
+		return 0, 0, nil, nil, fmt.Errorf("listing the recomputation Jobs of Lineage %s: %w", l.Name, err)
 	}
 	groups := map[int32][]*batchv1.Job{}
 	for i := range jobs.Items {
@@ -152,13 +152,33 @@ func (r *LineageReconciler) recomputeJobs(ctx context.Context, l *datav1alpha1.L
 			groups[int32(n)] = append(groups[int32(n)], job)
 		}
 	}
+	// A recomputation whose pod was disrupted does not count against spec.maxRecomputations:
+	// it comes back, as the next, for what its program did not do.
+	counted = made
+	for _, jobs := range groups {
+		if slices.ContainsFunc(jobs, disrupted) {
+			counted--
+		}
+	}
 	last = groups[made]
 	for _, job := range last {
 		if jobFinished(job) == "" {
-			return made, last, last, nil
+			return made, counted, last, last, nil
 		}
 	}
-	return made, nil, last, nil
+	return made, counted, nil, last, nil
+}
+
+// disrupted says whether a recomputation Job ended because one of its pods was disrupted
+// (preempted, evicted, its node lost), not by its program (see onDisruptions).
+func disrupted(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue && c.Reason == batchv1.JobReasonPodFailurePolicy &&
+			strings.Contains(c.Message, string(corev1.DisruptionTarget)) {
+			return true
+		}
+	}
+	return false
 }
 
 // failed says whether a Job of a recomputation failed.
@@ -448,7 +468,9 @@ func (r *LineageReconciler) createRecomputation(ctx context.Context, l *datav1al
 // createRecomputeJob creates a Job of the n-th recomputation of l at class, suspended if asked:
 // the template's Job, or, for index, the one completion index of it.
 func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alpha1.Lineage, n int32, class string, suspended bool, index *int32) (*batchv1.Job, error) {
-	job, err := r.jobFromTemplate(l)
+	// A recomputation whose pod is disrupted ends; the next one lets go of what that pod wrote
+	// (the pod that replaced it would find the files it sealed before it was killed).
+	job, err := r.jobFromTemplate(l, batchv1.PodFailurePolicyActionFailJob)
 	if err != nil {
 		return nil, err
 	}

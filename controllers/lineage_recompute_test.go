@@ -62,7 +62,7 @@ func TestAvoidNodes(t *testing.T) {
 	}
 }
 
-func TestIgnoreDisruptions(t *testing.T) {
+func TestOnDisruptions(t *testing.T) {
 	ignore := batchv1.PodFailurePolicyRule{
 		Action:          batchv1.PodFailurePolicyActionIgnore,
 		OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
@@ -86,7 +86,7 @@ func TestIgnoreDisruptions(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			ignoreDisruptions(&tc.spec)
+			onDisruptions(&tc.spec, batchv1.PodFailurePolicyActionIgnore)
 			if !apiequality.Semantic.DeepEqual(tc.spec, tc.want) {
 				t.Errorf("got %+v, want %+v", tc.spec.PodFailurePolicy, tc.want.PodFailurePolicy)
 			}

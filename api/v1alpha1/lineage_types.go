@@ -57,7 +57,8 @@ type LineageSpec struct {
 	Partitions []OutputPartition `json:"partitions,omitempty"`
 
 	// MaxRecomputations caps how many times lost outputs are recomputed before the Lineage
-	// reports Failed instead of retrying; a Job that fails deterministically must not loop.
+	// reports Failed instead of retrying; a Job that fails deterministically must not loop. A
+	// recomputation whose pod was disrupted (preempted, evicted) does not count: it comes back.
 	// +kubebuilder:default=3
 	// +kubebuilder:validation:Minimum=0
 	// +optional

@@ -142,13 +142,24 @@ func (c *Checkpointer) ReadBack(ctx context.Context, r ReadBackRequest) ([]byte,
 	if d == nil {
 		return nil, fmt.Errorf("reading %s back: Dataset %s has %w this worker knows of", r.Path, r.Dataset, ErrNoTarget)
 	}
-	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
-	mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: r.Path, StaleOk: true})
-	cancel()
+	checkpointed := func(staleOK bool) (bool, error) {
+		mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
+		defer cancel()
+		mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: r.Path, StaleOk: staleOK})
+		if err != nil {
+			return false, fmt.Errorf("reading %s back: asking the master for its checkpoint: %w", r.Path, err)
+		}
+		return mf.GetClientToken() == r.Token && mf.GetCheckpointState() == masterpb.CheckpointState_CHECKPOINT_STATE_DONE, nil
+	}
+	// A follower may not know of a checkpoint just recorded: a no is asked of the leader again.
+	ok, err := checkpointed(true)
+	if err == nil && !ok {
+		ok, err = checkpointed(false)
+	}
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("reading %s back: asking the master for its checkpoint: %w", r.Path, err)
-	case mf.GetClientToken() != r.Token || mf.GetCheckpointState() != masterpb.CheckpointState_CHECKPOINT_STATE_DONE:
+		return nil, err
+	case !ok:
 		return nil, fmt.Errorf("reading %s back: this version is %w", r.Path, ErrNotCheckpointed)
 	}
 	target, err := c.storeOf(ctx, d)
