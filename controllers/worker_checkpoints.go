@@ -142,17 +142,7 @@ func temporaryPatternsProblem(patterns []string) string {
 // poolsOfCheckpointSecret maps a Secret to the TierPools of the output Datasets of its
 // namespace that checkpoint with it: their settings carry its keys.
 func (r *WorkerReconciler) poolsOfCheckpointSecret(ctx context.Context, obj client.Object) []reconcile.Request {
-	var datasets datav1alpha1.DatasetList
-	if err := r.Client.List(ctx, &datasets, client.InNamespace(obj.GetNamespace())); err != nil {
-		return nil
-	}
-	seen := map[string]bool{}
-	var out []reconcile.Request
-	for _, ds := range datasets.Items {
-		if c := ds.Spec.Checkpoint; c != nil && c.SecretRef.Name == obj.GetName() && !seen[ds.Spec.TierPoolName] {
-			seen[ds.Spec.TierPoolName] = true
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: ds.Spec.TierPoolName}})
-		}
-	}
-	return out
+	return r.poolsOf(ctx, obj.GetNamespace(), func(ds *datav1alpha1.Dataset) bool {
+		return ds.Spec.Checkpoint != nil && ds.Spec.Checkpoint.SecretRef.Name == obj.GetName()
+	})
 }

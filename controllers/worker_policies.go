@@ -131,16 +131,23 @@ func poolOfDataset(_ context.Context, obj client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: ds.Spec.TierPoolName}}}
 }
 
-// poolsOfNamespace maps a CachePolicy to the TierPools of the Datasets of its namespace.
+// poolsOfNamespace maps an object (a CachePolicy, a Lineage) to the TierPools of the Datasets of
+// its namespace.
 func (r *WorkerReconciler) poolsOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
+	return r.poolsOf(ctx, obj.GetNamespace(), func(*datav1alpha1.Dataset) bool { return true })
+}
+
+// poolsOf are the TierPools of the Datasets of namespace that match, once each.
+func (r *WorkerReconciler) poolsOf(ctx context.Context, namespace string, match func(*datav1alpha1.Dataset) bool) []reconcile.Request {
 	var datasets datav1alpha1.DatasetList
-	if err := r.Client.List(ctx, &datasets, client.InNamespace(obj.GetNamespace())); err != nil {
+	if err := r.Client.List(ctx, &datasets, client.InNamespace(namespace)); err != nil {
 		return nil
 	}
 	seen := map[string]bool{}
 	var out []reconcile.Request
-	for _, ds := range datasets.Items {
-		if pool := ds.Spec.TierPoolName; pool != "" && !seen[pool] {
+	for i := range datasets.Items {
+		ds := &datasets.Items[i]
+		if pool := ds.Spec.TierPoolName; pool != "" && !seen[pool] && match(ds) {
 			seen[pool] = true
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKey{Name: pool}})
 		}

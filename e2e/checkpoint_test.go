@@ -102,14 +102,7 @@ var _ = Describe("A pipeline checkpointed to S3", Ordered, Label("lineage", "che
 		stopNode(ctx, nodes[0])
 
 		By("the temporary output, in " + nodes[0] + "'s memory alone, is recomputed")
-		Eventually(func(g Gomega) {
-			l := &datav1alpha1.Lineage{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "step-a"}, l)).To(Succeed())
-			g.Expect(l.Status.Recomputations).To(BeEquivalentTo(1))
-			c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal("NothingLost"), "%s", c.Message)
-		}).WithContext(ctx).WithTimeout(10*minute).Should(Succeed(), "waiting for step-a to be recomputed")
+		waitRecomputed(ctx, namespace, "step-a", 1)
 
 		By("a pod on " + nodes[1] + " reads the checkpointed output from MinIO, whole")
 		reader := claimPod(namespace, nodes[1], "out-c", "sum", "--wait", "4m", "--expect-files", fmt.Sprint(len(written)), "/data")
@@ -199,14 +192,7 @@ var _ = Describe("An Indexed step that loses one of its partitions", Ordered, La
 		stopNode(ctx, nodes[0])
 
 		By("index 1 alone is rerun, by a Job of its own")
-		Eventually(func(g Gomega) {
-			l := &datav1alpha1.Lineage{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "split"}, l)).To(Succeed())
-			g.Expect(l.Status.Recomputations).To(BeEquivalentTo(1))
-			c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal("NothingLost"), "%s", c.Message)
-		}).WithContext(ctx).WithTimeout(10*minute).Should(Succeed(), "waiting for the lost partition to be recomputed")
+		waitRecomputed(ctx, namespace, "split", 1)
 		var jobs batchv1.JobList
 		Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace), client.HasLabels{"data.strata.dev/recomputation"})).To(Succeed())
 		Expect(jobs.Items).To(HaveExactElements(HaveField("Labels", HaveKeyWithValue("data.strata.dev/completion-index", "1"))))

@@ -636,6 +636,23 @@ func waitLineage(ctx context.Context, namespace, name, reason string) {
 	}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for Lineage %s to be %s", name, reason)
 }
 
+// waitRecomputed waits until the Lineage has made n recomputations and has nothing lost; a
+// Lineage that gives up stops the wait at once.
+func waitRecomputed(ctx context.Context, namespace, name string, n int) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		var l datav1alpha1.Lineage
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &l)).To(Succeed())
+		c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)
+		g.Expect(c).NotTo(BeNil())
+		if c.Reason == "RecomputationLimit" || c.Reason == "RecomputationFailed" {
+			StopTrying(fmt.Sprintf("Lineage %s: %s: %s", name, c.Reason, c.Message)).Now()
+		}
+		g.Expect(l.Status.Recomputations).To(BeEquivalentTo(n))
+		g.Expect(c.Reason).To(Equal("NothingLost"), "%s", c.Message)
+	}).WithContext(ctx).WithTimeout(10*minute).Should(Succeed(), "waiting for %s to be recomputed", name)
+}
+
 // deletePodsUsing deletes the pods of namespace that mount claim, and waits until they are gone.
 func deletePodsUsing(ctx context.Context, namespace, claim string) {
 	GinkgoHelper()

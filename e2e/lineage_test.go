@@ -13,7 +13,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -93,17 +92,7 @@ var _ = Describe("A pipeline that loses the node holding its outputs", Ordered, 
 		// per node, the control plane's included), and the operator runs on the control plane.
 		By("while " + nodes[0] + " is down, each step is recomputed once, parents first, the last at the priority of the waiting pod")
 		for _, s := range steps {
-			Eventually(func(g Gomega) {
-				var l datav1alpha1.Lineage
-				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: s.name}, &l)).To(Succeed())
-				c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)
-				g.Expect(c).NotTo(BeNil())
-				if c.Reason == "RecomputationLimit" || c.Reason == "RecomputationFailed" {
-					StopTrying(fmt.Sprintf("Lineage %s: %s: %s", s.name, c.Reason, c.Message)).Now()
-				}
-				g.Expect(l.Status.Recomputations).To(BeEquivalentTo(1))
-				g.Expect(c.Reason).To(Equal("NothingLost"), "%s", c.Message)
-			}).WithContext(ctx).WithTimeout(10*minute).Should(Succeed(), "waiting for %s to be recomputed", s.name)
+			waitRecomputed(ctx, namespace, s.name, 1)
 		}
 		var jobs batchv1.JobList
 		Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace), client.HasLabels{"data.strata.dev/recomputation"})).To(Succeed())

@@ -11,7 +11,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -125,14 +124,7 @@ var _ = Describe("An unrelated Job while lost data is recomputed", Ordered, Labe
 		sameWait, sameRun := unrelated(ctx, "strata-recompute-lowest")
 
 		By("the preempted recomputation came back as a second, which finished")
-		Eventually(func(g Gomega) {
-			l := &datav1alpha1.Lineage{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "slow"}, l)).To(Succeed())
-			g.Expect(l.Status.Recomputations).To(BeEquivalentTo(2))
-			c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal("NothingLost"), "%s", c.Message)
-		}).WithContext(ctx).WithTimeout(5 * minute).Should(Succeed())
+		waitRecomputed(ctx, namespace, "slow", 2)
 
 		for _, row := range []struct {
 			what      string

@@ -247,17 +247,17 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 	c.cfg.Metrics.pending.Set(float64(pending))
 	now := c.cfg.Now()
 	c.forgetGone(files)
-	var todo []*heldFile
+	var candidates []*heldFile
 	for _, f := range files {
 		switch {
 		case c.isRecorded(f.path, f.token):
 			c.markClean(ctx, store, f)
 		case !c.retryDue(f, now):
 		default:
-			todo = append(todo, f)
+			candidates = append(candidates, f)
 		}
 	}
-	p := c.plan(todo, now)
+	p := c.plan(candidates, now)
 	if p == nil {
 		return false
 	}
