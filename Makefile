@@ -101,7 +101,7 @@ test: manifests generate fmt vet envtest-assets $(MINIO) ## Run unit, envtest an
 BENCH_FILES ?= 1000
 
 .PHONY: bench
-bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compared with (see docs/benchmarks.md); make bench-e2e runs the whole-system one.
+bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compared with (see docs/benchmarks.md); make bench-e2e runs the whole-system ones.
 	STRATA_MINIO="$(MINIO)" go test ./cacheworker/cache/ -run '^$$' -bench BenchmarkDataPath -benchmem -count=3
 	STRATA_MINIO="$(MINIO)" go test ./cacheworker/dataplane/ -run '^$$' -bench BenchmarkPeerRead -benchmem -count=3
 	go test ./cacheworker/shortcircuit/ -run '^$$' -bench . -benchtime 200x
@@ -244,7 +244,7 @@ e2e-smoke: ## Run the short e2e subset that CI runs.
 	$(MAKE) e2e-run E2E_LABELS=smoke E2E_TIMEOUT=$(E2E_SMOKE_TIMEOUT)
 
 .PHONY: bench-e2e
-bench-e2e: ## Run the whole-system read benchmark on Kind (see docs/benchmarks.md).
+bench-e2e: ## Run the whole-system benchmarks on Kind (see docs/benchmarks.md).
 	$(MAKE) e2e-run E2E_LABELS=bench
 
 .PHONY: e2e-run
