@@ -23,6 +23,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 )
 
+// MasterServiceAccountName is the masters' ServiceAccount, created by the chart: the issuer
+// certifies as masters only the pods that run as it.
+const MasterServiceAccountName = "strata-master"
+
 // Ports of a master replica.
 const (
 	MasterRaftPort    = 7000
@@ -46,6 +50,8 @@ type MasterSpec struct {
 	Replicas int32
 	// Resources of each replica.
 	Resources corev1.ResourceRequirements
+	// TLS is how the replicas get their certificates.
+	TLS ComponentTLS
 	// StorageSize, when set, gives each replica a PersistentVolumeClaim of that size (of
 	// StorageClassName, or the cluster's default class when empty); when zero, an emptyDir, so a
 	// rescheduled replica starts empty and rejoins its peers, which send it the state.
@@ -202,6 +208,10 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: s.labels()},
 				Spec: corev1.PodSpec{
+					// Its own account, with no permission and no API token: only the token for
+					// the operator's issuer (ComponentTLS), which certifies it as a master.
+					ServiceAccountName:           MasterServiceAccountName,
+					AutomountServiceAccountToken: ptr.To(false),
 					SecurityContext: &corev1.PodSecurityContext{
 						RunAsNonRoot:   &nonRoot,
 						RunAsUser:      &user,
@@ -228,7 +238,7 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 						ImagePullPolicy: s.ImagePullPolicy,
 						// The flags of cmd/master; the namespace and the replica's id come from POD_NAMESPACE
 						// and POD_NAME.
-						Args: []string{
+						Args: append([]string{
 							"--statefulset",
 							"--service=" + s.PeersServiceName(),
 							fmt.Sprintf("--replicas=%d", s.Replicas),
@@ -236,7 +246,7 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 							fmt.Sprintf("--raft-addr=:%d", MasterRaftPort),
 							fmt.Sprintf("--grpc-addr=:%d", MasterGRPCPort),
 							fmt.Sprintf("--metrics-addr=:%d", MasterMetricsPort),
-						},
+						}, s.TLS.args()...),
 						Env: []corev1.EnvVar{
 							{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 							{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
@@ -261,14 +271,16 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 							ReadOnlyRootFilesystem:   &nonRoot,
 							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 						},
-						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: masterDataDir}},
+						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: masterDataDir}, s.TLS.volumeMount()},
 					}},
 				},
 			},
 		},
 	}
+	sts.Spec.Template.Spec.Volumes = []corev1.Volume{s.TLS.volume()}
 	if s.StorageSize.IsZero() {
-		sts.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+		sts.Spec.Template.Spec.Volumes = append(sts.Spec.Template.Spec.Volumes,
+			corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	} else {
 		claim := corev1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{Name: "data"},

@@ -22,6 +22,7 @@ var testMasterSpec = MasterSpec{
 		Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
 	},
 	Tolerations: []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule}},
+	TLS:         ComponentTLS{CABundle: "strata-ca-bundle", IssuerURL: "https://strata-issuer.strata-system.svc:9444"},
 }
 
 var _ = Describe("The master reconciler", func() {

@@ -28,6 +28,7 @@ var testWorkerSpec = WorkerSpec{
 	Image:           "strata-cache/worker:test",
 	ImagePullPolicy: corev1.PullIfNotPresent,
 	MasterAddresses: testMasterSpec.Addresses(),
+	TLS:             testMasterSpec.TLS,
 }
 
 var _ = Describe("The worker reconciler", func() {

@@ -70,6 +70,8 @@ type WorkerSpec struct {
 	// MasterAddresses are the gRPC addresses of the master replicas the workers register with;
 	// empty when the operator runs no master, and the workers then run without one.
 	MasterAddresses []string
+	// TLS is how the workers get their certificates.
+	TLS ComponentTLS
 }
 
 // WorkerMountsDir is where, on each node, the worker of pool mounts the Datasets it serves; the
@@ -187,6 +189,7 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		"--mounts-dir="+mountsDir,
 		"--block-size="+strconv.FormatInt(blockSize(pool), 10),
 	)
+	args = append(args, s.TLS.args()...)
 	if len(pool.Spec.FileSourceRoots) > 0 {
 		args = append(args, "--file-source-roots="+strings.Join(pool.Spec.FileSourceRoots, ","))
 	}
@@ -206,8 +209,10 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		hostPathVolume("socket", socketDir),
 		hostPathVolume("fdstore", filepath.Dir(fdstore.SocketPath(workerSocketRoot))),
 		hostPathVolume("mounts", mountsDir),
+		s.TLS.volume(),
 	}
 	mounts := []corev1.VolumeMount{
+		s.TLS.volumeMount(),
 		{Name: "tiers", MountPath: workerConfigDir, ReadOnly: true},
 		{Name: "checkpoints", MountPath: workerCheckpointsDir, ReadOnly: true},
 		{Name: "index", MountPath: workerIndexDir},
@@ -257,7 +262,8 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 				Spec: corev1.PodSpec{
 					NodeSelector: pool.Spec.NodeSelector,
 					Tolerations:  pool.Spec.Tolerations,
-					// The workers' own account, with no permission; no token is mounted at all.
+					// The workers' own account, with no permission; no API token is mounted, only
+					// the token for the operator's issuer (ComponentTLS).
 					ServiceAccountName:           WorkerServiceAccountName,
 					DeprecatedServiceAccount:     WorkerServiceAccountName,
 					AutomountServiceAccountToken: ptr.To(false),

@@ -14,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 const masterName = "strata-master"
@@ -51,7 +53,9 @@ var _ = Describe("The master", Ordered, Label("smoke", "master"), func() {
 	})
 
 	It("loses no acknowledged write when the leader's pod is deleted while a client writes", func(ctx SpecContext) {
-		pod := &corev1.Pod{
+		// The soak speaks to the master as a worker would, with a certificate from Strata's CA.
+		issueTestkitCertificate(ctx, namespace, pki.Worker("e2e-testkit", "soak"))
+		pod := withTestkitTLS(&corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "soak-", Namespace: namespace},
 			Spec: corev1.PodSpec{
 				RestartPolicy: corev1.RestartPolicyNever,
@@ -61,7 +65,7 @@ var _ = Describe("The master", Ordered, Label("smoke", "master"), func() {
 						"--dataset", namespace, "--duration", "40s"},
 				}},
 			},
-		}
+		})
 		Expect(k8sClient.Create(ctx, pod)).To(Succeed())
 
 		var leader string

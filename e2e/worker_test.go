@@ -74,11 +74,11 @@ var _ = Describe("The cache workers", Ordered, Label("smoke", "worker"), func() 
 		common := []string{"--master", strings.Join(masterAddresses(3), ","), "--worker", worker, "--block", block}
 
 		By("writing an 8 MiB block from " + reader + " to the worker on " + holder)
-		written := runTestkit(ctx, namespace, reader, append([]string{"worker", "put", "--size", "8388608", "--seed", "11",
+		written := trustedTestkit(ctx, namespace, reader, append([]string{"worker", "put", "--size", "8388608", "--seed", "11",
 			"--dataset", namespace + "-blocks"}, common...)...)
 		Expect(written.Bytes).To(Equal(int64(8 << 20)))
 
-		read := runTestkit(ctx, namespace, reader, append([]string{"worker", "get"}, common...)...)
+		read := trustedTestkit(ctx, namespace, reader, append([]string{"worker", "get"}, common...)...)
 		Expect(read.SHA256).To(Equal(written.SHA256), "the block read back over the pod network differs")
 
 		By("replacing the worker's pod on " + holder)
@@ -93,7 +93,7 @@ var _ = Describe("The cache workers", Ordered, Label("smoke", "worker"), func() 
 
 		// The new pod has a new address; testkit finds it through the master, where the worker
 		// registered again, and the block is still in the node's memory tier.
-		again := runTestkit(ctx, namespace, reader, append([]string{"worker", "get"}, common...)...)
+		again := trustedTestkit(ctx, namespace, reader, append([]string{"worker", "get"}, common...)...)
 		Expect(again.SHA256).To(Equal(written.SHA256), "the block did not survive the worker's restart")
 	})
 })

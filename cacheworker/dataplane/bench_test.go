@@ -50,7 +50,7 @@ func BenchmarkPeerRead(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = store.Close() })
 	srv := grpc.NewServer()
-	workerpb.RegisterWorkerServer(srv, NewServer(store, nil, nil, logr.Discard()))
+	workerpb.RegisterWorkerServer(srv, NewServer(store, nil, 0, nil, logr.Discard()))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -59,7 +59,7 @@ func BenchmarkPeerRead(b *testing.B) {
 	b.Cleanup(srv.Stop)
 	peers := NewPeers()
 	b.Cleanup(func() { _ = peers.Close() })
-	if _, err := peers.WriteBlock(ctx, lis.Addr().String(), &workerpb.WriteBlockHeader{BlockId: "blk", Clean: true}, data); err != nil {
+	if _, err := peers.WriteBlock(ctx, lis.Addr().String(), &workerpb.WriteBlockHeader{BlockId: "blk"}, data); err != nil {
 		b.Fatal(err)
 	}
 

@@ -131,7 +131,7 @@ func (p *Peers) WriteBlock(ctx context.Context, addr string, h *workerpb.WriteBl
 	}
 	hdr := &workerpb.WriteBlockHeader{
 		BlockId: h.GetBlockId(), Size: int64(len(data)), Crc32C: crc32.Checksum(data, castagnoli),
-		Clean: h.GetClean(), Pinned: h.GetPinned(), Origin: h.GetOrigin(),
+		Origin: h.GetOrigin(),
 	}
 	send := func(m *workerpb.WriteBlockRequest) error {
 		// io.EOF means the server has answered already; CloseAndRecv gets the answer.

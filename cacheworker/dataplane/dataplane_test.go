@@ -33,6 +33,9 @@ type worker struct {
 	stored chan tierstore.BlockInfo
 }
 
+// testBlockSize is the pool block size of the test workers.
+const testBlockSize = 8 << 20
+
 func startWorker(t *testing.T, quota int64) *worker {
 	t.Helper()
 	ctx := context.Background()
@@ -51,7 +54,7 @@ func startWorker(t *testing.T, quota int64) *worker {
 	srv := grpc.NewServer()
 	workerpb.RegisterWorkerServer(srv, NewServer(store, func(_ context.Context, info tierstore.BlockInfo) {
 		w.stored <- info
-	}, nil, logr.Discard()))
+	}, testBlockSize, nil, logr.Discard()))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listening: %v", err)
@@ -166,6 +169,9 @@ func TestBadWritesStoreNothing(t *testing.T) {
 		id   string
 		msgs []*workerpb.WriteBlockRequest
 		code codes.Code
+		// msg, when set, is part of the refusal: it tells a refusal of the header from one of
+		// a stream that ends early.
+		msg string
 	}{
 		"bytes that do not match the checksum": {
 			id: "crc", msgs: []*workerpb.WriteBlockRequest{header("crc", int64(len(data)), sum+1), chunk(data)}, code: codes.DataLoss,
@@ -184,6 +190,10 @@ func TestBadWritesStoreNothing(t *testing.T) {
 		"a block id that is a path": {
 			id: "../x", msgs: []*workerpb.WriteBlockRequest{header("../x", 10, 0)}, code: codes.InvalidArgument,
 		},
+		"a block larger than the pool's block size, which would reserve space before any byte": {
+			id: "big", msgs: []*workerpb.WriteBlockRequest{header("big", testBlockSize+1, 0)}, code: codes.InvalidArgument,
+			msg: "the pool's block size",
+		},
 		"a block larger than any tier allows": {
 			id: "huge", msgs: []*workerpb.WriteBlockRequest{header("huge", MaxBlockSize+1, 0)}, code: codes.InvalidArgument,
 		},
@@ -201,6 +211,7 @@ func TestBadWritesStoreNothing(t *testing.T) {
 			}
 			_, err = stream.CloseAndRecv()
 			g.Expect(status.Code(err)).To(Equal(tc.code), "error: %v", err)
+			g.Expect(status.Convert(err).Message()).To(ContainSubstring(tc.msg))
 			_, err = w.store.Info(tc.id)
 			g.Expect(err).To(MatchError(tierstore.ErrNotFound), "a bad write must store nothing")
 			g.Expect(w.store.Stats()[0].Used).To(BeZero(), "a bad write must leave no space reserved")

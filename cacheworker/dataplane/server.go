@@ -22,7 +22,8 @@ import (
 // vanish, well under gRPC's default 4 MiB message limit.
 const ChunkSize = 1 << 20
 
-// MaxBlockSize bounds a written block; the API caps a TierPool's block size at 1 GiB.
+// MaxBlockSize bounds a written block when the server is given no block size; the API caps a
+// TierPool's block size at 1 GiB.
 const MaxBlockSize = 1 << 30
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -45,20 +46,26 @@ type Server struct {
 
 	store  BlockStore
 	stored StoredFunc
-	writes keyedMutex
-	m      *Metrics
-	log    logr.Logger
+	// maxBlock bounds what a write may reserve before its first byte arrives.
+	maxBlock int64
+	writes   keyedMutex
+	m        *Metrics
+	log      logr.Logger
 }
 
-// NewServer returns a server over store. stored may be nil; m may be nil (counts unregistered).
-func NewServer(store BlockStore, stored StoredFunc, m *Metrics, log logr.Logger) *Server {
+// NewServer returns a server over store that takes blocks of up to maxBlock bytes (the pool's
+// block size; MaxBlockSize when 0). stored may be nil; m may be nil (counts unregistered).
+func NewServer(store BlockStore, stored StoredFunc, maxBlock int64, m *Metrics, log logr.Logger) *Server {
+	if maxBlock <= 0 || maxBlock > MaxBlockSize {
+		maxBlock = MaxBlockSize
+	}
 	if m == nil {
 		m = newUnregisteredMetrics()
 	}
 	if stored == nil {
 		stored = func(context.Context, tierstore.BlockInfo) {}
 	}
-	return &Server{store: store, stored: stored, m: m, log: log}
+	return &Server{store: store, stored: stored, maxBlock: maxBlock, m: m, log: log}
 }
 
 // ReadBlock streams a range of a block from the local tiers. A whole-block read is checked
@@ -114,7 +121,7 @@ func (s *Server) ReadBlock(req *workerpb.ReadBlockRequest, stream workerpb.Worke
 	return s.m.done("ReadBlock", nil)
 }
 
-// WriteBlock stores a streamed block. The data is checked against the header's size and
+// WriteBlock stores a streamed block of at most the pool's block size. The data is checked against the header's size and
 // CRC-32C before the tier store commits it: a stream that ends early, runs long or carries other
 // bytes stores nothing.
 func (s *Server) WriteBlock(stream workerpb.Worker_WriteBlockServer) error {
@@ -127,9 +134,9 @@ func (s *Server) WriteBlock(stream workerpb.Worker_WriteBlockServer) error {
 	switch {
 	case h == nil:
 		return s.m.done("WriteBlock", status.Error(codes.InvalidArgument, "the first message of a block write must be its header"))
-	case h.GetSize() < 0 || h.GetSize() > MaxBlockSize:
+	case h.GetSize() < 0 || h.GetSize() > s.maxBlock:
 		return s.m.done("WriteBlock", status.Errorf(codes.InvalidArgument,
-			"block %s: size %d is outside [0, %d]", h.GetBlockId(), h.GetSize(), MaxBlockSize))
+			"block %s: size %d is outside [0, %d], the pool's block size", h.GetBlockId(), h.GetSize(), s.maxBlock))
 	}
 	if err := blockindex.ValidateID(h.GetBlockId()); err != nil {
 		return s.m.done("WriteBlock", status.Error(codes.InvalidArgument, err.Error()))
@@ -145,8 +152,9 @@ func (s *Server) WriteBlock(stream workerpb.Worker_WriteBlockServer) error {
 		}
 	}
 	body := &streamReader{stream: stream, id: h.GetBlockId(), size: h.GetSize(), want: h.GetCrc32C()}
-	info, err := s.store.Put(ctx, h.GetBlockId(), body, h.GetSize(),
-		tierstore.PutOptions{Clean: h.GetClean(), Pinned: h.GetPinned(), Origin: origin})
+	// A copy written by a peer is neither clean nor pinned here: the worker's policies pin it,
+	// and it is clean only once a checkpoint or the under-store is known to hold it.
+	info, err := s.store.Put(ctx, h.GetBlockId(), body, h.GetSize(), tierstore.PutOptions{Origin: origin})
 	if err != nil {
 		var st interface{ GRPCStatus() *status.Status }
 		if errors.As(err, &st) {

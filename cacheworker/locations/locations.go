@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strconv"
 	"sync"
 	"time"
@@ -253,7 +254,9 @@ func (d *Directory) ReadBlock(ctx context.Context, id string) ([]byte, error) {
 		return nil, fmt.Errorf("looking up the copies of block %s: %w", id, err)
 	}
 	var holders []string
+	var recorded string
 	for _, b := range resp.GetBlocks() {
+		recorded = b.GetChecksum()
 		for _, l := range b.GetLocations() {
 			if !l.GetLost() && l.GetWorker() != d.self {
 				holders = append(holders, l.GetWorker())
@@ -275,7 +278,14 @@ func (d *Directory) ReadBlock(ctx context.Context, id string) ([]byte, error) {
 		}
 		data, _, err := d.peers.ReadBlock(ctx, addr, id)
 		if err == nil {
-			return data, nil
+			// The peer's own header vouches for nothing: the copy must be the block the master
+			// recorded when it was committed, or a worker that lies would plant bytes here.
+			if err = checkRecorded(id, data, recorded); err == nil {
+				return data, nil
+			}
+			d.log.Error(err, "a peer sent a block that is not the one the master recorded; trying another copy", "worker", w, "addr", addr)
+			errs = append(errs, fmt.Errorf("worker %s: %w", w, err))
+			continue
 		}
 		if ctx.Err() != nil {
 			return nil, err
@@ -310,4 +320,21 @@ func (d *Directory) addresses(ctx context.Context) (map[string]string, error) {
 	}
 	d.addrs, d.addrsTime = addrs, d.now()
 	return addrs, nil
+}
+
+// ErrChecksumMismatch is returned for a copy from a peer that differs from the block the master
+// recorded.
+var ErrChecksumMismatch = errors.New("copy differs from the block the master recorded")
+
+// checkRecorded compares data with the CRC-32C the master recorded for block id (hex, as
+// CommitRequest writes it). A block the master records no checksum for is refused.
+func checkRecorded(id string, data []byte, recorded string) error {
+	want, err := strconv.ParseUint(recorded, 16, 32)
+	if err != nil {
+		return fmt.Errorf("block %s: %w: the master records no checksum (%q)", id, ErrChecksumMismatch, recorded)
+	}
+	if got := crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli)); got != uint32(want) {
+		return fmt.Errorf("block %s: %w: crc32c %08x, recorded %08x", id, ErrChecksumMismatch, got, want)
+	}
+	return nil
 }

@@ -81,7 +81,7 @@ func startNode(t *testing.T, id string, master *client.Client, under understore.
 	}
 	n := &node{id: id, store: store, srv: grpc.NewServer(), source: &countingSource{RangeReader: under},
 		reg: prometheus.NewRegistry(), cancel: cancel, dir: dir}
-	workerpb.RegisterWorkerServer(n.srv, dataplane.NewServer(store, n.dir.Enqueue, nil, logr.Discard()))
+	workerpb.RegisterWorkerServer(n.srv, dataplane.NewServer(store, n.dir.Enqueue, 0, nil, logr.Discard()))
 	go func() { _ = n.srv.Serve(lis) }()
 
 	n.member, err = membership.New(membership.Config{

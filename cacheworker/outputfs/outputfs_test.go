@@ -78,7 +78,7 @@ func startWorkerIn(t testing.TB, master *client.Client, id string, quota int64, 
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	workerpb.RegisterWorkerServer(srv, dataplane.NewServer(store, nil, nil, logr.Discard()))
+	workerpb.RegisterWorkerServer(srv, dataplane.NewServer(store, nil, 0, nil, logr.Discard()))
 	go func() { _ = srv.Serve(lis) }()
 	if _, err := master.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: id, Address: lis.Addr().String(), Node: id}); err != nil {
 		t.Fatal(err)

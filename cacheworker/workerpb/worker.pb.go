@@ -304,15 +304,11 @@ func (x *ReadBlockResponse) GetData() []byte {
 }
 
 type WriteBlockHeader struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	BlockId string                 `protobuf:"bytes,1,opt,name=block_id,json=blockId,proto3" json:"block_id,omitempty"`
-	Size    int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	Crc32C  uint32                 `protobuf:"varint,3,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
-	// clean: a copy exists elsewhere (the under-store, a checkpoint or a replica), so the worker's
-	// last tier may drop the block without persisting it first.
-	Clean         bool         `protobuf:"varint,4,opt,name=clean,proto3" json:"clean,omitempty"`
-	Pinned        bool         `protobuf:"varint,5,opt,name=pinned,proto3" json:"pinned,omitempty"`
-	Origin        *BlockOrigin `protobuf:"bytes,6,opt,name=origin,proto3" json:"origin,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BlockId       string                 `protobuf:"bytes,1,opt,name=block_id,json=blockId,proto3" json:"block_id,omitempty"`
+	Size          int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Crc32C        uint32                 `protobuf:"varint,3,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	Origin        *BlockOrigin           `protobuf:"bytes,6,opt,name=origin,proto3" json:"origin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,20 +362,6 @@ func (x *WriteBlockHeader) GetCrc32C() uint32 {
 		return x.Crc32C
 	}
 	return 0
-}
-
-func (x *WriteBlockHeader) GetClean() bool {
-	if x != nil {
-		return x.Clean
-	}
-	return false
-}
-
-func (x *WriteBlockHeader) GetPinned() bool {
-	if x != nil {
-		return x.Pinned
-	}
-	return false
 }
 
 func (x *WriteBlockHeader) GetOrigin() *BlockOrigin {
@@ -829,14 +811,12 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x06length\x18\x03 \x01(\x03R\x06length\"^\n" +
 	"\x11ReadBlockResponse\x125\n" +
 	"\x06header\x18\x01 \x01(\v2\x1d.strata.worker.v1.BlockHeaderR\x06header\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\xbe\x01\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xab\x01\n" +
 	"\x10WriteBlockHeader\x12\x19\n" +
 	"\bblock_id\x18\x01 \x01(\tR\ablockId\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
-	"\x06crc32c\x18\x03 \x01(\rR\x06crc32c\x12\x14\n" +
-	"\x05clean\x18\x04 \x01(\bR\x05clean\x12\x16\n" +
-	"\x06pinned\x18\x05 \x01(\bR\x06pinned\x125\n" +
-	"\x06origin\x18\x06 \x01(\v2\x1d.strata.worker.v1.BlockOriginR\x06origin\"o\n" +
+	"\x06crc32c\x18\x03 \x01(\rR\x06crc32c\x125\n" +
+	"\x06origin\x18\x06 \x01(\v2\x1d.strata.worker.v1.BlockOriginR\x06originJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06R\x05cleanR\x06pinned\"o\n" +
 	"\x11WriteBlockRequest\x12<\n" +
 	"\x06header\x18\x01 \x01(\v2\".strata.worker.v1.WriteBlockHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +

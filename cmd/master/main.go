@@ -20,7 +20,9 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/strata-cache/strata/internal/authz"
 	"github.com/strata-cache/strata/internal/daemon"
+	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/cluster"
 	"github.com/strata-cache/strata/master/liveness"
@@ -46,11 +48,20 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	log.Info("starting", "id", opts.id, "raftAdvertise", topo.raftAdvertise, "grpcAdvertise", topo.grpcAdvertise,
 		"peers", topo.peers, "mayBootstrap", topo.mayBootstrap)
 
+	creds, renewer, err := opts.tls.Load(ctx, log.WithName("tls"))
+	if err != nil {
+		return err
+	}
+	if id := creds.Identity(); id != pki.Master(opts.id) {
+		return fmt.Errorf("the certificate is for %s, not for master %s (--id)", id, opts.id)
+	}
+
 	st, err := store.Open(store.Config{
 		ID:                opts.id,
 		Dir:               filepath.Clean(opts.dataDir),
 		RaftBind:          opts.raftAddr,
 		RaftAdvertise:     topo.raftAdvertise,
+		RaftTLS:           &store.RaftTLS{Server: creds.ServerConfig(pki.RoleMaster), Client: creds.ClientConfig(pki.RoleMaster)},
 		APIAddr:           topo.grpcAdvertise,
 		HeartbeatTimeout:  opts.heartbeatTimeout,
 		ElectionTimeout:   opts.electionTimeout,
@@ -79,7 +90,13 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening for gRPC on %s: %w", opts.grpcAddr, err)
 	}
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(rpcMetrics.UnaryInterceptor()))
+	authorizer, err := authz.New("master", server.Policy, reg, log.WithName("authz"))
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer(append(daemon.ServerLimits(), creds.ServerOption(),
+		grpc.ChainUnaryInterceptor(rpcMetrics.UnaryInterceptor(), authorizer.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(authorizer.StreamInterceptor()))...)
 	masterpb.RegisterMasterServer(gs, server.New(st, log.WithName("grpc")))
 
 	var ready atomic.Bool
@@ -98,6 +115,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	hs := &http.Server{Addr: opts.metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
 	g, gctx := errgroup.WithContext(ctx)
+	if renewer != nil {
+		g.Go(func() error { renewer.Run(gctx); return nil })
+	}
 	g.Go(func() error {
 		if err := gs.Serve(lis); err != nil {
 			return fmt.Errorf("serving gRPC: %w", err)
@@ -112,7 +132,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	})
 	g.Go(func() error {
 		// The gRPC server is up first: peers probe this replica while it decides how to start.
-		peers, err := client.New(append(topo.peers, topo.grpcAdvertise), client.Options{Logger: log.WithName("peers")})
+		peers, err := client.New(append(topo.peers, topo.grpcAdvertise), client.Options{
+			Logger: log.WithName("peers"), DialOptions: []grpc.DialOption{creds.DialOption(pki.RoleMaster)},
+		})
 		if err != nil {
 			return err
 		}

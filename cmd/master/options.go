@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/liveness"
 	"github.com/strata-cache/strata/master/store"
 )
@@ -23,6 +24,9 @@ type options struct {
 	grpcAddr      string
 	grpcAdvertise string
 	metricsAddr   string
+	// tls is where the replica's certificate comes from: every connection, gRPC and Raft, is
+	// mutual TLS.
+	tls pki.Flags
 
 	bootstrap bool
 	join      string
@@ -52,6 +56,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.grpcAddr, "grpc-addr", ":7001", "Address the gRPC API listens on.")
 	fs.StringVar(&o.grpcAdvertise, "grpc-advertise", "", "gRPC address clients are redirected to; derived in --statefulset mode.")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "Address of /metrics, /healthz and /readyz.")
+	o.tls.Bind(fs)
 	fs.BoolVar(&o.bootstrap, "bootstrap", false, "Outside a StatefulSet: this replica may create a new cluster when none of --join belongs to one.")
 	fs.StringVar(&o.join, "join", "", "Outside a StatefulSet: comma-separated gRPC addresses of the other replicas.")
 	fs.BoolVar(&o.statefulSet, "statefulset", false, "Derive peers and addresses from the pod name (<set>-<ordinal>) and --service; ordinal 0 may bootstrap.")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -32,6 +33,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/controllers"
 	"github.com/strata-cache/strata/controllers/scheduling"
+	"github.com/strata-cache/strata/internal/pki"
 	masterclient "github.com/strata-cache/strata/master/client"
 )
 
@@ -62,6 +64,18 @@ type options struct {
 	// webhookCertDir holds the Dataset locality webhook's certificate; empty serves none.
 	webhookCertDir string
 	webhookPort    int
+	identity       identityOptions
+}
+
+// identityOptions describe Strata's internal CA and the issuer that certifies components.
+type identityOptions struct {
+	caSecret string
+	caBundle string
+	// issuerAddr is where the issuer listens; issuerService is the Service components reach it
+	// through, which its certificate names.
+	issuerAddr    string
+	issuerService string
+	issuerPort    int
 }
 
 // workerOptions describe the workers' DaemonSets, one per TierPool; the chart's worker.* values
@@ -121,6 +135,15 @@ func main() {
 		"PriorityClass recomputation Jobs start at; they inherit a higher one from the pods that wait for lost data.")
 	flag.DurationVar(&opts.nodeLossGrace, "node-loss-grace", controllers.DefaultNodeLossGrace,
 		"How long a Node must be NotReady before the master declares its workers lost.")
+	flag.StringVar(&opts.identity.caSecret, "ca-secret", "strata-ca",
+		"Secret of the operator's namespace holding Strata's internal CA; made on first start.")
+	flag.StringVar(&opts.identity.caBundle, "ca-bundle", "strata-ca-bundle",
+		"ConfigMap of the operator's namespace the CA certificate is written to, which components mount to trust it.")
+	flag.StringVar(&opts.identity.issuerAddr, "issuer-bind-address", ":9444",
+		"Address the certificate issuer listens on (HTTPS).")
+	flag.StringVar(&opts.identity.issuerService, "issuer-service", "strata-issuer",
+		"Service of the operator's namespace through which components reach the issuer.")
+	flag.IntVar(&opts.identity.issuerPort, "issuer-port", 9444, "Port of the issuer's Service.")
 	opts.zap.BindFlags(flag.CommandLine)
 	flag.Parse()
 
@@ -146,6 +169,16 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
+	ctx := ctrl.SetupSignalHandler()
+	// The CA and the operator's own certificate come first: nothing it runs can speak without.
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("creating the API client: %w", err)
+	}
+	ids, err := opts.identity.start(ctx, direct, opts.namespace)
+	if err != nil {
+		return err
+	}
 	masterSpec, err := opts.masterSpec()
 	if err != nil {
 		return err
@@ -153,6 +186,10 @@ func run(opts options) error {
 	workerSpec, err := opts.workerSpec(masterSpec)
 	if err != nil {
 		return err
+	}
+	workerSpec.TLS = ids.componentTLS
+	if masterSpec != nil {
+		masterSpec.TLS = ids.componentTLS
 	}
 
 	claimServers := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/component": controllers.ClaimServerComponent})
@@ -183,6 +220,9 @@ func run(opts options) error {
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
+	}
+	if err := ids.addTo(mgr, masterSpec); err != nil {
+		return err
 	}
 
 	pools := &controllers.TierPoolReconciler{
@@ -224,7 +264,9 @@ func run(opts options) error {
 		if err := (&controllers.MasterReconciler{Client: mgr.GetClient(), Spec: *masterSpec}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the master controller: %w", err)
 		}
-		masters, err := masterclient.New(masterSpec.Addresses(), masterclient.Options{Logger: ctrl.Log.WithName("master-client")})
+		masters, err := masterclient.New(masterSpec.Addresses(), masterclient.Options{
+			Logger: ctrl.Log.WithName("master-client"), DialOptions: []grpc.DialOption{ids.creds.DialOption(pki.RoleMaster)},
+		})
 		if err != nil {
 			return fmt.Errorf("creating the master client: %w", err)
 		}
@@ -284,7 +326,7 @@ func run(opts options) error {
 
 	ctrl.Log.WithName("setup").Info("starting manager", "leaderElect", opts.leaderElect,
 		"leaderElectionNamespace", opts.leaderElectionNamespace)
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil

@@ -41,9 +41,11 @@ import (
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/warmup"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/authz"
 	"github.com/strata-cache/strata/internal/daemon"
 	"github.com/strata-cache/strata/internal/fdstore"
 	"github.com/strata-cache/strata/internal/periodic"
+	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/internal/unixsock"
 	masterclient "github.com/strata-cache/strata/master/client"
 )
@@ -101,17 +103,33 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	creds, renewer, err := opts.tls.Load(ctx, log.WithName("tls"))
+	if err != nil {
+		return err
+	}
+	// The certificate is the worker's word at the master and to its peers: it must be this
+	// pool's worker on this node, or the worker would speak for another.
+	if cert := creds.Identity(); id.id != "" && cert.WorkerID() != id.id {
+		return fmt.Errorf("the certificate is for %s, not for worker %s (--worker-id, or --pool and --node-name)", cert, id.id)
+	}
+	authorizer, err := authz.New("worker", dataplane.Policy, reg, log.WithName("authz"))
+	if err != nil {
+		return err
+	}
+
 	// Without a master the worker serves its blocks but reports nothing: enough for a single
 	// node, and for tests. With one, the directory exists before the store opens, so that the
 	// store can tell it of every block that leaves.
 	var dir *locations.Directory
 	var masters *masterclient.Client
 	if len(id.masters) > 0 {
-		if masters, err = masterclient.New(id.masters, masterclient.Options{Logger: log.WithName("master-client")}); err != nil {
+		if masters, err = masterclient.New(id.masters, masterclient.Options{
+			Logger: log.WithName("master-client"), DialOptions: []grpc.DialOption{creds.DialOption(pki.RoleMaster)},
+		}); err != nil {
 			return fmt.Errorf("creating the master client: %w", err)
 		}
 		defer func() { _ = masters.Close() }()
-		peers := dataplane.NewPeers()
+		peers := dataplane.NewPeers(creds.DialOption(pki.RoleWorker))
 		defer func() { _ = peers.Close() }()
 		dir = locations.NewDirectory(masters, peers, id.id, log.WithName("locations"))
 		cfg.OnRemove = func(info tierstore.BlockInfo) {
@@ -157,6 +175,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return store.Run(gctx) })
+	if renewer != nil {
+		g.Go(func() error { renewer.Run(gctx); return nil })
+	}
 
 	var stored dataplane.StoredFunc
 	var peerReader cache.PeerReader
@@ -189,8 +210,8 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s for the data plane: %w", opts.dataAddr, err)
 	}
-	grpcSrv := grpc.NewServer()
-	workerpb.RegisterWorkerServer(grpcSrv, dataplane.NewServer(store, stored, dpMetrics, log.WithName("dataplane")))
+	grpcSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()), authorizer.ServerOptions()...)...)
+	workerpb.RegisterWorkerServer(grpcSrv, dataplane.NewServer(store, stored, opts.blockSize, dpMetrics, log.WithName("dataplane")))
 	g.Go(func() error {
 		if err := grpcSrv.Serve(dataLis); err != nil {
 			return fmt.Errorf("serving the data plane: %w", err)

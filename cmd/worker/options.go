@@ -15,6 +15,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/eviction"
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 // options are the command-line flags, turned into the store's configuration once by resolve.
@@ -36,6 +37,9 @@ type options struct {
 	mountsDir     string
 	blockSize     int64
 	fileRoots     string
+	// tls is where the worker's certificate comes from: its data plane and its calls to the
+	// master and to peers are mutual TLS.
+	tls pki.Flags
 
 	tiersFile          string
 	indexDir           string
@@ -48,6 +52,7 @@ type options struct {
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
+	o.tls.Bind(fs)
 	fs.StringVar(&o.workerID, "worker-id", "",
 		"Unique id of this worker at the master, such as <pool>/<node>; defaults to <pool>/<node-name>.")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "Name of the Kubernetes Node this worker runs on; defaults to $NODE_NAME.")

@@ -9,6 +9,10 @@
 //	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
 //	testkit worker put --master m-0:7001 --worker default/node-a --block b1 --size 8388608 --seed 7 --dataset e2e
 //	testkit worker get --master m-0:7001 --worker default/node-a --block b1
+//	testkit attack --master m-0:7001 --worker default/node-a --worker-addr 10.0.1.5:7100 --block b1 --dataset ns/d
+//
+// The master and worker commands take --ca-file, --cert-file and --key-file to speak mutual TLS
+// with a certificate the test issued, or --forge URI for one from a CA of testkit's own.
 //
 // Credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Each command prints one JSON
 // line per object or file, {"bucket":…,"key":…,"bytes":…,"sha256":…}, that the test compares;
@@ -60,7 +64,8 @@ func main() {
 
 const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N]" +
 	" | testkit sum [--rate N] [--summary] DIR | testkit copy [--rate N] SRC DST | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
-	" | testkit worker put|get --master ADDRS --worker ID --block ID [--size BYTES --seed N --dataset NAME]"
+	" | testkit worker put|get --master ADDRS --worker ID --block ID [--size BYTES --seed N --dataset NAME]" +
+	" | testkit attack --master ADDRS --worker ID --worker-addr ADDR --block ID --dataset NAME"
 
 func run(args []string) error {
 	if len(args) >= 2 && args[0] == "sum" {
@@ -71,6 +76,9 @@ func run(args []string) error {
 	}
 	if len(args) >= 2 && args[0] == "master" && args[1] == "soak" {
 		return masterSoak(args[2:], json.NewEncoder(os.Stdout))
+	}
+	if len(args) >= 1 && args[0] == "attack" {
+		return attack(args[1:], json.NewEncoder(os.Stdout))
 	}
 	if len(args) >= 2 && args[0] == "worker" && (args[1] == "put" || args[1] == "get") {
 		return workerBlock(args[1], args[2:], json.NewEncoder(os.Stdout))

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -35,6 +36,8 @@ func masterSoak(args []string, out *json.Encoder) error {
 	addrs := flags.String("addrs", "", "comma-separated gRPC addresses of the master replicas")
 	duration := flags.Duration("duration", 30*time.Second, "how long to write")
 	dataset := flags.String("dataset", "", "dataset (and root folder) to create files in; registered if absent")
+	var tlsf tlsFlags
+	tlsf.bind(flags)
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -44,7 +47,11 @@ func masterSoak(args []string, out *json.Encoder) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *duration+2*time.Minute)
 	defer cancel()
 
-	c, err := client.New(strings.Split(*addrs, ","), client.Options{})
+	toMaster, err := tlsf.dialOptions(ctx, pki.RoleMaster)
+	if err != nil {
+		return err
+	}
+	c, err := client.New(strings.Split(*addrs, ","), client.Options{DialOptions: toMaster})
 	if err != nil {
 		return err
 	}

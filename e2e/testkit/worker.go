@@ -16,6 +16,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -47,6 +48,8 @@ func workerBlock(verb string, args []string, out *json.Encoder) error {
 	seed := flags.Uint64("seed", 1, "seed of the pseudo-random content to put")
 	dataset := flags.String("dataset", "", "dataset the block's file belongs to (put)")
 	timeout := flags.Duration("timeout", 2*time.Minute, "give up after this long")
+	var tlsf tlsFlags
+	tlsf.bind(flags)
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -55,7 +58,15 @@ func workerBlock(verb string, args []string, out *json.Encoder) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	mc, err := client.New(strings.Split(*masters, ","), client.Options{})
+	toMaster, err := tlsf.dialOptions(ctx, pki.RoleMaster)
+	if err != nil {
+		return err
+	}
+	toWorker, err := tlsf.dialOptions(ctx, pki.RoleWorker)
+	if err != nil {
+		return err
+	}
+	mc, err := client.New(strings.Split(*masters, ","), client.Options{DialOptions: toMaster})
 	if err != nil {
 		return err
 	}
@@ -64,7 +75,7 @@ func workerBlock(verb string, args []string, out *json.Encoder) error {
 	if err != nil {
 		return err
 	}
-	peers := dataplane.NewPeers()
+	peers := dataplane.NewPeers(toWorker...)
 	defer func() { _ = peers.Close() }()
 
 	res := blockResult{Worker: *worker, Addr: addr, Block: *block}

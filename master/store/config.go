@@ -25,6 +25,8 @@ type Config struct {
 	// APIAddr is this server's gRPC address as clients reach it; followers redirect clients to
 	// the leader's.
 	APIAddr string
+	// RaftTLS, when set, secures the TCP transport: mutual TLS with masters' certificates.
+	RaftTLS *RaftTLS
 	// Transport replaces the TCP transport (tests use raft.InmemTransport). RaftBind and
 	// RaftAdvertise are then ignored.
 	Transport raft.Transport

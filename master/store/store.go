@@ -111,7 +111,7 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if cfg.Transport != nil {
 		s.trans = cfg.Transport
-	} else if s.trans, err = newTCPTransport(cfg.RaftBind, cfg.RaftAdvertise, hlog.Named("transport")); err != nil {
+	} else if s.trans, err = newTCPTransport(cfg.RaftBind, cfg.RaftAdvertise, cfg.RaftTLS, hlog.Named("transport")); err != nil {
 		return nil, err
 	}
 

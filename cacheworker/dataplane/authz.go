@@ -1,0 +1,14 @@
+package dataplane
+
+import (
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/authz"
+	"github.com/strata-cache/strata/internal/pki"
+)
+
+// Policy says which component may call each method of the data plane: workers, which read and
+// copy each other's blocks. A tenant's pod holds no certificate and reads through its mount.
+var Policy = authz.Policy{
+	workerpb.Worker_ReadBlock_FullMethodName:  authz.Allow(pki.RoleWorker),
+	workerpb.Worker_WriteBlock_FullMethodName: authz.Allow(pki.RoleWorker),
+}

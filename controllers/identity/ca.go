@@ -1,0 +1,80 @@
+package identity
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/strata-cache/strata/internal/pki"
+)
+
+// Keys of the CA Secret (kubernetes.io/tls) and of the bundle ConfigMap.
+const (
+	BundleKey = "ca.crt"
+)
+
+// EnsureCA returns the CA kept in the Secret secretName of namespace, creating both on the
+// first start, and writes its certificate into the ConfigMap bundleName that every component
+// mounts to trust it. Operator replicas that start together agree: the Secret's creation
+// decides, and a replica that loses the race reads the winner's CA.
+func EnsureCA(ctx context.Context, c client.Client, namespace, secretName, bundleName string) (*pki.CA, error) {
+	ca, err := readOrCreateCA(ctx, c, namespace, secretName)
+	if err != nil {
+		return nil, err
+	}
+	bundle := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: bundleName, Namespace: namespace}}
+	err = c.Get(ctx, client.ObjectKeyFromObject(bundle), bundle)
+	switch {
+	case apierrors.IsNotFound(err):
+		bundle.Data = map[string]string{BundleKey: string(ca.CertPEM)}
+		if err := c.Create(ctx, bundle); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating the CA bundle ConfigMap %s/%s: %w", namespace, bundleName, err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("reading the CA bundle ConfigMap %s/%s: %w", namespace, bundleName, err)
+	case bundle.Data[BundleKey] != string(ca.CertPEM):
+		bundle.Data = map[string]string{BundleKey: string(ca.CertPEM)}
+		if err := c.Update(ctx, bundle); err != nil {
+			return nil, fmt.Errorf("updating the CA bundle ConfigMap %s/%s: %w", namespace, bundleName, err)
+		}
+	}
+	return ca, nil
+}
+
+func readOrCreateCA(ctx context.Context, c client.Client, namespace, name string) (*pki.CA, error) {
+	key := client.ObjectKey{Namespace: namespace, Name: name}
+	var secret corev1.Secret
+	err := c.Get(ctx, key, &secret)
+	if apierrors.IsNotFound(err) {
+		ca, err := pki.NewCA("Strata internal CA ("+namespace+")", time.Now())
+		if err != nil {
+			return nil, err
+		}
+		secret = corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{
+				"app.kubernetes.io/part-of": "strata", "app.kubernetes.io/component": "ca",
+			}},
+			Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM},
+		}
+		if err := c.Create(ctx, &secret); err == nil {
+			return ca, nil
+		} else if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating the CA Secret %s: %w", key, err)
+		}
+		err = c.Get(ctx, key, &secret)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA Secret %s: %w", key, err)
+	}
+	ca, err := pki.ParseCA(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("the CA Secret %s: %w (delete it to have a new CA made, and restart Strata's pods)", key, err)
+	}
+	return ca, nil
+}

@@ -1,0 +1,108 @@
+package controllers
+
+import (
+	"context"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/strata-cache/strata/controllers/identity"
+	"github.com/strata-cache/strata/internal/pki"
+)
+
+var _ = Describe("The certificate issuer's attester", func() {
+	const system = "strata-system"
+	attester := &identity.PodAttester{Namespace: system, Components: []identity.Component{
+		identity.Worker(WorkerServiceAccountName), identity.Master(MasterServiceAccountName, "strata-master"),
+	}}
+
+	// pod runs as sa in namespace with the component labels, scheduled on node-a at ip.
+	pod := func(ctx context.Context, namespace, sa string, labels map[string]string, ip string) *corev1.Pod {
+		GinkgoHelper()
+		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, &corev1.ServiceAccount{
+			ObjectMeta: metav1.ObjectMeta{Name: sa, Namespace: namespace},
+		}))).To(Succeed())
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "component-", Namespace: namespace, Labels: labels},
+			Spec: corev1.PodSpec{
+				ServiceAccountName: sa, NodeName: "node-a", Subdomain: "strata-master-peers",
+				Containers: []corev1.Container{{Name: "c", Image: "strata-cache/worker:test"}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		p.Status.PodIP, p.Status.PodIPs = ip, []corev1.PodIP{{IP: ip}}
+		Expect(k8sClient.Status().Update(ctx, p)).To(Succeed())
+		return p
+	}
+	// token is what the kubelet projects into p: a token of its ServiceAccount bound to it.
+	token := func(ctx context.Context, p *corev1.Pod, audience string) string {
+		GinkgoHelper()
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: p.Spec.ServiceAccountName, Namespace: p.Namespace}}
+		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+			Audiences:      []string{audience},
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+		}}
+		Expect(k8sClient.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
+		return tr.Status.Token
+	}
+	workerLabels := map[string]string{"app.kubernetes.io/name": "strata-worker", "app.kubernetes.io/instance": "fast"}
+
+	BeforeEach(func(ctx SpecContext) {
+		attester.Client = k8sClient
+		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: system}}))).To(Succeed())
+	})
+
+	It("certifies a worker pod as its pool's worker on its node, at its IP", func(ctx SpecContext) {
+		p := pod(ctx, system, WorkerServiceAccountName, workerLabels, "10.1.2.3")
+		leaf, err := attester.Attest(ctx, token(ctx, p, identity.Audience))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(leaf.Identity).To(Equal(pki.Worker("fast", "node-a")))
+		Expect(leaf.IPs).To(HaveLen(1))
+		Expect(leaf.IPs[0].String()).To(Equal("10.1.2.3"))
+	})
+
+	It("certifies a master pod for the names of its headless Service", func(ctx SpecContext) {
+		p := pod(ctx, system, MasterServiceAccountName, map[string]string{"app.kubernetes.io/name": "strata-master"}, "10.1.2.4")
+		leaf, err := attester.Attest(ctx, token(ctx, p, identity.Audience))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(leaf.Identity).To(Equal(pki.Master(p.Name)))
+		Expect(leaf.DNSNames).To(ContainElement(p.Name + ".strata-master-peers." + system + ".svc.cluster.local"))
+	})
+
+	It("refuses a token made for another audience, such as the API server's", func(ctx SpecContext) {
+		p := pod(ctx, system, WorkerServiceAccountName, workerLabels, "10.1.2.5")
+		_, err := attester.Attest(ctx, token(ctx, p, "https://kubernetes.default.svc"))
+		Expect(err).To(MatchError(pki.ErrNotAttested))
+	})
+
+	It("refuses a pod of a tenant's namespace that copies the workers' labels and account name", func(ctx SpecContext) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "tenant-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		p := pod(ctx, ns.Name, WorkerServiceAccountName, workerLabels, "10.1.2.6")
+		_, err := attester.Attest(ctx, token(ctx, p, identity.Audience))
+		Expect(err).To(MatchError(ContainSubstring("is not a ServiceAccount of namespace " + system)))
+		Expect(err).To(MatchError(pki.ErrNotAttested))
+	})
+
+	It("refuses a pod of the release namespace that runs as another account", func(ctx SpecContext) {
+		p := pod(ctx, system, "default", workerLabels, "10.1.2.7")
+		_, err := attester.Attest(ctx, token(ctx, p, identity.Audience))
+		Expect(err).To(MatchError(pki.ErrNotAttested))
+	})
+
+	It("refuses the token of a pod that is gone", func(ctx SpecContext) {
+		p := pod(ctx, system, WorkerServiceAccountName, workerLabels, "10.1.2.8")
+		tok := token(ctx, p, identity.Audience)
+		Expect(k8sClient.Delete(ctx, p, client.GracePeriodSeconds(0))).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{}))
+		}).WithContext(ctx).Should(BeTrue(), "waiting for the pod to be gone")
+		_, err := attester.Attest(ctx, tok)
+		Expect(err).To(MatchError(pki.ErrNotAttested))
+	})
+})

@@ -1,0 +1,81 @@
+// Package pkitest issues certificates for tests: a CA of the test's own, and credentials for
+// any identity, valid for the loopback names that test servers listen on.
+package pkitest
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/strata-cache/strata/internal/pki"
+)
+
+// Authority is a test CA.
+type Authority struct {
+	CA *pki.CA
+}
+
+// New makes a CA.
+func New(tb testing.TB) *Authority {
+	tb.Helper()
+	ca, err := pki.NewCA("test CA", time.Now())
+	if err != nil {
+		tb.Fatalf("making a test CA: %v", err)
+	}
+	return &Authority{CA: ca}
+}
+
+// Credentials are credentials for id that trust this CA, valid for localhost and 127.0.0.1.
+func (a *Authority) Credentials(tb testing.TB, id pki.Identity) *pki.Credentials {
+	tb.Helper()
+	return a.CredentialsTrusting(tb, id, a)
+}
+
+// CredentialsTrusting are credentials for id signed by this CA that trust the CA of trust: a
+// component of another installation, for a test that it is refused.
+func (a *Authority) CredentialsTrusting(tb testing.TB, id pki.Identity, trust *Authority) *pki.Credentials {
+	tb.Helper()
+	cert, key := a.Issue(tb, id)
+	creds := pki.NewCredentials(trust.CA.Pool())
+	if trust != a {
+		// Set checks the certificate against the trusted CA; this one is meant not to pass.
+		creds = pki.NewCredentials(poolOf(a, trust))
+	}
+	if err := creds.Set(cert, key); err != nil {
+		tb.Fatalf("installing the certificate of %s: %v", id, err)
+	}
+	return creds
+}
+
+// Issue returns a certificate for id and its key, PEM-encoded.
+func (a *Authority) Issue(tb testing.TB, id pki.Identity) (certPEM, keyPEM []byte) {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	certPEM, err = a.CA.Issue(key.Public(), pki.Leaf{
+		Identity: id, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+	}, time.Now())
+	if err != nil {
+		tb.Fatalf("issuing a certificate for %s: %v", id, err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+func poolOf(as ...*Authority) *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, a := range as {
+		p.AddCert(a.CA.Cert)
+	}
+	return p
+}
