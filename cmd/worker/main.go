@@ -299,7 +299,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		if err != nil {
 			return fmt.Errorf("listening for the CSI plugin's mount requests: %w", err)
 		}
-		mountSrv := grpc.NewServer()
+		mountSrv := grpc.NewServer(daemon.ServerLimits()...)
 		workerpb.RegisterMounterServer(mountSrv, mounts)
 		g.Go(func() error {
 			if err := mountSrv.Serve(mountLis); err != nil {
