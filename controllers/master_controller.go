@@ -211,6 +211,7 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 					// Its own account, with no permission and no API token: only the token for
 					// the operator's issuer (ComponentTLS), which certifies it as a master.
 					ServiceAccountName:           MasterServiceAccountName,
+					DeprecatedServiceAccount:     MasterServiceAccountName,
 					AutomountServiceAccountToken: ptr.To(false),
 					SecurityContext: &corev1.PodSecurityContext{
 						RunAsNonRoot:   &nonRoot,

@@ -243,8 +243,15 @@ var _ = Describe("The worker reconciler", func() {
 				"--fd-store-socket=/run/strata/fdstore/fdstore.sock",
 				"--mounts-dir=/var/lib/strata-worker/" + pool.Name + "/mounts",
 				"--block-size=67108864",
+				"--ca-file=/var/run/strata/identity/ca.crt",
+				"--issuer=" + testMasterSpec.TLS.IssuerURL,
+				"--token-file=/var/run/strata/identity/token",
 				"--file-source-roots=/srv/datasets",
 			}))
+			// The token the worker proves itself with is for the issuer alone.
+			volumes := getDaemonSet(g).Spec.Template.Spec.Volumes
+			g.Expect(volumes).To(ContainElement(HaveField("VolumeSource.Projected.Sources", ContainElement(
+				HaveField("ServiceAccountToken.Audience", "issuer.strata.dev")))))
 			g.Expect(worker.Env).To(ConsistOf(
 				fieldEnvMatcher("NODE_NAME", "spec.nodeName"),
 				fieldEnvMatcher("POD_IP", "status.podIP"),

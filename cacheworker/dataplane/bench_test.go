@@ -15,7 +15,10 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/authz"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 )
 
 const benchBlockSize = 4 << 20
@@ -24,7 +27,9 @@ const benchBlockSize = 4 << 20
 // loopback, checked against its CRC-32C on both ends) beside what it replaces and what bounds it,
 // in one run:
 //
-//   - peer/grpc: ReadBlock from another worker's MEM tier on tmpfs;
+//   - peer/grpc: ReadBlock from another worker's MEM tier on tmpfs, in plaintext;
+//   - peer/grpc-mtls: the same over mutual TLS 1.3 with the data plane's authorization, as
+//     workers read each other's blocks in a cluster;
 //   - local/tier-get: the same block read in-process from the local tier (a hit);
 //   - under-store/minio-go: the same bytes as a ranged GetObject from MinIO, what a miss costs
 //     when no peer holds the block.
@@ -67,6 +72,29 @@ func BenchmarkPeerRead(b *testing.B) {
 		b.SetBytes(benchBlockSize)
 		for b.Loop() {
 			if _, _, err := peers.ReadBlock(ctx, lis.Addr().String(), "blk"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	ca := pkitest.New(b)
+	authorizer, err := authz.New("bench", Policy, nil, logr.Discard())
+	if err != nil {
+		b.Fatal(err)
+	}
+	tlsSrv := grpc.NewServer(append([]grpc.ServerOption{ca.Credentials(b, pki.Worker("p", "a")).ServerOption()}, authorizer.ServerOptions()...)...)
+	workerpb.RegisterWorkerServer(tlsSrv, NewServer(store, nil, 0, nil, logr.Discard()))
+	tlsLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = tlsSrv.Serve(tlsLis) }()
+	b.Cleanup(tlsSrv.Stop)
+	tlsPeers := NewPeers(ca.Credentials(b, pki.Worker("p", "b")).DialOption(pki.RoleWorker))
+	b.Cleanup(func() { _ = tlsPeers.Close() })
+	b.Run("peer/grpc-mtls", func(b *testing.B) {
+		b.SetBytes(benchBlockSize)
+		for b.Loop() {
+			if _, _, err := tlsPeers.ReadBlock(ctx, tlsLis.Addr().String(), "blk"); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -23,6 +23,8 @@ import (
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fusetest"
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/mastertest"
 )
@@ -147,6 +149,46 @@ func TestResolveIdentity(t *testing.T) {
 }
 
 // freeAddr returns a loopback address nobody listens on.
+// certificateFiles writes the CA, a certificate for id and its key to files, as flags name them.
+func certificateFiles(t *testing.T, ca *pkitest.Authority, id pki.Identity) pki.Flags {
+	t.Helper()
+	dir := t.TempDir()
+	cert, key := ca.Issue(t, id)
+	f := pki.Flags{CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
+	for path, b := range map[string][]byte{f.CAFile: ca.CA.CertPEM, f.CertFile: cert, f.KeyFile: key} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// TestRunRefusesACertificateOfAnotherWorker: a worker whose certificate names another pool or
+// node would speak for that worker at the master; it does not start.
+func TestRunRefusesACertificateOfAnotherWorker(t *testing.T) {
+	ca := pkitest.New(t)
+	dir := t.TempDir()
+	tiers := "- name: mem\n  medium: MEM\n  paths: [" + filepath.Join(dir, "mem") + "]\n  quota: 64Mi\n"
+	o := options{indexDir: filepath.Join(dir, "index"), eviction: "LRU", promotionThreshold: 3, shutdownTimeout: 5 * time.Second,
+		tiersFile: filepath.Join(dir, "tiers.yaml"), metricsAddr: freeAddr(t), dataAddr: freeAddr(t),
+		masterAddrs: "127.0.0.1:1", pool: "default", nodeName: "node-a"}
+	o.advertiseAddr = o.dataAddr
+	if err := os.WriteFile(o.tiersFile, []byte(tiers), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, id := range map[string]pki.Identity{
+		"another node's worker": pki.Worker("default", "node-b"),
+		"another pool's worker": pki.Worker("other", "node-a"),
+		"the operator":          pki.Operator(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			o.tls = certificateFiles(t, ca, id)
+			err := run(context.Background(), o, logr.Discard())
+			NewWithT(t).Expect(err).To(MatchError(ContainSubstring("not for worker default/node-a")))
+		})
+	}
+}
+
 func freeAddr(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -172,13 +214,15 @@ func get(url string) (int, string, error) {
 // stops cleanly.
 func TestRunRegistersAndServesBlocks(t *testing.T) {
 	g := NewWithT(t)
-	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true})
+	ca := pkitest.New(t)
+	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true, TLS: ca})
 	dir := t.TempDir()
 	tiers := "- name: mem\n  medium: MEM\n  paths: [" + filepath.Join(dir, "mem") + "]\n  quota: 64Mi\n"
 	o := options{indexDir: filepath.Join(dir, "index"), eviction: "LRU", promotionThreshold: 3, shutdownTimeout: 5 * time.Second,
 		tiersFile: filepath.Join(dir, "tiers.yaml"), metricsAddr: freeAddr(t), dataAddr: freeAddr(t),
 		masterAddrs: strings.Join(masters.APIAddrs(), ","), pool: "default", nodeName: "node-a", heartbeat: 100 * time.Millisecond}
 	o.advertiseAddr = o.dataAddr
+	o.tls = certificateFiles(t, ca, pki.Worker("default", "node-a"))
 	o.shortCircuit = filepath.Join(dir, "run", "worker.sock")
 	fuse := fusetest.Available() == nil
 	source := filepath.Join(dir, "source")
@@ -205,7 +249,8 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		HaveField("Tiers", ConsistOf(HaveField("CapacityBytes", int64(64<<20))))),
 	), "the master knows the worker, its address and its tiers")
 
-	peers := dataplane.NewPeers()
+	// Another worker of the pool, as peers are: the data plane speaks mutual TLS only.
+	peers := dataplane.NewPeers(ca.Credentials(t, pki.Worker("default", "node-b")).DialOption(pki.RoleWorker))
 	defer func() { _ = peers.Close() }()
 	data := []byte("a block written through the data plane")
 	_, err = peers.WriteBlock(ctx, o.dataAddr, &workerpb.WriteBlockHeader{BlockId: "b0"}, data)

@@ -17,6 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/internal/authz"
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/server"
 	"github.com/strata-cache/strata/master/store"
@@ -44,6 +47,9 @@ type Options struct {
 	// NoBootstrap starts the replicas without forming a cluster: the test does it (through
 	// package cluster, for instance).
 	NoBootstrap bool
+	// TLS, with GRPC, serves the API as cmd/master does: mutual TLS with a master's certificate
+	// of this CA, and the master's authorization policy. Client then speaks as the operator.
+	TLS *pkitest.Authority
 }
 
 // TestConfig returns store settings for tests: short Raft timeouts (elections in well under a
@@ -180,7 +186,15 @@ func (c *Cluster) start(n *Node) error {
 	n.alive = true
 	c.mu.Unlock()
 	if lis != nil {
-		n.grpcServer = grpc.NewServer()
+		var opts []grpc.ServerOption
+		if c.opts.TLS != nil {
+			a, err := authz.New("master", server.Policy, nil, cfg.Logger)
+			if err != nil {
+				return err
+			}
+			opts = append(a.ServerOptions(), c.opts.TLS.Credentials(c.tb, pki.Master(n.ID)).ServerOption())
+		}
+		n.grpcServer = grpc.NewServer(opts...)
 		masterpb.RegisterMasterServer(n.grpcServer, server.New(s, cfg.Logger))
 		n.serveDone = make(chan struct{})
 		go func(gs *grpc.Server, done chan struct{}) {
@@ -417,7 +431,11 @@ func (c *Cluster) Client() *client.Client {
 	if !c.opts.GRPC {
 		c.tb.Fatal("Client needs Options.GRPC")
 	}
-	cl, err := client.New(c.APIAddrs(), client.Options{AttemptTimeout: time.Second, Logger: c.opts.Logger})
+	opts := client.Options{AttemptTimeout: time.Second, Logger: c.opts.Logger}
+	if c.opts.TLS != nil {
+		opts.DialOptions = []grpc.DialOption{c.opts.TLS.Credentials(c.tb, pki.Operator()).DialOption(pki.RoleMaster)}
+	}
+	cl, err := client.New(c.APIAddrs(), opts)
 	if err != nil {
 		c.tb.Fatal(err)
 	}
