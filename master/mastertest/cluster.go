@@ -16,10 +16,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/internal/authz"
 	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/internal/pki/pkitest"
+	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/server"
 	"github.com/strata-cache/strata/master/store"
