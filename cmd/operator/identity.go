@@ -101,7 +101,9 @@ func (ids *identities) addTo(mgr ctrl.Manager, master *controllers.MasterSpec) e
 		if err := srv.Shutdown(sctx); err != nil {
 			return fmt.Errorf("stopping the certificate issuer: %w", err)
 		}
-		<-errc
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving the certificate issuer on %s: %w", ids.opts.issuerAddr, err)
+		}
 		return nil
 	}))
 }

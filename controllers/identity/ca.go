@@ -51,9 +51,9 @@ func readOrCreateCA(ctx context.Context, c client.Client, namespace, name string
 	var secret corev1.Secret
 	err := c.Get(ctx, key, &secret)
 	if apierrors.IsNotFound(err) {
-		ca, err := pki.NewCA("Strata internal CA ("+namespace+")", time.Now())
-		if err != nil {
-			return nil, err
+		ca, caErr := pki.NewCA("Strata internal CA ("+namespace+")", time.Now())
+		if caErr != nil {
+			return nil, caErr
 		}
 		secret = corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{
@@ -62,9 +62,11 @@ func readOrCreateCA(ctx context.Context, c client.Client, namespace, name string
 			Type: corev1.SecretTypeTLS,
 			Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM, corev1.TLSPrivateKeyKey: ca.KeyPEM},
 		}
-		if err := c.Create(ctx, &secret); err == nil {
+		// Another replica may have made one first: then its CA is the one.
+		if err = c.Create(ctx, &secret); err == nil {
 			return ca, nil
-		} else if !apierrors.IsAlreadyExists(err) {
+		}
+		if !apierrors.IsAlreadyExists(err) {
 			return nil, fmt.Errorf("creating the CA Secret %s: %w", key, err)
 		}
 		err = c.Get(ctx, key, &secret)
