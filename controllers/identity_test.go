@@ -19,6 +19,7 @@ var _ = Describe("The certificate issuer's attester", func() {
 	const system = "strata-system"
 	attester := &identity.PodAttester{Namespace: system, Components: []identity.Component{
 		identity.Worker(WorkerServiceAccountName), identity.Master(MasterServiceAccountName, "strata-master"),
+		identity.CSINode("strata-csi-node"),
 	}}
 
 	// pod runs as sa in namespace with the component labels, scheduled on node-a at ip.
@@ -72,6 +73,13 @@ var _ = Describe("The certificate issuer's attester", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(leaf.Identity).To(Equal(pki.Master(p.Name)))
 		Expect(leaf.DNSNames).To(ContainElement(p.Name + ".strata-master-peers." + system + ".svc.cluster.local"))
+	})
+
+	It("certifies a CSI node plugin pod as the plugin of its node", func(ctx SpecContext) {
+		p := pod(ctx, system, "strata-csi-node", map[string]string{"app.kubernetes.io/component": "csi-node"}, "10.1.2.9")
+		leaf, err := attester.Attest(ctx, token(ctx, p, identity.Audience))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(leaf.Identity).To(Equal(pki.CSINode("node-a")))
 	})
 
 	It("refuses a token made for another audience, such as the API server's", func(ctx SpecContext) {

@@ -28,6 +28,7 @@ import (
 	"github.com/strata-cache/strata/csi/registration"
 	"github.com/strata-cache/strata/internal/daemon"
 	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 func main() {
@@ -58,9 +59,19 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 
 	var regSrv *registration.Server
 	var fds *fdstore.Server
+	var renewer *pki.Renewer
 	switch cfg.mode {
 	case modeNode:
-		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir}
+		// The plugin's word to the node's workers; it can mount nothing without it.
+		creds, r, err := cfg.tls.Load(ctx, log.WithName("tls"))
+		if err != nil {
+			return err
+		}
+		if id := creds.Identity(); id != pki.CSINode(cfg.nodeName) {
+			return fmt.Errorf("the certificate is for %s, not for the CSI node plugin of %s (--node-name)", id, cfg.nodeName)
+		}
+		renewer = r
+		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir, Node: cfg.nodeName, Credentials: creds}
 		node, err := driver.NewNode(driver.NodeConfig{
 			NodeID: cfg.nodeName, KubeletDir: cfg.kubeletDir, StateDir: cfg.stateDir,
 			Mounter: bindmount.New(), Workers: workers, Log: log.WithName("node"),
@@ -109,6 +120,9 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
+	if renewer != nil {
+		g.Go(func() error { renewer.Run(gctx); return nil })
+	}
 	if fds != nil {
 		if err := fds.Start(fdstore.SocketPath(cfg.workerSocketDir)); err != nil {
 			return err

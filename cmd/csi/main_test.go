@@ -17,6 +17,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 )
 
 func TestResolve(t *testing.T) {
@@ -25,8 +28,9 @@ func TestResolve(t *testing.T) {
 		env  string
 		err  string
 	}{
-		"a node plugin with the defaults and a node name": {args: []string{"--mode=node", "--node-name=node-a"}},
-		"a node plugin takes its name from NODE_NAME":     {args: []string{"--mode=node"}, env: "node-a"},
+		"a node plugin with the defaults and a node name": {args: []string{"--mode=node", "--node-name=node-a", "--ca-file=/ca.crt"}},
+		"a node plugin takes its name from NODE_NAME":     {args: []string{"--mode=node", "--ca-file=/ca.crt"}, env: "node-a"},
+		"a node plugin needs Strata's CA":                 {args: []string{"--mode=node", "--node-name=node-a"}, err: "--ca-file is required"},
 		"a controller needs no node name":                 {args: []string{"--mode=controller", "--csi-endpoint=tcp://0.0.0.0:10000"}},
 		"the mode is required":                            {args: []string{"--node-name=node-a"}, err: "--mode is required"},
 		"an unknown mode is refused":                      {args: []string{"--mode=both"}, err: `--mode="both"`},
@@ -64,6 +68,22 @@ func TestResolve(t *testing.T) {
 	}
 }
 
+// certificateFlags issues a certificate for id from a CA of the test's and returns the flags
+// that name its files.
+func certificateFlags(t *testing.T, id pki.Identity) []string {
+	t.Helper()
+	ca, dir := pkitest.New(t), t.TempDir()
+	cert, key := ca.Issue(t, id)
+	files := map[string][]byte{"ca.crt": ca.CA.CertPEM, "tls.crt": cert, "tls.key": key}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return []string{"--ca-file=" + filepath.Join(dir, "ca.crt"), "--cert-file=" + filepath.Join(dir, "tls.crt"),
+		"--key-file=" + filepath.Join(dir, "tls.key")}
+}
+
 func TestRunServesTheNodePluginAndRegistersItWithTheKubelet(t *testing.T) {
 	root, err := os.MkdirTemp("", "strata-cmd-")
 	if err != nil {
@@ -75,11 +95,11 @@ func TestRunServesTheNodePluginAndRegistersItWithTheKubelet(t *testing.T) {
 	var o options
 	fs := flag.NewFlagSet("csi", flag.ContinueOnError)
 	o.bind(fs)
-	if err := fs.Parse([]string{
+	if err := fs.Parse(append([]string{
 		"--mode=node", "--node-name=node-a", "--kubelet-dir=" + kubeletDir, "--csi-endpoint=unix://" + csiSocket,
 		"--worker-socket-dir=" + filepath.Join(root, "run"), "--state-dir=" + filepath.Join(root, "state"),
 		"--metrics-addr=127.0.0.1:0", "--vendor-version=v9.9.9",
-	}); err != nil {
+	}, certificateFlags(t, pki.CSINode("node-a"))...)); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := o.resolve()

@@ -11,6 +11,7 @@ import (
 	"github.com/strata-cache/strata/csi/driver"
 	"github.com/strata-cache/strata/csi/endpoint"
 	"github.com/strata-cache/strata/csi/registration"
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 // version is the build's version, set with -ldflags "-X main.version=...".
@@ -35,9 +36,13 @@ type options struct {
 	vendorVersion    string
 	shutdownTimeout  time.Duration
 	verbosity        int
+	// tls is where the node plugin's certificate comes from: it speaks mutual TLS to the
+	// node's workers.
+	tls pki.Flags
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
+	o.tls.Bind(fs)
 	fs.StringVar(&o.mode, "mode", "", "What to serve: node (Identity, Node and the kubelet registration socket; a DaemonSet) or controller (Identity and Controller; a Deployment).")
 	fs.StringVar(&o.csiEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/"+driver.DriverName+"/csi.sock",
 		"CSI endpoint: unix:///path.sock (the node plugin must use a Unix socket the kubelet can reach) or tcp://host:port.")
@@ -69,6 +74,7 @@ type config struct {
 	metricsAddr      string
 	vendorVersion    string
 	shutdownTimeout  time.Duration
+	tls              pki.Flags
 }
 
 // resolve checks the flags, once, at start-up.
@@ -103,6 +109,7 @@ func (o *options) resolve() (config, error) {
 	if ep.Network != "unix" {
 		return config{}, fmt.Errorf("--csi-endpoint=%s: the node plugin serves the kubelet on a Unix socket", ep)
 	}
+
 	for flagName, dir := range map[string]string{"--kubelet-dir": o.kubeletDir, "--worker-socket-dir": o.workerSocketDir} {
 		if err := absoluteClean(flagName, dir); err != nil {
 			return config{}, err
@@ -117,6 +124,10 @@ func (o *options) resolve() (config, error) {
 		return config{}, err
 	}
 	cfg.registrationSock = registration.SocketPath(o.kubeletDir, driver.DriverName)
+	if o.tls.CAFile == "" {
+		return config{}, fmt.Errorf("the node plugin speaks to the node's workers: %w", pki.ErrNoTLS)
+	}
+	cfg.tls = o.tls
 	return cfg, nil
 }
 

@@ -72,6 +72,9 @@ func (ids *identities) addTo(mgr ctrl.Manager, master *controllers.MasterSpec) e
 	if master != nil {
 		components = append(components, identity.Master(controllers.MasterServiceAccountName, master.Name))
 	}
+	if ids.opts.csiNodeAccount != "" {
+		components = append(components, identity.CSINode(ids.opts.csiNodeAccount))
+	}
 	issued, refused, err := pki.NewIssuerMetrics(crmetrics.Registry)
 	if err != nil {
 		return err

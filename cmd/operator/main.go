@@ -76,6 +76,8 @@ type identityOptions struct {
 	issuerAddr    string
 	issuerService string
 	issuerPort    int
+	// csiNodeAccount is the CSI node plugin's ServiceAccount; empty certifies no plugin.
+	csiNodeAccount string
 }
 
 // workerOptions describe the workers' DaemonSets, one per TierPool; the chart's worker.* values
@@ -144,6 +146,8 @@ func main() {
 	flag.StringVar(&opts.identity.issuerService, "issuer-service", "strata-issuer",
 		"Service of the operator's namespace through which components reach the issuer.")
 	flag.IntVar(&opts.identity.issuerPort, "issuer-port", 9444, "Port of the issuer's Service.")
+	flag.StringVar(&opts.identity.csiNodeAccount, "csi-node-service-account", "",
+		"ServiceAccount of the CSI node plugin's pods, which the issuer certifies as the plugin of their node; empty certifies none.")
 	opts.zap.BindFlags(flag.CommandLine)
 	flag.Parse()
 

@@ -299,7 +299,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		if err != nil {
 			return fmt.Errorf("listening for the CSI plugin's mount requests: %w", err)
 		}
-		mountSrv := grpc.NewServer(daemon.ServerLimits()...)
+		// The CSI node plugin of this node calls over the socket, with its certificate.
+		mountSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()),
+			authorizer.For(mounter.Policy).ServerOptions()...)...)
 		workerpb.RegisterMounterServer(mountSrv, mounts)
 		g.Go(func() error {
 			if err := mountSrv.Serve(mountLis); err != nil {

@@ -14,7 +14,6 @@ import (
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
@@ -273,7 +272,8 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 
 	if fuse {
 		// The CSI plugin's request: serve a Dataset; the worker mounts it over FUSE.
-		conn, err := grpc.NewClient("unix://"+o.mountSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient("unix://"+o.mountSocket,
+			ca.Credentials(t, pki.CSINode("node-a")).DialOptionLocal(pki.Worker("default", "node-a")))
 		g.Expect(err).NotTo(HaveOccurred())
 		defer func() { _ = conn.Close() }()
 		resp, err := workerpb.NewMounterClient(conn).MountDataset(ctx, &workerpb.MountDatasetRequest{

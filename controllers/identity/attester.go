@@ -27,12 +27,23 @@ const (
 )
 
 // Component is one kind of pod the issuer certifies: those of its ServiceAccount that carry
-// its name label, for the identity that Identify finds in the pod.
+// all its labels, for the identity that Identify finds in the pod.
 type Component struct {
 	ServiceAccount string
-	// NameLabel is the pod's app.kubernetes.io/name.
-	NameLabel string
-	Identify  func(pod *corev1.Pod) (pki.Leaf, error)
+	Labels         map[string]string
+	Identify       func(pod *corev1.Pod) (pki.Leaf, error)
+}
+
+func (c Component) matches(sa string, pod *corev1.Pod) bool {
+	if c.ServiceAccount != sa {
+		return false
+	}
+	for k, v := range c.Labels {
+		if pod.Labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // PodAttester takes a token for a component's when the API server says it is a token of the
@@ -83,7 +94,7 @@ func (a *PodAttester) Attest(ctx context.Context, token string) (pki.Leaf, error
 		return pki.Leaf{}, fmt.Errorf("%w: pod %s/%s does not run as %s", pki.ErrNotAttested, ns, podName, sa)
 	}
 	for _, c := range a.Components {
-		if c.ServiceAccount == sa && pod.Labels["app.kubernetes.io/name"] == c.NameLabel {
+		if c.matches(sa, &pod) {
 			leaf, err := c.Identify(&pod)
 			if err != nil {
 				return pki.Leaf{}, fmt.Errorf("%w: pod %s/%s: %w", pki.ErrNotAttested, ns, podName, err)
@@ -121,9 +132,10 @@ func podIPs(pod *corev1.Pod) ([]net.IP, error) {
 }
 
 // Worker is the component of the workers of every TierPool: the pod's pool (its instance
-// label) on its node, at its IP.
+// label) on its node, at its IP, and as the local server the CSI node plugin reaches over the
+// worker's Unix socket.
 func Worker(serviceAccount string) Component {
-	return Component{ServiceAccount: serviceAccount, NameLabel: "strata-worker", Identify: func(pod *corev1.Pod) (pki.Leaf, error) {
+	return Component{ServiceAccount: serviceAccount, Labels: map[string]string{"app.kubernetes.io/name": "strata-worker"}, Identify: func(pod *corev1.Pod) (pki.Leaf, error) {
 		pool, node := pod.Labels["app.kubernetes.io/instance"], pod.Spec.NodeName
 		if pool == "" || node == "" {
 			return pki.Leaf{}, fmt.Errorf("a worker pod needs its pool label and a node (pool %q, node %q)", pool, node)
@@ -132,14 +144,14 @@ func Worker(serviceAccount string) Component {
 		if err != nil {
 			return pki.Leaf{}, err
 		}
-		return pki.Leaf{Identity: pki.Worker(pool, node), IPs: ips}, nil
+		return pki.Leaf{Identity: pki.Worker(pool, node), IPs: ips, DNSNames: []string{pki.LocalServerName}}, nil
 	}}
 }
 
 // Master is the component of the master replicas: the pod, by the names clients dial it
 // (pod.subdomain.namespace.svc, which the StatefulSet's headless Service resolves) and by its IP.
 func Master(serviceAccount, clientService string) Component {
-	return Component{ServiceAccount: serviceAccount, NameLabel: "strata-master", Identify: func(pod *corev1.Pod) (pki.Leaf, error) {
+	return Component{ServiceAccount: serviceAccount, Labels: map[string]string{"app.kubernetes.io/name": "strata-master"}, Identify: func(pod *corev1.Pod) (pki.Leaf, error) {
 		if pod.Spec.Subdomain == "" {
 			return pki.Leaf{}, fmt.Errorf("a master pod needs the subdomain of its headless Service")
 		}
@@ -154,5 +166,16 @@ func Master(serviceAccount, clientService string) Component {
 			dns = append(dns, clientService+"."+ns+".svc", clientService+"."+ns+".svc.cluster.local")
 		}
 		return pki.Leaf{Identity: pki.Master(pod.Name), DNSNames: dns, IPs: ips}, nil
+	}}
+}
+
+// CSINode is the component of the CSI node plugin: the plugin of the pod's node, a client only
+// (it asks the node's workers to mount Datasets).
+func CSINode(serviceAccount string) Component {
+	return Component{ServiceAccount: serviceAccount, Labels: map[string]string{"app.kubernetes.io/component": "csi-node"}, Identify: func(pod *corev1.Pod) (pki.Leaf, error) {
+		if pod.Spec.NodeName == "" {
+			return pki.Leaf{}, fmt.Errorf("a CSI node plugin pod needs a node")
+		}
+		return pki.Leaf{Identity: pki.CSINode(pod.Spec.NodeName)}, nil
 	}}
 }

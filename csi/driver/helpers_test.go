@@ -12,6 +12,8 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/csi/internal/testworker"
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 )
 
 const (
@@ -28,6 +30,8 @@ type nodeEnv struct {
 	kubeletDir, stateDir, socketDir string
 	mounter                         *mount.FakeMounter
 	worker                          *testworker.Server
+	// ca issues the plugin's and the workers' certificates.
+	ca *pkitest.Authority
 }
 
 // shortTempDir is a temporary folder with a path short enough for Unix sockets.
@@ -49,18 +53,25 @@ func newNodeEnv(t testing.TB) *nodeEnv {
 		stateDir:   t.TempDir(),
 		socketDir:  shortTempDir(t),
 		mounter:    mount.NewFakeMounter(nil),
+		ca:         pkitest.New(t),
 	}
 	if err := os.MkdirAll(filepath.Join(env.kubeletDir, "pods"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	env.worker = testworker.Start(t, env.socketDir, testPool)
+	env.worker = testworker.Start(t, env.ca, env.socketDir, testPool, testNode)
 	return env
 }
 
 // node starts a node plugin on env, as a (re)started plugin would.
 func (env *nodeEnv) node(t testing.TB) *Node {
 	t.Helper()
-	return env.nodeWith(t, env.mounter, WorkerSockets{Dir: env.socketDir})
+	return env.nodeWith(t, env.mounter, env.sockets(t, env.socketDir))
+}
+
+// sockets are the workers' sockets in dir as the plugin of testNode reaches them, with its
+// certificate.
+func (env *nodeEnv) sockets(t testing.TB, dir string) WorkerSockets {
+	return WorkerSockets{Dir: dir, Node: testNode, Credentials: env.ca.Credentials(t, pki.CSINode(testNode))}
 }
 
 func (env *nodeEnv) nodeWith(t testing.TB, m mount.Interface, w Workers) *Node {

@@ -426,7 +426,7 @@ func TestConcurrentPublishesOfOneTargetMountOnce(t *testing.T) {
 
 func TestNodePublishSaysWhichWorkerDoesNotAnswer(t *testing.T) {
 	env := newNodeEnv(t)
-	n := env.nodeWith(t, env.mounter, WorkerSockets{Dir: shortTempDir(t)})
+	n := env.nodeWith(t, env.mounter, env.sockets(t, shortTempDir(t)))
 	req := env.publishRequest(t, "pod-1")
 	_, err := n.NodePublishVolume(context.Background(), req)
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "is the worker of pool fast running on node node-a?") {
@@ -437,6 +437,21 @@ func TestNodePublishSaysWhichWorkerDoesNotAnswer(t *testing.T) {
 	}
 	if pubs := savedPublications(t, env); len(pubs) != 0 {
 		t.Fatalf("a failed publish was recorded: %+v", pubs)
+	}
+}
+
+func TestNodePublishRefusesAWorkerOfAnotherNode(t *testing.T) {
+	env := newNodeEnv(t)
+	// A server on the pool's socket whose certificate is the worker of another node: a plugin
+	// that took it for this node's worker would mount what it serves into the pod.
+	dir := shortTempDir(t)
+	testworker.Start(t, env.ca, dir, testPool, "node-b")
+	_, err := env.nodeWith(t, env.mounter, env.sockets(t, dir)).NodePublishVolume(context.Background(), env.publishRequest(t, "pod-1"))
+	if err == nil || !strings.Contains(err.Error(), "not spiffe://strata.dev/worker/fast/node-a") {
+		t.Fatalf("NodePublishVolume with another node's worker on the socket = %v, want a refusal naming the worker expected", err)
+	}
+	if len(env.mounter.GetLog()) != 0 {
+		t.Fatalf("something was mounted from a worker of another node: %v", env.mounter.GetLog())
 	}
 }
 
@@ -460,7 +475,7 @@ func TestNodeUnpublishSucceedsWhenTheWorkerIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The plugin restarts while the worker is down.
-	n := env.nodeWith(t, env.mounter, WorkerSockets{Dir: shortTempDir(t)})
+	n := env.nodeWith(t, env.mounter, env.sockets(t, shortTempDir(t)))
 	if _, err := n.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: req.VolumeId, TargetPath: req.TargetPath}); err != nil {
 		t.Fatalf("NodeUnpublishVolume with the worker down: %v", err)
 	}
@@ -520,7 +535,7 @@ func (failingMounter) Mount(string, string, string, []string) error {
 
 func TestAFailedBindForgetsTheTargetAndReleasesTheDataset(t *testing.T) {
 	env := newNodeEnv(t)
-	n := env.nodeWith(t, failingMounter{env.mounter}, WorkerSockets{Dir: env.socketDir})
+	n := env.nodeWith(t, failingMounter{env.mounter}, env.sockets(t, env.socketDir))
 	req := env.publishRequest(t, "pod-1")
 	if _, err := n.NodePublishVolume(context.Background(), req); status.Code(err) != codes.Internal {
 		t.Fatalf("NodePublishVolume with a failing mount = %v, want Internal", err)
@@ -538,15 +553,15 @@ func TestAFailedBindForgetsTheTargetAndReleasesTheDataset(t *testing.T) {
 
 func TestProbeIsReadyWhenAWorkerAnswers(t *testing.T) {
 	env := newNodeEnv(t)
-	if !(WorkerSockets{Dir: env.socketDir}).AnyAnswering(context.Background()) {
+	if !(env.sockets(t, env.socketDir)).AnyAnswering(context.Background()) {
 		t.Fatal("AnyAnswering is false with a worker serving")
 	}
-	empty := WorkerSockets{Dir: shortTempDir(t)}
+	empty := env.sockets(t, shortTempDir(t))
 	resp, err := NewIdentity("v1", empty.AnyAnswering).Probe(context.Background(), &csi.ProbeRequest{})
 	if err != nil || resp.GetReady().GetValue() {
 		t.Fatalf("Probe with no worker = %v, %v; want not ready", resp, err)
 	}
-	testworker.Start(t, empty.Dir, "slow")
+	testworker.Start(t, env.ca, empty.Dir, "slow", testNode)
 	resp, err = NewIdentity("v1", empty.AnyAnswering).Probe(context.Background(), &csi.ProbeRequest{})
 	if err != nil || !resp.GetReady().GetValue() {
 		t.Fatalf("Probe with a worker = %v, %v; want ready", resp, err)

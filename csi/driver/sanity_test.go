@@ -70,7 +70,7 @@ func TestCSISanity(t *testing.T) {
 	node := env.node(t)
 	controller := newController(t, t.TempDir())
 	nodeAddr := serve("node", func(s *grpc.Server) {
-		csi.RegisterIdentityServer(s, NewIdentity("sanity", WorkerSockets{Dir: env.socketDir}.AnyAnswering))
+		csi.RegisterIdentityServer(s, NewIdentity("sanity", env.sockets(t, env.socketDir).AnyAnswering))
 		csi.RegisterNodeServer(s, node)
 	})
 	controllerAddr := serve("controller", func(s *grpc.Server) {

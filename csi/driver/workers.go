@@ -11,10 +11,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 // MountSocketName is the file name of the Mounter socket in each pool's folder of the worker
@@ -28,11 +28,16 @@ var ErrWorkerUnreachable = errors.New("the worker does not answer")
 const probeTimeout = 2 * time.Second
 
 // WorkerSockets reaches the Mounter service of each pool's cache worker on this node through
-// the Unix socket <Dir>/<pool>/mount.sock. A connection is made per call: calls are rare (one
-// per publish) and a worker that restarted is found again without any reconnection logic.
+// the Unix socket <Dir>/<pool>/mount.sock, over mutual TLS: the plugin shows its certificate and
+// accepts only the certificate of that pool's worker on this node. A connection is made per
+// call: calls are rare (one per publish) and a worker that restarted is found again without any
+// reconnection logic.
 type WorkerSockets struct {
 	// Dir is the host folder of the workers' sockets, such as /run/strata.
 	Dir string
+	// Node is this node's name: the workers answering are <pool>/<Node>.
+	Node        string
+	Credentials *pki.Credentials
 }
 
 // Socket is the path of pool's Mounter socket.
@@ -65,8 +70,11 @@ func (w WorkerSockets) call(pool string, fn func(workerpb.MounterClient) error) 
 		mu      sync.Mutex
 		dialErr error
 	)
+	if w.Credentials == nil {
+		return fmt.Errorf("no certificate to speak to the worker on %s with", socket)
+	}
 	conn, err := grpc.NewClient("passthrough:///"+socket,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		w.Credentials.DialOptionLocal(pki.Worker(pool, w.Node)),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
 			var d net.Dialer
 			c, err := d.DialContext(ctx, "unix", socket)

@@ -96,6 +96,12 @@ func New(component string, policy Policy, reg prometheus.Registerer, log logr.Lo
 	return &Authorizer{policy: policy, log: log, denied: denied}, nil
 }
 
+// For is an Authorizer of another policy that logs and counts with this one: a component with
+// two servers (the worker's data plane and its mount socket) keeps one count of refusals.
+func (a *Authorizer) For(policy Policy) *Authorizer {
+	return &Authorizer{policy: policy, log: a.log, denied: a.denied}
+}
+
 // Authorize decides one call of method with request req (nil for a stream) from ctx's caller.
 func (a *Authorizer) Authorize(ctx context.Context, method string, req any) error {
 	caller, err := Caller(ctx)

@@ -106,6 +106,31 @@ func (c *Credentials) DialOption(roles ...Role) grpc.DialOption {
 	return grpc.WithTransportCredentials(credentials.NewTLS(c.ClientConfig(roles...)))
 }
 
+// LocalServerName is the name a server reached over a Unix socket is verified for: every
+// worker's certificate names it, and the client checks the exact identity besides.
+const LocalServerName = "localhost"
+
+// DialOptionLocal is a gRPC dial option for a server on this node reached over a Unix socket:
+// its certificate must be exactly want's (the worker of one pool on this node).
+func (c *Credentials) DialOptionLocal(want Identity) grpc.DialOption {
+	cfg := c.ClientConfig(want.Role)
+	cfg.ServerName = LocalServerName
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the peer sent no certificate")
+		}
+		id, err := FromCertificate(cs.PeerCertificates[0])
+		if err != nil {
+			return err
+		}
+		if id != want {
+			return fmt.Errorf("the peer is %s, not %s", id, want)
+		}
+		return nil
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
+}
+
 // peerRole refuses a peer whose verified certificate names no Strata identity, or one of
 // another role than roles (any role when roles is empty).
 func peerRole(roles []Role) func(tls.ConnectionState) error {

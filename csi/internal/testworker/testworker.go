@@ -8,12 +8,17 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/strata-cache/strata/cacheworker/mounter"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/authz"
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 )
 
 // ContentFile is the file each mounted Dataset directory holds; its content is the uid.
@@ -35,8 +40,10 @@ type Server struct {
 	entered  chan struct{}
 }
 
-// Start serves pool's Mounter on <socketDir>/<pool>/mount.sock until the test ends.
-func Start(t testing.TB, socketDir, pool string) *Server {
+// Start serves pool's Mounter on <socketDir>/<pool>/mount.sock until the test ends, as the
+// worker of pool on node does: over mutual TLS with a certificate of ca, taking calls from the
+// CSI node plugin only.
+func Start(t testing.TB, ca *pkitest.Authority, socketDir, pool, node string) *Server {
 	t.Helper()
 	s := &Server{
 		Socket:  filepath.Join(socketDir, pool, "mount.sock"),
@@ -50,7 +57,12 @@ func Start(t testing.TB, socketDir, pool string) *Server {
 	if err != nil {
 		t.Fatalf("listening on %s: %v", s.Socket, err)
 	}
-	srv := grpc.NewServer()
+	authorizer, err := authz.New("testworker", mounter.Policy, nil, logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(append([]grpc.ServerOption{ca.Credentials(t, pki.Worker(pool, node)).ServerOption()},
+		authorizer.ServerOptions()...)...)
 	workerpb.RegisterMounterServer(srv, s)
 	done := make(chan struct{})
 	go func() {
