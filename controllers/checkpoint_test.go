@@ -1,14 +1,20 @@
 package controllers
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +24,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
@@ -53,13 +60,35 @@ var _ = Describe("Checkpoint targets", func() {
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
 		return ds
 	}
+	// serve runs the operator's port for the checkpoint settings, as cmd/operator does.
+	serve := func() string {
+		GinkgoHelper()
+		mux := http.NewServeMux()
+		mux.Handle("GET "+CheckpointsPath, workerReconciler.CheckpointsHandler(GinkgoLogr))
+		lis, err := tls.Listen("tcp", "127.0.0.1:0", testCA.Credentials(GinkgoT(), pki.Operator()).ServerConfigOptionalClient())
+		Expect(err).NotTo(HaveOccurred())
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(lis) }()
+		DeferCleanup(srv.Close)
+		return "https://" + lis.Addr().String()
+	}
+	// get reads the settings of the pool from url as a client with creds would.
+	get := func(url string, cfg *tls.Config) (int, []byte) {
+		GinkgoHelper()
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+		resp, err := hc.Get(url + strings.Replace(CheckpointsPath, "{pool}", pool.Name, 1))
+		Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = resp.Body.Close() }()
+		raw, err := io.ReadAll(resp.Body)
+		Expect(err).NotTo(HaveOccurred())
+		return resp.StatusCode, raw
+	}
+	// settings are what a worker of the pool reads from the operator.
 	settings := func(g Gomega) map[string]checkpoint.Dataset {
-		secret := &corev1.Secret{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(pool.Name)}, secret)).To(Succeed())
-		g.Expect(metav1.IsControlledBy(secret, pool)).To(BeTrue(), "the TierPool controls the Secret")
-		raw := secret.Data[checkpoint.FileName]
+		code, raw := get(serve(), testCA.Credentials(GinkgoT(), pki.Worker(pool.Name, "node-a")).ClientConfig(pki.RoleOperator))
+		g.Expect(code).To(Equal(http.StatusOK), "%s", raw)
 		_, err := checkpoint.Parse(raw)
-		g.Expect(err).NotTo(HaveOccurred(), "what cmd/worker does with the file")
+		g.Expect(err).NotTo(HaveOccurred(), "what cmd/worker does with the settings")
 		var f checkpoint.File
 		g.Expect(json.Unmarshal(raw, &f)).To(Succeed())
 		out := map[string]checkpoint.Dataset{}
@@ -72,7 +101,7 @@ var _ = Describe("Checkpoint targets", func() {
 		return datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID))
 	}
 
-	It("gives the pool's workers, in a Secret they mount, where its outputs go, with their keys and their CachePolicy's settings", func() {
+	It("serves the pool's workers, and no one else, where its outputs go, with their keys and their CachePolicy's settings", func() {
 		secret := keys("bucket-keys", miniotest.SecretKey)
 		Expect(k8sClient.Create(ctx, &datav1alpha1.CachePolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: "nightly", Namespace: namespace},
@@ -108,9 +137,22 @@ var _ = Describe("Checkpoint targets", func() {
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(pool.Name)}, ds)).To(Succeed())
 		}).Should(Succeed())
-		Expect(ds.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--checkpoints=/etc/strata-checkpoints/" + checkpoint.FileName))
-		Expect(ds.Spec.Template.Spec.Volumes).To(ContainElement(And(HaveField("Name", "checkpoints"),
-			HaveField("VolumeSource.Secret.SecretName", WorkerName(pool.Name)))))
+		Expect(ds.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--checkpoints-url=" + testWorkerSpec.TLS.CheckpointsURL(pool.Name)))
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(pool.Name)},
+			&corev1.Secret{}))).To(BeTrue(), "no Secret pools the keys of the pool's outputs")
+
+		By("refusing the settings to a worker of another pool, to the operator's own certificate and to a client without one")
+		url := serve()
+		for who, creds := range map[string]*pki.Credentials{
+			"a worker of another pool": testCA.Credentials(GinkgoT(), pki.Worker("other", "node-a")),
+			"the operator":             testCA.Credentials(GinkgoT(), pki.Operator()),
+		} {
+			code, body := get(url, creds.ClientConfig(pki.RoleOperator))
+			Expect(code).To(Equal(http.StatusForbidden), "%s: %s", who, body)
+			Expect(string(body)).To(ContainSubstring("only its workers may"))
+		}
+		code, body := get(url, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: testCA.CA.Pool()})
+		Expect(code).To(Equal(http.StatusUnauthorized), "no certificate: %s", body)
 
 		By("following the keys of the output's Secret")
 		secret.Data["secretAccessKey"] = []byte("rotated")

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
@@ -15,6 +17,14 @@ type ComponentTLS struct {
 	CABundle string
 	// IssuerURL is https://<issuer service>.<namespace>.svc:<port>.
 	IssuerURL string
+}
+
+// CheckpointsPath is where the operator serves a pool's checkpoint settings to its workers.
+const CheckpointsPath = "/v1/pools/{pool}/checkpoints"
+
+// CheckpointsURL is where the workers of pool read their checkpoint settings.
+func (t ComponentTLS) CheckpointsURL(pool string) string {
+	return t.IssuerURL + strings.Replace(CheckpointsPath, "{pool}", pool, 1)
 }
 
 // Where the projected identity volume is mounted, and how long a projected token lives (the

@@ -110,7 +110,7 @@ const usageRefresh = 30 * time.Second
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets/finalizers,verbs=update
 // +kubebuilder:rbac:groups=data.strata.dev,resources=lineages;cachepolicies,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;list;watch
@@ -193,6 +193,11 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			r.refreshUsage(ctx, ds)
 		}
 		result.RequeueAfter = sourceRecheck
+		if secretProblem(target.Reason) {
+			result.RequeueAfter = secretRecheck
+		}
+	case problem != nil && secretProblem(problem.reason):
+		result.RequeueAfter = secretRecheck
 	case problem != nil && problem.reason == ReasonSourceUnreachable && strings.HasPrefix(ds.Spec.Source.URI, "pvc://"):
 		result.RequeueAfter = claimServerRecheck
 	case problem != nil && isSourceProblem(problem.reason):
@@ -211,6 +216,16 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	r.recordTransitions(before, ds)
 	return result, nil
+}
+
+// secretProblem says whether a reason is fixed in the Dataset's Secret (keys missing, or
+// refused), which the operator does not watch: such a Dataset is looked at every secretRecheck.
+func secretProblem(reason string) bool {
+	switch reason {
+	case ReasonSecretNotFound, ReasonSecretIncomplete, ReasonSourceAccessDenied, ReasonCheckpointAccessDenied:
+		return true
+	}
+	return false
 }
 
 func isSourceProblem(reason string) bool {
@@ -667,7 +682,9 @@ func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
 }
 
 // SetupWithManager runs the reconciler on Dataset changes and on changes of what a Dataset
-// refers to: its Secret, TierPool, Lineage, claim, and the CSI driver.
+// refers to: its TierPool, Lineage, claim, and the CSI driver. Its Secret is not watched (the
+// operator watches no tenant's Secrets): a Dataset whose Secret is missing or incomplete is
+// looked at again every secretRecheck.
 func (r *DatasetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("dataset").
@@ -677,7 +694,6 @@ func (r *DatasetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&batchv1.Job{}).
 		Owns(&appsv1.Deployment{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(claimServerPodDataset)).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
 		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.datasetsInNamespace)).
 		Watches(&datav1alpha1.TierPool{}, handler.EnqueueRequestsFromMapFunc(r.allDatasets)).

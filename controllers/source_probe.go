@@ -35,6 +35,9 @@ const (
 	// probed again: the server is Strata's own, and a Service whose pod just became ready takes
 	// a few seconds to route to it.
 	claimServerRecheck = 10 * time.Second
+	// secretRecheck is how soon a Dataset whose Secret is missing or incomplete is looked at
+	// again: Secrets are not watched, so this bounds how long a user waits after fixing one.
+	secretRecheck = 10 * time.Second
 	// probeReuse is how long a successful probe stands for the same spec and Secret: a Dataset
 	// is reconciled on every change of its TierPool, Secret or the CSI driver, and listing its
 	// source each time would cost the store as much as the operator.

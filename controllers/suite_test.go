@@ -29,6 +29,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 	masterclient "github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/mastertest"
 )
@@ -50,6 +51,10 @@ var (
 	// claimServers are the claim servers of pvc:// Datasets: in envtest no pod runs them, so
 	// the specs serve the claim's folder themselves, with the real server.
 	claimServers = &testClaimServers{urls: map[string]string{}}
+	// workerReconciler serves the pools' checkpoint settings, as the operator does.
+	workerReconciler *WorkerReconciler
+	// testCA issues the certificates of the components the specs play.
+	testCA *pkitest.Authority
 	// lineageMaster is a real master the Lineage reconciler reads outputs' state from; specs
 	// lose blocks in it to make outputs Lost.
 	lineageMaster *masterclient.Client
@@ -123,7 +128,9 @@ var _ = BeforeSuite(func() {
 
 	hooks := testEnv.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:  scheme,
+		Scheme: scheme,
+		// As cmd/operator: no Secret of another namespace in the cache.
+		Client:  client.Options{Cache: SecretClientOptions()},
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host: hooks.LocalServingHost, Port: hooks.LocalServingPort, CertDir: hooks.LocalServingCertDir,
@@ -139,11 +146,13 @@ var _ = BeforeSuite(func() {
 		Workers:   testWorkerSpec,
 		Forgetter: lineageMaster,
 	}).SetupWithManager(mgr)).To(Succeed())
-	Expect((&WorkerReconciler{
+	workerReconciler = &WorkerReconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor("strata-operator"),
 		Spec:     testWorkerSpec,
-	}).SetupWithManager(mgr)).To(Succeed())
+	}
+	Expect(workerReconciler.SetupWithManager(mgr)).To(Succeed())
+	testCA = pkitest.New(GinkgoT())
 	Expect((&DatasetReconciler{
 		Client:              mgr.GetClient(),
 		Recorder:            mgr.GetEventRecorderFor("strata-operator"),

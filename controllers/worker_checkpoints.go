@@ -3,17 +3,20 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 // The CachePolicy API's checkpoint defaults, for outputs whose Dataset names no policy.
@@ -139,10 +142,54 @@ func temporaryPatternsProblem(patterns []string) string {
 	return patternsProblem("spec.checkpoint.temporaryPathPatterns", patterns)
 }
 
-// poolsOfCheckpointSecret maps a Secret to the TierPools of the output Datasets of its
-// namespace that checkpoint with it: their settings carry its keys.
-func (r *WorkerReconciler) poolsOfCheckpointSecret(ctx context.Context, obj client.Object) []reconcile.Request {
-	return r.poolsOf(ctx, obj.GetNamespace(), func(ds *datav1alpha1.Dataset) bool {
-		return ds.Spec.Checkpoint != nil && ds.Spec.Checkpoint.SecretRef.Name == obj.GetName()
+// CheckpointSettings are the checkpoint settings of the pool named poolName, made now from the
+// Datasets, CachePolicies and Lineages and the keys of the outputs' Secrets as they are.
+func (r *WorkerReconciler) CheckpointSettings(ctx context.Context, poolName string) ([]byte, error) {
+	pool := &datav1alpha1.TierPool{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: poolName}, pool); err != nil {
+		return nil, fmt.Errorf("reading TierPool %s: %w", poolName, err)
+	}
+	settings, err := r.checkpointsFile(ctx, pool, &namespaceLineages{client: r.Client})
+	return []byte(settings), err
+}
+
+// CheckpointsHandler serves a pool's checkpoint settings (at CheckpointsPath) to the workers of
+// that pool and to no one else: the caller's verified certificate must name a worker of the
+// pool. The settings carry the keys of the outputs' Secrets, read from their namespaces at each
+// request, so no Secret pools keys of several namespaces, and a rotated key reaches the workers
+// at their next poll.
+func (r *WorkerReconciler) CheckpointsHandler(log logr.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		pool := req.PathValue("pool")
+		var caller pki.Identity
+		var err error
+		if req.TLS == nil || len(req.TLS.VerifiedChains) == 0 {
+			err = fmt.Errorf("%w: ask with a worker's certificate", pki.ErrNoIdentity)
+		} else {
+			caller, err = pki.FromCertificate(req.TLS.VerifiedChains[0][0])
+		}
+		if err != nil {
+			log.Info("refused the checkpoint settings", "pool", pool, "from", req.RemoteAddr, "reason", err.Error())
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		if caller.Role != pki.RoleWorker || caller.Pool != pool {
+			msg := fmt.Sprintf("%s may not read the checkpoint settings of TierPool %s: only its workers may", caller, pool)
+			log.Info("refused the checkpoint settings", "pool", pool, "caller", caller.String())
+			http.Error(w, msg, http.StatusForbidden)
+			return
+		}
+		settings, err := r.CheckpointSettings(req.Context(), pool)
+		switch {
+		case apierrors.IsNotFound(err):
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		case err != nil:
+			log.Error(err, "making the checkpoint settings", "pool", pool)
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(settings)
 	})
 }

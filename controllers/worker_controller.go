@@ -47,8 +47,8 @@ type WorkerReconciler struct {
 // +kubebuilder:rbac:groups=data.strata.dev,resources=tierpools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=daemonsets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",namespace=strata-system,resources=configmaps,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",namespace=strata-system,resources=secrets,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=strata-system,resources=secrets,verbs=get;create;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets;cachepolicies;lineages,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -80,22 +80,18 @@ func (r *WorkerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	checkpoints, err := r.checkpointsFile(ctx, pool, lineages)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	// The ConfigMap and the Secret first: the pods of a new DaemonSet mount them.
+	// The ConfigMap first: the pods of a new DaemonSet mount it.
 	wantConfigMap := r.Spec.configMap(pool, tiers, policies)
 	if err := r.apply(ctx, pool, "ConfigMap", &corev1.ConfigMap{ObjectMeta: keyOnly(wantConfigMap.ObjectMeta)}, func(obj client.Object) {
 		mutateConfigMap(obj.(*corev1.ConfigMap), wantConfigMap)
 	}); err != nil {
 		return ctrl.Result{}, err
 	}
-	wantSecret := r.Spec.checkpointSecret(pool, checkpoints)
-	if err := r.apply(ctx, pool, "Secret", &corev1.Secret{ObjectMeta: keyOnly(wantSecret.ObjectMeta)}, func(obj client.Object) {
-		mutateSecret(obj.(*corev1.Secret), wantSecret)
-	}); err != nil {
-		return ctrl.Result{}, err
+	// Before the operator served the checkpoint settings, it pooled the outputs' keys of every
+	// namespace in a Secret of the pool: remove it.
+	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.Spec.Namespace, Name: WorkerName(pool.Name)}}
+	if err := r.Client.Delete(ctx, legacy); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, fmt.Errorf("deleting the former checkpoint Secret %s/%s: %w", legacy.Namespace, legacy.Name, err)
 	}
 	wantDaemonSet := r.Spec.daemonSet(pool, tiers)
 	if err := r.apply(ctx, pool, "DaemonSet", &appsv1.DaemonSet{ObjectMeta: keyOnly(wantDaemonSet.ObjectMeta)}, func(obj client.Object) {
@@ -152,13 +148,6 @@ func mutateConfigMap(current, want *corev1.ConfigMap) {
 	current.Data = want.Data
 }
 
-// mutateSecret copies into current the fields of want that the operator owns.
-func mutateSecret(current, want *corev1.Secret) {
-	current.Labels = mergeStrings(current.Labels, want.Labels)
-	current.Type = want.Type
-	current.Data = want.Data
-}
-
 // mutateDaemonSet copies into current, read from the server, the fields of want that the
 // operator owns. Pod-template labels and annotations of others (such as the restart time of
 // `kubectl rollout restart`) are kept: removing them would roll the pods once more.
@@ -194,15 +183,12 @@ func (r *WorkerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.DaemonSet{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Owns(&corev1.ConfigMap{}).
-		Owns(&corev1.Secret{}).
-		// The pool's policies and checkpoint settings follow its Datasets and their
-		// CachePolicies; the checkpoint settings also the outputs' Secrets, and the Lineages
-		// that start reading outputs (no longer the edge of the lineage graph).
+		// The pool's policies follow its Datasets, their CachePolicies and the Lineages (MRD's
+		// next uses). Its checkpoint settings are made when a worker asks (CheckpointsHandler).
 		Watches(&datav1alpha1.Dataset{}, handler.EnqueueRequestsFromMapFunc(poolOfDataset),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfCheckpointSecret)).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace)).
 		Complete(r)
 }

@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
-	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/internal/fdstore"
 )
@@ -41,9 +40,7 @@ const (
 
 	workerContainerName = "worker"
 	workerConfigDir     = "/etc/strata"
-	// workerCheckpointsDir holds the pool's checkpoint settings, from a Secret.
-	workerCheckpointsDir = "/etc/strata-checkpoints"
-	workerIndexDir       = "/var/lib/strata-worker/index"
+	workerIndexDir      = "/var/lib/strata-worker/index"
 	// workerHostIndexRoot holds, on each node, one index directory per pool. It must survive the
 	// pod: the index is how a restarted worker finds the blocks still on its non-volatile tiers.
 	workerHostIndexRoot = "/var/lib/strata-worker"
@@ -146,17 +143,6 @@ func (s WorkerSpec) configMap(pool *datav1alpha1.TierPool, tiers, policies strin
 	}
 }
 
-// checkpointSecret holds the pool's checkpoint settings: where its outputs are checkpointed,
-// with the credentials read from their namespaces, so it is a Secret, which only the pool's
-// workers mount.
-func (s WorkerSpec) checkpointSecret(pool *datav1alpha1.TierPool, checkpoints string) *corev1.Secret {
-	return &corev1.Secret{
-		ObjectMeta: s.objectMeta(pool.Name),
-		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{checkpoint.FileName: []byte(checkpoints)},
-	}
-}
-
 // daemonSet runs one worker on each node the pool selects. Every field the API server would
 // default is set here, so that the DaemonSet read back compares equal to this one and an
 // unchanged pool causes no write.
@@ -178,7 +164,9 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 	args = append(args,
 		"--tiers="+workerConfigDir+"/"+WorkerTiersKey,
 		"--policies="+workerConfigDir+"/"+policy.FileName,
-		"--checkpoints="+workerCheckpointsDir+"/"+checkpoint.FileName,
+		// The checkpoint settings carry tenants' keys: the operator serves them to the pool's
+		// workers alone, over mutual TLS, rather than keep them in a Secret.
+		"--checkpoints-url="+s.TLS.CheckpointsURL(name),
 		"--index-dir="+workerIndexDir,
 		fmt.Sprintf("--data-addr=:%d", WorkerDataPort),
 		fmt.Sprintf("--advertise-addr=$(POD_IP):%d", WorkerDataPort),
@@ -199,12 +187,6 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 			LocalObjectReference: corev1.LocalObjectReference{Name: WorkerName(name)},
 			DefaultMode:          ptr.To(corev1.ConfigMapVolumeSourceDefaultMode),
 		}}},
-		{Name: "checkpoints", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName:  WorkerName(name),
-			DefaultMode: ptr.To[int32](0o400),
-			// Made before the DaemonSet; optional so that a pod never waits for it.
-			Optional: ptr.To(true),
-		}}},
 		hostPathVolume("index", workerHostIndexRoot+"/"+name+"/index"),
 		hostPathVolume("socket", socketDir),
 		hostPathVolume("fdstore", filepath.Dir(fdstore.SocketPath(workerSocketRoot))),
@@ -214,7 +196,6 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 	mounts := []corev1.VolumeMount{
 		s.TLS.volumeMount(),
 		{Name: "tiers", MountPath: workerConfigDir, ReadOnly: true},
-		{Name: "checkpoints", MountPath: workerCheckpointsDir, ReadOnly: true},
 		{Name: "index", MountPath: workerIndexDir},
 		{Name: "socket", MountPath: socketDir},
 		// The CSI node plugin's file descriptor store, which keeps the worker's FUSE mounts up

@@ -5,9 +5,10 @@
 // # Where and how
 //
 // An output Dataset names its target in spec.checkpoint (an S3 bucket and prefix, and a Secret
-// of its namespace); its CachePolicy's spec.checkpoint says how. The operator writes both, with
-// the Secret's keys, into one settings file per TierPool (File, in the Secret the pool's worker
-// pods mount), which the worker reads every few seconds (Apply). A file is written under its path
+// of its namespace); its CachePolicy's spec.checkpoint says how. The operator serves both, with
+// the Secret's keys read at each request, as one settings document per TierPool (File) to that
+// pool's workers alone, over mutual TLS; the worker asks every few seconds and applies what
+// changed (Apply). No Secret holds the keys of several namespaces. A file is written under its path
 // in the Dataset: the file a/b.parquet of a Dataset checkpointed to s3://bucket/prefix becomes
 // s3://bucket/prefix/a/b.parquet, a copy any S3 client can read.
 //

@@ -13,12 +13,9 @@ import (
 	"github.com/strata-cache/strata/cacheworker/understore"
 )
 
-// FileName is the key of the checkpoint settings in the workers' Secret.
-const FileName = "checkpoints.json"
-
-// File is the checkpoint settings of a pool's output Datasets, as the operator writes them: one
+// File is the checkpoint settings of a pool's output Datasets, as the operator serves them: one
 // entry per output that has a checkpoint target (spec.checkpoint), with the credentials read from
-// the Secret of its namespace. It lives in a Secret because of them.
+// the Secret of its namespace. Because of them it is served to the pool's workers alone.
 type File struct {
 	Datasets []Dataset `json:"datasets"`
 }

@@ -62,9 +62,10 @@ type everyReplica func(context.Context) error
 func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
 func (everyReplica) NeedLeaderElection() bool          { return false }
 
-// addTo runs the renewal of the operator's certificate and the issuer on every replica: a
-// component may ask any of them.
-func (ids *identities) addTo(mgr ctrl.Manager, master *controllers.MasterSpec) error {
+// addTo runs the renewal of the operator's certificate and its HTTPS port on every replica (a
+// component may ask any of them): the issuer, and the pools' checkpoint settings for their
+// workers.
+func (ids *identities) addTo(mgr ctrl.Manager, master *controllers.MasterSpec, workers *controllers.WorkerReconciler) error {
 	if err := mgr.Add(everyReplica(func(ctx context.Context) error { ids.renewer.Run(ctx); return nil })); err != nil {
 		return fmt.Errorf("adding the certificate renewal: %w", err)
 	}
@@ -87,8 +88,11 @@ func (ids *identities) addTo(mgr ctrl.Manager, master *controllers.MasterSpec) e
 	}
 	mux := http.NewServeMux()
 	mux.Handle(pki.IssuePath, issuer)
+	if workers != nil {
+		mux.Handle("GET "+controllers.CheckpointsPath, workers.CheckpointsHandler(ctrl.Log.WithName("checkpoint-settings")))
+	}
 	srv := &http.Server{
-		Addr: ids.opts.issuerAddr, Handler: mux, TLSConfig: ids.creds.ServerConfigAnyClient(),
+		Addr: ids.opts.issuerAddr, Handler: mux, TLSConfig: ids.creds.ServerConfigOptionalClient(),
 		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
 	}
 	return mgr.Add(everyReplica(func(ctx context.Context) error {

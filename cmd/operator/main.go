@@ -212,6 +212,7 @@ func run(opts options) error {
 			&appsv1.Deployment{}: {Label: claimServers},
 			&corev1.Pod{}:        {Label: claimServers},
 		}},
+		Client:                  client.Options{Cache: controllers.SecretClientOptions()},
 		Metrics:                 metricsserver.Options{BindAddress: opts.metricsAddr},
 		WebhookServer:           webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir}),
 		HealthProbeBindAddress:  opts.probeAddr,
@@ -225,9 +226,6 @@ func run(opts options) error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
-	if err := ids.addTo(mgr, masterSpec); err != nil {
-		return err
-	}
 
 	pools := &controllers.TierPoolReconciler{
 		Client:   mgr.GetClient(),
@@ -235,17 +233,23 @@ func run(opts options) error {
 		Workers:  workerSpec,
 	}
 
+	var workers *controllers.WorkerReconciler
 	if workerSpec.Deployed() {
-		if err := (&controllers.WorkerReconciler{
+		workers = &controllers.WorkerReconciler{
 			Client:   mgr.GetClient(),
 			Recorder: mgr.GetEventRecorderFor(eventSource),
 			Spec:     workerSpec,
-		}).SetupWithManager(mgr); err != nil {
+		}
+		if err := workers.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the worker controller: %w", err)
 		}
 	} else {
 		ctrl.Log.WithName("setup").Info("no --worker-image: the operator deploys no cache worker, " +
 			"and every TierPool reports Ready=False/" + controllers.ReasonWorkersNotDeployed)
+	}
+
+	if err := ids.addTo(mgr, masterSpec, workers); err != nil {
+		return err
 	}
 
 	datasets := &controllers.DatasetReconciler{

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -244,9 +245,10 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 
 	if checkpoints != nil {
 		g.Go(func() error { checkpoints.Run(gctx); return nil })
-		if opts.checkpoints != "" {
+		if opts.checkpointsURL != "" {
+			fetch := settingsFetcher(opts.checkpointsURL, creds)
 			g.Go(func() error {
-				periodic.WatchFile(gctx, opts.checkpoints, settingsPoll, log.WithName("checkpoint"), func(raw []byte) error {
+				periodic.Watch(gctx, opts.checkpointsURL, settingsPoll, log.WithName("checkpoint"), fetch, func(raw []byte) error {
 					settings, err := checkpoint.Parse(raw)
 					if err != nil {
 						return err
@@ -352,6 +354,34 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		"worker", id.id, "masters", id.masters)
 	return g.Wait()
 }
+
+// settingsFetcher reads what the operator serves at url to this worker, with its certificate:
+// the checkpoint settings, which carry tenants' keys and are served to the pool's workers alone.
+func settingsFetcher(url string, creds *pki.Credentials) func(ctx context.Context) ([]byte, error) {
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: creds.ClientConfig(pki.RoleOperator)}}
+	return func(ctx context.Context) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("asking the operator: %w", err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, maxSettings))
+		if err != nil {
+			return nil, fmt.Errorf("reading the operator's answer: %w", err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("the operator answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))
+		}
+		return raw, nil
+	}
+}
+
+// maxSettings bounds the settings a worker takes from the operator.
+const maxSettings = 16 << 20
 
 // splitList splits a comma-separated flag, dropping empty elements.
 func splitList(s string) []string {

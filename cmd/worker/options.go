@@ -21,22 +21,22 @@ import (
 // options are the command-line flags, turned into the store's configuration once by resolve.
 type options struct {
 	// Identity and peers: what the master knows this worker by and where others reach it.
-	workerID      string
-	nodeName      string
-	pool          string
-	masterAddrs   string
-	dataAddr      string
-	advertiseAddr string
-	shortCircuit  string
-	heartbeat     time.Duration
-	mountMemory   bool
-	mountSocket   string
-	fdStoreSocket string
-	policies      string
-	checkpoints   string
-	mountsDir     string
-	blockSize     int64
-	fileRoots     string
+	workerID       string
+	nodeName       string
+	pool           string
+	masterAddrs    string
+	dataAddr       string
+	advertiseAddr  string
+	shortCircuit   string
+	heartbeat      time.Duration
+	mountMemory    bool
+	mountSocket    string
+	fdStoreSocket  string
+	policies       string
+	checkpointsURL string
+	mountsDir      string
+	blockSize      int64
+	fileRoots      string
 	// tls is where the worker's certificate comes from: its data plane and its calls to the
 	// master and to peers are mutual TLS.
 	tls pki.Flags
@@ -69,8 +69,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Unix socket of the Mounter service, through which the node's CSI plugin asks the worker to serve Datasets; empty disables it.")
 	fs.StringVar(&o.policies, "policies", "",
 		"File with the CachePolicies of the pool's Datasets, which the operator keeps up to date; watched and applied live. Empty applies none.")
-	fs.StringVar(&o.checkpoints, "checkpoints", "",
-		"File with the checkpoint targets and settings of the pool's output Datasets, credentials included, which the operator keeps up to date in a Secret; watched and applied live. Empty checkpoints nothing, and memory full of output refuses writes.")
+	fs.StringVar(&o.checkpointsURL, "checkpoints-url", "",
+		"https URL where the operator serves the checkpoint targets and settings of the pool's output Datasets, credentials included, to the pool's workers (mutual TLS); polled and applied live. Empty checkpoints nothing, and memory full of output refuses writes.")
 	fs.StringVar(&o.fdStoreSocket, "fd-store-socket", "",
 		"Unix socket of the CSI node plugin's file descriptor store, which holds the Datasets' FUSE connections so that pods' mounts outlive a worker restart; empty ends them with the worker.")
 	fs.StringVar(&o.mountsDir, "mounts-dir", "/var/lib/strata-worker/mounts",

@@ -32,24 +32,38 @@ func Every(ctx context.Context, interval time.Duration, fn func(ctx context.Cont
 
 // WatchFile reads the file at p at once and then every interval, and calls apply with its
 // content whenever that changed, the first read included; a missing file reads as empty. The
-// operator keeps such files up to date in ConfigMaps and Secrets, which the kubelet rewrites in
-// the running pods. A content that apply refuses is logged and not tried again until it
-// changes: what was applied before stays in force. It returns when ctx ends.
+// operator keeps such files up to date in ConfigMaps, which the kubelet rewrites in the running
+// pods. It returns when ctx ends; see Watch.
 func WatchFile(ctx context.Context, p string, interval time.Duration, log logr.Logger, apply func(raw []byte) error) {
+	Watch(ctx, "file "+p, interval, log, func(context.Context) ([]byte, error) {
+		raw, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return raw, err
+	}, apply)
+}
+
+// Watch reads what (a file, a URL the operator serves) with read at once and then every
+// interval, and calls apply with it whenever it changed, the first successful read included. A
+// read that fails, or a content that apply refuses, is logged, and what was applied before stays
+// in force; a refused content is not tried again until it changes. It returns when ctx ends.
+func Watch(ctx context.Context, what string, interval time.Duration, log logr.Logger,
+	read func(context.Context) ([]byte, error), apply func(raw []byte) error) {
 	var last []byte
 	first := true
-	read := func() {
-		raw, err := os.ReadFile(p)
+	once := func(ctx context.Context) {
+		raw, err := read(ctx)
 		switch {
-		case err != nil && !errors.Is(err, fs.ErrNotExist):
-			log.Error(err, "Cannot read a file the operator keeps; keeping what it said before", "file", p)
+		case err != nil:
+			log.Error(err, "Cannot read what the operator keeps; keeping what it said before", "from", what)
 		case first || !bytes.Equal(raw, last):
 			if err := apply(raw); err != nil {
-				log.Error(err, "Ignoring a file that does not apply; keeping what it said before", "file", p)
+				log.Error(err, "Ignoring what does not apply; keeping what it said before", "from", what)
 			}
 			first, last = false, raw
 		}
 	}
-	read()
-	Every(ctx, interval, func(context.Context, time.Time) { read() })
+	once(ctx)
+	Every(ctx, interval, func(ctx context.Context, _ time.Time) { once(ctx) })
 }

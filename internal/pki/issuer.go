@@ -127,11 +127,13 @@ func (is *Issuer) refuse(w http.ResponseWriter, r *http.Request, reason string, 
 	http.Error(w, err.Error(), code)
 }
 
-// ServerConfigAnyClient is TLS 1.3 with the credentials' certificate that asks no client
-// certificate: the issuer's, whose clients have none yet and prove themselves with a token.
-func (c *Credentials) ServerConfigAnyClient() *tls.Config {
+// ServerConfigOptionalClient is TLS 1.3 with the credentials' certificate that verifies a
+// client certificate when one is given and lets a client without one in: the operator's port,
+// where components with no certificate yet ask the issuer for one (proving themselves with a
+// token) and workers read their settings with theirs. Each handler decides on what it got.
+func (c *Credentials) ServerConfigOptionalClient() *tls.Config {
 	cfg := c.ServerConfig()
-	cfg.ClientAuth = tls.NoClientCert
+	cfg.ClientAuth = tls.VerifyClientCertIfGiven
 	cfg.VerifyConnection = nil
 	return cfg
 }

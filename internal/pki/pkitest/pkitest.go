@@ -9,11 +9,17 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"net"
-	"testing"
 	"time"
 
 	"github.com/strata-cache/strata/internal/pki"
 )
+
+// TB is what the helpers need of a test: testing.TB, or Ginkgo's GinkgoT().
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
 
 // Authority is a test CA.
 type Authority struct {
@@ -21,7 +27,7 @@ type Authority struct {
 }
 
 // New makes a CA.
-func New(tb testing.TB) *Authority {
+func New(tb TB) *Authority {
 	tb.Helper()
 	ca, err := pki.NewCA("test CA", time.Now())
 	if err != nil {
@@ -31,14 +37,14 @@ func New(tb testing.TB) *Authority {
 }
 
 // Credentials are credentials for id that trust this CA, valid for localhost and 127.0.0.1.
-func (a *Authority) Credentials(tb testing.TB, id pki.Identity) *pki.Credentials {
+func (a *Authority) Credentials(tb TB, id pki.Identity) *pki.Credentials {
 	tb.Helper()
 	return a.CredentialsTrusting(tb, id, a)
 }
 
 // CredentialsTrusting are credentials for id signed by this CA that trust the CA of trust: a
 // component of another installation, for a test that it is refused.
-func (a *Authority) CredentialsTrusting(tb testing.TB, id pki.Identity, trust *Authority) *pki.Credentials {
+func (a *Authority) CredentialsTrusting(tb TB, id pki.Identity, trust *Authority) *pki.Credentials {
 	tb.Helper()
 	cert, key := a.Issue(tb, id)
 	creds := pki.NewCredentials(trust.CA.Pool())
@@ -53,7 +59,7 @@ func (a *Authority) CredentialsTrusting(tb testing.TB, id pki.Identity, trust *A
 }
 
 // Issue returns a certificate for id and its key, PEM-encoded.
-func (a *Authority) Issue(tb testing.TB, id pki.Identity) (certPEM, keyPEM []byte) {
+func (a *Authority) Issue(tb TB, id pki.Identity) (certPEM, keyPEM []byte) {
 	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
