@@ -14,6 +14,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/master/mastertest"
 )
 
 // Sizes of the benchmark: one output file of 64 MiB in blocks of 4 MiB, as a step writes it.
@@ -27,7 +28,11 @@ const (
 //
 //   - "checkpoint": the checkpointer's write of the file, at once (as a write-through or a
 //     persist before a drop does): its blocks read back from tmpfs, each checked against its
-//     CRC-32C on the way, streamed to MinIO, and recorded at the master;
+//     CRC-32C on the way, streamed to MinIO, and recorded at the master over mutual TLS, as in
+//     a cluster;
+//
+//   - "checkpoint, master in plaintext": the same with a master that speaks no TLS, what the
+//     write cost before components proved who they are;
 //
 //   - "PutObject from memory": the same bytes put to MinIO with minio-go from a byte slice, the
 //     least any copy to the under-store costs;
@@ -48,25 +53,34 @@ func BenchmarkCheckpoint(b *testing.B) {
 	// Every file sealed gets a new path and token: b.Run calls each function more than once, and
 	// a seal of a path and token the master knows would find that file, checkpointed already.
 
-	b.Run("checkpoint", func(b *testing.B) {
-		n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/now/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 1})
-		b.SetBytes(benchFileSize)
-		for range b.N {
-			b.StopTimer()
-			seed := n.nextID.Add(1)
-			f := n.sealData("ns/now/u1", fmt.Sprintf("part-%d", seed), data, seed)
-			sealed := checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: benchFileSize, Blocks: f.blocks}
-			b.StartTimer()
-			wrote, err := n.cp.WriteThrough(ctx, sealed)
-			if err != nil || !wrote {
-				b.Fatalf("wrote %v: %v", wrote, err)
+	writeThrough := func(n *node) func(b *testing.B) {
+		return func(b *testing.B) {
+			n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/now/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 1})
+			b.SetBytes(benchFileSize)
+			for range b.N {
+				b.StopTimer()
+				seed := n.nextID.Add(1)
+				f := n.sealData("ns/now/u1", fmt.Sprintf("part-%d", seed), data, seed)
+				sealed := checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: benchFileSize, Blocks: f.blocks}
+				b.StartTimer()
+				wrote, err := n.cp.WriteThrough(ctx, sealed)
+				if err != nil || !wrote {
+					b.Fatalf("wrote %v: %v", wrote, err)
+				}
+				n.cp.Published(ctx, sealed, wrote)
+				b.StopTimer()
+				n.drop(f)
+				b.StartTimer()
 			}
-			n.cp.Published(ctx, sealed, wrote)
-			b.StopTimer()
-			n.drop(f)
-			b.StartTimer()
 		}
-	})
+	}
+	b.Run("checkpoint", writeThrough(n))
+	plain := newNodeWith(b, 4*benchFileSize, mastertest.Options{GRPC: true})
+	plain.bs = benchBlockSize
+	plain.cp = checkpoint.New(checkpoint.Config{Master: plain.master, Poll: 10 * time.Millisecond})
+	plain.store = benchStore(b, plain)
+	plain.cp.Attach(plain.store)
+	b.Run("checkpoint, master in plaintext", writeThrough(plain))
 	b.Run("PutObject from memory", func(b *testing.B) {
 		b.SetBytes(benchFileSize)
 		for i := range b.N {

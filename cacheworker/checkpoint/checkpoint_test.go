@@ -27,6 +27,8 @@ import (
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/mastertest"
@@ -65,10 +67,17 @@ type node struct {
 	bs int64
 }
 
+// newNode is a worker's part whose master speaks mutual TLS, as in a cluster: the checkpointer
+// calls it as the worker pool/node-a.
 func newNode(t testing.TB, quota int64) *node {
 	t.Helper()
-	n := &node{t: t, bs: blockSize, master: mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client(), minio: miniotest.Start(t),
-		reg: prometheus.NewRegistry(), clock: newClock()}
+	return newNodeWith(t, quota, mastertest.Options{GRPC: true, TLS: pkitest.New(t)})
+}
+
+func newNodeWith(t testing.TB, quota int64, masterOpts mastertest.Options) *node {
+	t.Helper()
+	n := &node{t: t, bs: blockSize, master: mastertest.New(t, 1, masterOpts).ClientAs(pki.Worker("pool", "node-a")),
+		minio: miniotest.Start(t), reg: prometheus.NewRegistry(), clock: newClock()}
 	n.minio.MakeBucket(t, bucket)
 	metrics, err := checkpoint.NewMetrics(n.reg)
 	if err != nil {

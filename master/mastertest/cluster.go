@@ -431,9 +431,19 @@ func (c *Cluster) Client() *client.Client {
 	if !c.opts.GRPC {
 		c.tb.Fatal("Client needs Options.GRPC")
 	}
+	return c.ClientAs(pki.Operator())
+}
+
+// ClientAs returns a client that, with Options.TLS, speaks as id; without, in plaintext. The
+// client is closed when the test ends.
+func (c *Cluster) ClientAs(id pki.Identity) *client.Client {
+	c.tb.Helper()
+	if !c.opts.GRPC {
+		c.tb.Fatal("ClientAs needs Options.GRPC")
+	}
 	opts := client.Options{AttemptTimeout: time.Second, Logger: c.opts.Logger}
 	if c.opts.TLS != nil {
-		opts.DialOptions = []grpc.DialOption{c.opts.TLS.Credentials(c.tb, pki.Operator()).DialOption(pki.RoleMaster)}
+		opts.DialOptions = []grpc.DialOption{c.opts.TLS.Credentials(c.tb, id).DialOption(pki.RoleMaster)}
 	}
 	cl, err := client.New(c.APIAddrs(), opts)
 	if err != nil {
