@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -95,11 +96,14 @@ func (s MasterSpec) selector() map[string]string {
 // object is recreated and a changed one is put back as the spec says.
 type MasterReconciler struct {
 	Client client.Client
-	Spec   MasterSpec
+	// APIReader lists the master's pods (the cache holds no pod of the operator's namespace).
+	APIReader client.Reader
+	Spec      MasterSpec
 }
 
 // +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=statefulsets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",namespace=strata-system,resources=services,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",namespace=strata-system,resources=pods,verbs=delete
 
 // Reconcile makes the master's objects match the spec. Every request means the same thing.
 func (r *MasterReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
@@ -116,7 +120,55 @@ func (r *MasterReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 			log.Info("master object applied", "kind", fmt.Sprintf("%T", obj), "name", obj.GetName(), "operation", result)
 		}
 	}
+	if err := r.replacePlaintextReplicas(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
 	return ctrl.Result{}, nil
+}
+
+// replacePlaintextReplicas deletes, all at once, the replicas of a version that spoke no TLS
+// (an upgrade from before mutual TLS): a replica that speaks it cannot join them, nor they it,
+// so a rolling update would stall at its first pod with the rest of the group unable to reach
+// it. The StatefulSet (Parallel) starts them again together, on TLS; with persistent storage
+// they keep their state, on an emptyDir the workers report their blocks to the new group.
+func (r *MasterReconciler) replacePlaintextReplicas(ctx context.Context) error {
+	if r.APIReader == nil {
+		return nil
+	}
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.InNamespace(r.Spec.Namespace), client.MatchingLabels(r.Spec.selector())); err != nil {
+		return fmt.Errorf("listing the master's pods: %w", err)
+	}
+	var plaintext []*corev1.Pod
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp == nil && !speaksTLS(p) {
+			plaintext = append(plaintext, p)
+		}
+	}
+	if len(plaintext) == 0 {
+		return nil
+	}
+	log := ctrl.LoggerFrom(ctx)
+	for _, p := range plaintext {
+		log.Info("replacing a master replica that speaks no TLS, with the others at once", "pod", p.Name)
+		if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID}); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting master pod %s/%s, which speaks no TLS: %w", p.Namespace, p.Name, err)
+		}
+	}
+	return nil
+}
+
+// speaksTLS says whether a master pod runs with a certificate (the flags of ComponentTLS).
+func speaksTLS(p *corev1.Pod) bool {
+	for _, c := range p.Spec.Containers {
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--ca-file=") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // mutate copies into current, read from the server, the fields of desired that the operator

@@ -5,6 +5,7 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -94,6 +95,33 @@ var _ = Describe("The master reconciler", func() {
 			g.Expect(sts.Spec.Replicas).To(HaveValue(Equal(int32(3))))
 			g.Expect(sts.Spec.Template.Spec.Containers[0].Image).To(Equal("strata-cache/master:test"))
 		}).Should(Succeed(), "waiting for the operator to restore StatefulSet %s", key)
+	})
+
+	It("replaces at once the replicas of a version that spoke no TLS, and leaves those that do", func() {
+		replica := func(name string, args ...string) *corev1.Pod {
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: key.Namespace, Labels: testMasterSpec.selector()},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "master", Image: "strata-cache/master:old", Args: args}}},
+			}
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			return p
+		}
+		old := []*corev1.Pod{replica("strata-master-0", "--statefulset"), replica("strata-master-1", "--statefulset")}
+		current := replica("strata-master-2", "--statefulset", "--ca-file=/var/run/strata/identity/ca.crt")
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, current))).To(Succeed()) })
+
+		By("changing the StatefulSet, as an upgrade of the operator does")
+		Eventually(func(g Gomega) {
+			sts := getStatefulSet(g)
+			sts.Spec.Template.Spec.Containers[0].Image = "strata-cache/master:old"
+			g.Expect(k8sClient.Update(ctx, sts)).To(Succeed())
+		}).Should(Succeed())
+		for _, p := range old {
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{}))
+			}).Should(BeTrue(), "waiting for the plaintext replica %s to be replaced", p.Name)
+		}
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(current), &corev1.Pod{})).To(Succeed(), "a replica on TLS stays")
 	})
 
 	It("lists the replicas' addresses in ordinal order for clients", func() {

@@ -160,7 +160,7 @@ var _ = BeforeSuite(func() {
 		APIReader:           mgr.GetAPIReader(),
 		ClaimServerEndpoint: claimServers.endpoint,
 	}).SetupWithManager(mgr)).To(Succeed())
-	Expect((&MasterReconciler{Client: mgr.GetClient(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&CachePolicyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&LineageReconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Master: lineageMaster, Partitions: lineageMaster,
