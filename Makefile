@@ -232,8 +232,8 @@ E2E_KEEP_CLUSTER ?=
 E2E_TIMEOUT ?= 60m
 
 .PHONY: e2e
-e2e: ## Run every e2e suite on the Kind cluster; it is deleted afterwards unless E2E_KEEP_CLUSTER=1.
-	$(MAKE) e2e-run E2E_LABELS=
+e2e: ## Run every e2e suite on the Kind cluster but the upgrade (make e2e-upgrade); it is deleted afterwards unless E2E_KEEP_CLUSTER=1.
+	$(MAKE) e2e-run E2E_LABELS='!upgrade'
 
 # The smoke subset takes a few minutes; its own deadline makes a hung spec fail CI with the
 # suite's report long before CI's own limit would cut it off with none.
@@ -246,6 +246,31 @@ e2e-smoke: ## Run the short e2e subset that CI runs.
 .PHONY: bench-e2e
 bench-e2e: ## Run the whole-system benchmarks on Kind (see docs/benchmarks.md).
 	$(MAKE) e2e-run E2E_LABELS=bench
+
+# The release e2e-upgrade starts from: the last commit before components spoke mutual TLS.
+PREVIOUS_REF ?= 5777aab
+PREVIOUS_TAG ?= previous
+PREVIOUS_DIR ?= $(LOCALBIN)/previous
+
+.PHONY: previous-release
+previous-release: docker-up ## Unpack the chart of $(PREVIOUS_REF) and build its images, tagged $(PREVIOUS_TAG).
+	rm -rf $(PREVIOUS_DIR) && mkdir -p $(PREVIOUS_DIR)
+	git archive $(PREVIOUS_REF) | tar -x -C $(PREVIOUS_DIR)
+	$(MAKE) -C $(PREVIOUS_DIR) images VERSION=$(PREVIOUS_TAG) LOCALBIN=$(PREVIOUS_DIR)/bin
+
+.PHONY: e2e-upgrade
+e2e-upgrade: kind-up previous-release kind-load $(HELM) $(KUBECTL) ## Install $(PREVIOUS_REF) on Kind, then run the specs that upgrade it to this chart while a pod reads.
+	for img in operator master worker csi; do \
+		$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGE_PREFIX)/$$img:$(PREVIOUS_TAG) >/dev/null; done
+	$(KUBECTL) --context $(KUBE_CONTEXT) apply --server-side --force-conflicts -f $(PREVIOUS_DIR)/charts/strata/crds/
+	$(HELM) upgrade --install strata $(PREVIOUS_DIR)/charts/strata --kube-context $(KUBE_CONTEXT) \
+		--namespace $(STRATA_NAMESPACE) --create-namespace --values $(KIND_VALUES) --set image.tag=$(PREVIOUS_TAG) --wait --timeout 5m
+	$(MAKE) minio-deploy
+	status=0; \
+	KUBECTL=$(KUBECTL) HELM=$(HELM) E2E_IMAGE_TAG=$(VERSION) E2E_KUBE_CONTEXT=$(KUBE_CONTEXT) E2E_STRATA_NAMESPACE=$(STRATA_NAMESPACE) \
+		E2E_UPGRADE_FROM=$(PREVIOUS_REF) go test -tags e2e ./e2e/ -count=1 -timeout $(E2E_TIMEOUT) -v -ginkgo.v -ginkgo.label-filter=upgrade || status=$$?; \
+	if [ -z "$(E2E_KEEP_CLUSTER)" ]; then $(KIND) delete cluster --name $(KIND_CLUSTER); fi; \
+	exit $$status
 
 .PHONY: e2e-run
 e2e-run: kind-up deploy minio-deploy

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -112,5 +113,59 @@ var _ = Describe("The certificate issuer's attester", func() {
 		}).WithContext(ctx).Should(BeTrue(), "waiting for the pod to be gone")
 		_, err := attester.Attest(ctx, tok)
 		Expect(err).To(MatchError(pki.ErrNotAttested))
+	})
+})
+
+var _ = Describe("Strata's CA", func() {
+	var namespace string
+	BeforeEach(func(ctx SpecContext) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ca-"}}
+		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+		namespace = ns.Name
+	})
+	bundle := func(ctx context.Context) string {
+		GinkgoHelper()
+		cm := &corev1.ConfigMap{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "strata-ca-bundle"}, cm)).To(Succeed())
+		return cm.Data[identity.BundleKey]
+	}
+
+	It("is made once, and every operator replica after the first reads the same one", func(ctx SpecContext) {
+		first, err := identity.EnsureCA(ctx, k8sClient, namespace, "strata-ca", "strata-ca-bundle")
+		Expect(err).NotTo(HaveOccurred())
+		second, err := identity.EnsureCA(ctx, k8sClient, namespace, "strata-ca", "strata-ca-bundle")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(second.CertPEM).To(Equal(first.CertPEM))
+		Expect(bundle(ctx)).To(Equal(string(first.CertPEM)), "components trust the CA through the bundle")
+	})
+
+	It("comes from cert-manager when the chart says so: the operator waits for its Secret and makes none", func(ctx SpecContext) {
+		type result struct {
+			ca  *pki.CA
+			err error
+		}
+		done := make(chan result, 1)
+		waitCtx, cancel := context.WithCancel(ctx)
+		DeferCleanup(cancel)
+		go func() {
+			ca, err := identity.WaitForCA(waitCtx, k8sClient, namespace, "strata-ca", "strata-ca-bundle", GinkgoLogr)
+			done <- result{ca, err}
+		}()
+		Consistently(done, "1s").ShouldNot(Receive(), "the operator waits while there is no Secret")
+		Expect(apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "strata-ca"}, &corev1.Secret{}))).
+			To(BeTrue(), "the operator made no CA of its own")
+
+		By("writing the Secret as cert-manager does for a Certificate with isCA and a PKCS#8 key")
+		issued, err := pki.NewCA("issued by cert-manager", time.Now())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8sClient.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "strata-ca", Namespace: namespace}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{corev1.TLSCertKey: issued.CertPEM, corev1.TLSPrivateKeyKey: issued.KeyPEM, "ca.crt": issued.CertPEM},
+		})).To(Succeed())
+		var got result
+		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(&got))
+		Expect(got.err).NotTo(HaveOccurred())
+		Expect(got.ca.CertPEM).To(Equal(issued.CertPEM))
+		Expect(bundle(ctx)).To(Equal(string(issued.CertPEM)))
 	})
 })

@@ -59,42 +59,12 @@ var _ = Describe("A tenant's cached data, against a pod of another namespace", O
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
 		worker := workerPod(ctx, pool, nodes[0])
 		Expect(worker).NotTo(BeNil())
-		// What the issue's attacker computed: the first block of the file, from the Dataset's
-		// UID and the file's name, on the worker that cached it.
-		target = []string{
-			"--master", strings.Join(masterAddresses(3), ","),
-			"--worker", pool + "/" + nodes[0],
-			"--worker-addr", fmt.Sprintf("%s:%d", worker.Status.PodIP, controllers.WorkerDataPort),
-			"--block", cache.BlockID(string(ds.UID), "private.bin", 0),
-			"--dataset", datav1alpha1.MasterDatasetName(tenant, ds.Name, string(ds.UID)),
-		}
+		target = attackTarget(worker, pool, ds, "private.bin")
 	})
 	AfterEach(func() { dumpOnFailure(tenant, attacker) })
 
-	// attack runs testkit attack with extra in the attacker's namespace, on the other node.
-	attack := func(ctx context.Context, pod *corev1.Pod) map[string]attempt {
-		GinkgoHelper()
-		Expect(k8sClient.Create(ctx, pod)).To(Succeed())
-		waitSucceeded(ctx, pod)
-		got := map[string]attempt{}
-		for _, line := range strings.Split(strings.TrimSpace(podLogs(ctx, pod)), "\n") {
-			var a attempt
-			Expect(json.Unmarshal([]byte(line), &a)).To(Succeed(), "testkit attack printed %q", line)
-			got[a.Op] = a
-		}
-		Expect(got).To(HaveLen(len(attackOps)), "testkit attack tried every operation")
-		return got
-	}
-	refusedAll := func(got map[string]attempt, why string) {
-		GinkgoHelper()
-		for _, op := range attackOps {
-			Expect(got[op].Code).NotTo(Equal("OK"), "%s %s got through: %+v", why, op, got[op])
-		}
-	}
-
 	It("refuses every call of a pod that holds no certificate", func(ctx SpecContext) {
-		got := attack(ctx, testkitPod(attacker, nodes[1], append([]string{"attack"}, target...)...))
-		refusedAll(got, "a pod with no certificate:")
+		refusedAll(runAttack(ctx, testkitPod(attacker, nodes[1], append([]string{"attack"}, target...)...)), "a pod with no certificate:")
 	})
 
 	It("refuses every call of a pod whose certificate names a Strata component but is signed by another CA", func(ctx SpecContext) {
@@ -108,12 +78,12 @@ var _ = Describe("A tenant's cached data, against a pod of another namespace", O
 			LocalObjectReference: corev1.LocalObjectReference{Name: "strata-ca"},
 		}}}}
 		pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "ca", MountPath: "/ca"}}
-		refusedAll(attack(ctx, pod), "a forged operator certificate:")
+		refusedAll(runAttack(ctx, pod), "a forged operator certificate:")
 	})
 
 	It("lets a worker's certificate read the block, but not act for another worker or as the operator", func(ctx SpecContext) {
 		issueTestkitCertificate(ctx, attacker, pki.Worker("e2e-testkit", nodes[1]))
-		got := attack(ctx, withTestkitTLS(testkitPod(attacker, nodes[1], append([]string{"attack"}, target...)...)))
+		got := runAttack(ctx, withTestkitTLS(testkitPod(attacker, nodes[1], append([]string{"attack"}, target...)...)))
 		// The positive control: the block id is the tenant's, and a worker may read it.
 		Expect(got["read-block"].Code).To(Equal("OK"), "a worker's certificate reads a peer's block: %+v", got["read-block"])
 		for _, op := range []string{"delete-dataset", "join", "mark-worker-lost", "register-worker"} {
@@ -127,3 +97,39 @@ var _ = Describe("A tenant's cached data, against a pod of another namespace", O
 		}
 	})
 })
+
+// attackTarget are the flags of testkit attack against the Dataset ds, cached by worker (of
+// pool): what the issue's attacker computed, the first block of file from the Dataset's UID and
+// the file's name, on the worker that cached it.
+func attackTarget(worker *corev1.Pod, pool string, ds *datav1alpha1.Dataset, file string) []string {
+	return []string{
+		"--master", strings.Join(masterAddresses(3), ","),
+		"--worker", pool + "/" + worker.Spec.NodeName,
+		"--worker-addr", fmt.Sprintf("%s:%d", worker.Status.PodIP, controllers.WorkerDataPort),
+		"--block", cache.BlockID(string(ds.UID), file, 0),
+		"--dataset", datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)),
+	}
+}
+
+// runAttack runs a testkit attack pod and returns how each attempt ended, by operation.
+func runAttack(ctx context.Context, pod *corev1.Pod) map[string]attempt {
+	GinkgoHelper()
+	Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+	waitSucceeded(ctx, pod)
+	got := map[string]attempt{}
+	for _, line := range strings.Split(strings.TrimSpace(podLogs(ctx, pod)), "\n") {
+		var a attempt
+		Expect(json.Unmarshal([]byte(line), &a)).To(Succeed(), "testkit attack printed %q", line)
+		got[a.Op] = a
+	}
+	return got
+}
+
+// refusedAll checks that every operation of attackOps was tried and refused.
+func refusedAll(got map[string]attempt, why string) {
+	GinkgoHelper()
+	Expect(got).To(HaveLen(len(attackOps)), "testkit attack tried every operation")
+	for _, op := range attackOps {
+		Expect(got[op].Code).NotTo(Equal("OK"), "%s %s got through: %+v", why, op, got[op])
+	}
+}

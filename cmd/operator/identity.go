@@ -33,7 +33,13 @@ func (o identityOptions) start(ctx context.Context, api client.Client, namespace
 	if namespace == "" {
 		return nil, errors.New("--namespace (or $POD_NAMESPACE) is required: Strata's CA lives in the operator's namespace")
 	}
-	ca, err := identity.EnsureCA(ctx, api, namespace, o.caSecret, o.caBundle)
+	var ca *pki.CA
+	var err error
+	if o.caFromCertManager {
+		ca, err = identity.WaitForCA(ctx, api, namespace, o.caSecret, o.caBundle, ctrl.Log.WithName("tls"))
+	} else {
+		ca, err = identity.EnsureCA(ctx, api, namespace, o.caSecret, o.caBundle)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -71,6 +71,8 @@ type options struct {
 type identityOptions struct {
 	caSecret string
 	caBundle string
+	// caFromCertManager: cert-manager writes the CA Secret; the operator waits for it.
+	caFromCertManager bool
 	// issuerAddr is where the issuer listens; issuerService is the Service components reach it
 	// through, which its certificate names.
 	issuerAddr    string
@@ -139,6 +141,8 @@ func main() {
 		"How long a Node must be NotReady before the master declares its workers lost.")
 	flag.StringVar(&opts.identity.caSecret, "ca-secret", "strata-ca",
 		"Secret of the operator's namespace holding Strata's internal CA; made on first start.")
+	flag.BoolVar(&opts.identity.caFromCertManager, "ca-from-cert-manager", false,
+		"Wait for cert-manager to write the CA into --ca-secret (a Certificate of the chart) instead of making one.")
 	flag.StringVar(&opts.identity.caBundle, "ca-bundle", "strata-ca-bundle",
 		"ConfigMap of the operator's namespace the CA certificate is written to, which components mount to trust it.")
 	flag.StringVar(&opts.identity.issuerAddr, "issuer-bind-address", ":9444",

@@ -29,7 +29,7 @@ type attempt struct {
 // attack tries, as a pod of another tenant would, what no tenant may do to Strata's master and
 // workers, and prints how each attempt ended (code OK means it got through):
 //
-//	testkit attack --master ADDRS --worker POOL/NODE --worker-addr IP:PORT --block ID --dataset NAME [TLS flags]
+//	testkit attack --master ADDRS --worker POOL/NODE --worker-addr IP:PORT --block ID --dataset NAME [--only OPS] [TLS flags]
 //
 // It reads a block of another tenant's Dataset, writes one into it, lists every Dataset's files,
 // deletes the Dataset at the master, joins the Raft group, declares a worker lost and registers
@@ -40,6 +40,7 @@ func attack(args []string, out *json.Encoder) error {
 	worker := flags.String("worker", "", "id of a worker at the master, such as pool/node")
 	workerAddr := flags.String("worker-addr", "", "that worker's data-plane address")
 	block := flags.String("block", "", "id of a block of the victim's Dataset")
+	only := flags.String("only", "", "comma-separated operations to try (default: all), such as read-block,list-files")
 	dataset := flags.String("dataset", "", "the victim's Dataset as the master names it")
 	var tlsf tlsFlags
 	tlsf.bind(flags)
@@ -110,7 +111,16 @@ func attack(args []string, out *json.Encoder) error {
 			return err
 		}},
 	}
+	wanted := map[string]bool{}
+	for _, op := range strings.Split(*only, ",") {
+		if op != "" {
+			wanted[op] = true
+		}
+	}
 	for _, a := range attempts {
+		if len(wanted) > 0 && !wanted[a.op] {
+			continue
+		}
 		if err := try(a.op, a.call); err != nil {
 			return err
 		}
