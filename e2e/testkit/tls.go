@@ -30,9 +30,7 @@ type tlsFlags struct {
 }
 
 func (f *tlsFlags) bind(fs *flag.FlagSet) {
-	fs.StringVar(&f.CAFile, "ca-file", "", "Strata's CA bundle; without it testkit speaks plaintext")
-	fs.StringVar(&f.CertFile, "cert-file", "", "certificate to present")
-	fs.StringVar(&f.KeyFile, "key-file", "", "key of --cert-file")
+	f.Bind(fs) // without --ca-file, testkit speaks plaintext
 	fs.StringVar(&f.forge, "forge", "", "present a certificate for this identity URI, signed by a CA testkit makes itself")
 }
 

@@ -2,6 +2,7 @@ package authz
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -56,6 +57,22 @@ func (p Policy) Missing(services ...grpc.ServiceDesc) []string {
 		}
 	}
 	return out
+}
+
+// Check says what the policy and services disagree on: a method of the services that no rule
+// names (closed to everyone, probably by mistake) or a rule for a method that no service has.
+func (p Policy) Check(services ...grpc.ServiceDesc) error {
+	methods := Methods(services...)
+	var errs []error
+	for _, m := range p.Missing(services...) {
+		errs = append(errs, fmt.Errorf("method %s is in no rule of the policy: say who may call it", m))
+	}
+	for m := range p {
+		if !slices.Contains(methods, m) {
+			errs = append(errs, fmt.Errorf("the policy names %s, which no service has", m))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Caller is the identity of the client of ctx's call, from its verified certificate.
