@@ -55,7 +55,7 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	grpcSrv := grpc.NewServer(grpc.UnaryInterceptor(metrics.UnaryInterceptor(log.WithName("calls"))))
+	grpcSrv := grpc.NewServer(append(daemon.ServerLimits(), grpc.UnaryInterceptor(metrics.UnaryInterceptor(log.WithName("calls"))))...)
 
 	var regSrv *registration.Server
 	var fds *fdstore.Server
@@ -151,7 +151,8 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	})
 	if regSrv != nil {
 		g.Go(func() error {
-			return regSrv.Serve(gctx, cfg.registrationSock, grpc.UnaryInterceptor(metrics.UnaryInterceptor(log.WithName("registration"))))
+			return regSrv.Serve(gctx, cfg.registrationSock,
+				append(daemon.ServerLimits(), grpc.UnaryInterceptor(metrics.UnaryInterceptor(log.WithName("registration"))))...)
 		})
 	}
 	var httpSrv *http.Server
