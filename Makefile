@@ -264,7 +264,8 @@ e2e-upgrade: kind-up previous-release kind-load $(HELM) $(KUBECTL) ## Install $(
 		$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGE_PREFIX)/$$img:$(PREVIOUS_TAG) >/dev/null; done
 	$(KUBECTL) --context $(KUBE_CONTEXT) apply --server-side --force-conflicts -f $(PREVIOUS_DIR)/charts/strata/crds/
 	$(HELM) upgrade --install strata $(PREVIOUS_DIR)/charts/strata --kube-context $(KUBE_CONTEXT) \
-		--namespace $(STRATA_NAMESPACE) --create-namespace --values $(KIND_VALUES) --set image.tag=$(PREVIOUS_TAG) --wait --timeout 5m
+		--namespace $(STRATA_NAMESPACE) --create-namespace --values $(KIND_VALUES) --wait --timeout 5m \
+		--set image.tag=$(PREVIOUS_TAG),master.image.tag=$(PREVIOUS_TAG),worker.image.tag=$(PREVIOUS_TAG),csi.image.tag=$(PREVIOUS_TAG)
 	$(MAKE) minio-deploy
 	status=0; \
 	KUBECTL=$(KUBECTL) HELM=$(HELM) E2E_IMAGE_TAG=$(VERSION) E2E_KUBE_CONTEXT=$(KUBE_CONTEXT) E2E_STRATA_NAMESPACE=$(STRATA_NAMESPACE) \
