@@ -112,7 +112,7 @@ var _ = Describe("An upgrade from the version before mutual TLS", Ordered, Label
 			}
 			g.Expect(reader.Status.Phase).To(Equal(corev1.PodSucceeded))
 		}).WithContext(ctx).WithTimeout(10*minute).Should(Succeed(), "waiting for the reader to finish")
-		Expect(runLogs(ctx, reader)).To(Equal(contents(written)), "what the pod read through the upgrade differs")
+		Expect(contents(runLogs(ctx, reader))).To(Equal(contents(written)), "what the pod read through the upgrade differs")
 	})
 
 	It("refuses the same pod after it", func(ctx SpecContext) {
