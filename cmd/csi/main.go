@@ -62,13 +62,17 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	var renewer *pki.Renewer
 	switch cfg.mode {
 	case modeNode:
-		// The plugin's word to the node's workers; it can mount nothing without it.
-		creds, r, err := cfg.tls.Load(ctx, log.WithName("tls"))
+		// The plugin's word to the node's workers; it can mount nothing new without it. It is
+		// had in the background: the plugin holds the pods' mounts (the fdstore) and unmounts
+		// whatever the issuer's state, and a publish before the certificate says so.
+		creds, r, err := cfg.tls.Prepare(log.WithName("tls"))
 		if err != nil {
 			return err
 		}
-		if id := creds.Identity(); id != pki.CSINode(cfg.nodeName) {
-			return fmt.Errorf("the certificate is for %s, not for the CSI node plugin of %s (--node-name)", id, cfg.nodeName)
+		if r == nil {
+			if err := checkIdentity(creds, cfg.nodeName); err != nil {
+				return err
+			}
 		}
 		renewer = r
 		workers := driver.WorkerSockets{Dir: cfg.workerSocketDir, Node: cfg.nodeName, Credentials: creds}
@@ -121,7 +125,16 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	if renewer != nil {
-		g.Go(func() error { renewer.Run(gctx); return nil })
+		g.Go(func() error {
+			if err := renewer.First(gctx); err != nil {
+				return err
+			}
+			if err := checkIdentity(renewer.Credentials, cfg.nodeName); err != nil {
+				return err
+			}
+			renewer.Run(gctx)
+			return nil
+		})
 	}
 	if fds != nil {
 		if err := fds.Start(fdstore.SocketPath(cfg.workerSocketDir)); err != nil {
@@ -178,6 +191,14 @@ func run(ctx context.Context, cfg config, log logr.Logger) error {
 	log.Info("CSI driver running", "driver", driver.DriverName, "version", cfg.vendorVersion,
 		"endpoint", cfg.csiEndpoint.String(), "node", cfg.nodeName, "registration", cfg.registrationSock, "metrics", cfg.metricsAddr)
 	return g.Wait()
+}
+
+// checkIdentity refuses a certificate that is not this node's CSI node plugin's.
+func checkIdentity(creds *pki.Credentials, node string) error {
+	if id := creds.Identity(); id != pki.CSINode(node) {
+		return fmt.Errorf("the certificate is for %s, not for the CSI node plugin of %s (--node-name)", id, node)
+	}
+	return nil
 }
 
 // abandonedMountsGrace is how long the node plugin keeps holding the mounts of a pool whose

@@ -37,6 +37,21 @@ var ErrNoTLS = errors.New("--ca-file is required, with --issuer and --token-file
 // keeps them valid (nil for a certificate from files, which is not renewed). It waits for the
 // issuer until ctx ends.
 func (f *Flags) Load(ctx context.Context, log logr.Logger) (*Credentials, *Renewer, error) {
+	creds, renewer, err := f.Prepare(log)
+	if err != nil || renewer == nil {
+		return creds, renewer, err
+	}
+	if err := renewer.First(ctx); err != nil {
+		return nil, nil, err
+	}
+	log.Info("certified", "identity", creds.Identity())
+	return creds, renewer, nil
+}
+
+// Prepare is Load without the wait: with a certificate from the issuer, the credentials hold
+// none until the renewer's First returns. For a component that has work to do before it speaks
+// to another (the CSI node plugin holds pods' mounts, whatever the issuer's state).
+func (f *Flags) Prepare(log logr.Logger) (*Credentials, *Renewer, error) {
 	if f.CAFile == "" {
 		return nil, nil, ErrNoTLS
 	}
@@ -71,12 +86,7 @@ func (f *Flags) Load(ctx context.Context, log logr.Logger) (*Credentials, *Renew
 		if err != nil {
 			return nil, nil, err
 		}
-		r := &Renewer{Credentials: creds, Source: issuer, Log: log}
-		if err := r.First(ctx); err != nil {
-			return nil, nil, err
-		}
-		log.Info("certified", "identity", creds.Identity())
-		return creds, r, nil
+		return creds, &Renewer{Credentials: creds, Source: issuer, Log: log}, nil
 	}
 	return nil, nil, ErrNoTLS
 }
