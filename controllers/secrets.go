@@ -5,7 +5,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// The operator never caches, lists or watches the Secrets of other namespaces: it reads, one
+// The operator never caches, lists or watches Secrets: it reads, one
 // Get at a time, only the Secrets that Datasets name (their source's and their checkpoint
 // target's keys), so that a compromise of its cache or of a watch gives no tenant's keys away.
 // What follows a Secret's change does so by looking again on an interval instead of a watch.
