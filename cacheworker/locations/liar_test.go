@@ -5,8 +5,6 @@ import (
 	"context"
 	"hash/crc32"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,10 +13,8 @@ import (
 
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/locations"
-	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/master/masterpb"
-	"github.com/strata-cache/strata/master/mastertest"
 )
 
 // liar is a worker that serves other bytes than the block asked for, with a header whose
@@ -44,21 +40,9 @@ func (l *liar) ReadBlock(req *workerpb.ReadBlockRequest, stream workerpb.Worker_
 func TestACopyThatIsNotTheRecordedBlockIsRefused(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true})
-	master := masters.Client()
-	_, err := master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: dataset, Root: root, Source: "file:///data"})
-	g.Expect(err).NotTo(HaveOccurred())
-	dataDir := t.TempDir()
 	content := bytes.Repeat([]byte("strata honest bytes "), 2*blockSize/20+3)
-	g.Expect(os.WriteFile(filepath.Join(dataDir, "train.bin"), content, 0o600)).To(Succeed())
-	under, err := understore.NewLocal(understore.LocalConfig{Dir: dataDir, AllowedRoots: []string{dataDir}})
-	g.Expect(err).NotTo(HaveOccurred())
-
-	a := startNode(t, "pool/a", master, under)
-	b := startNode(t, "pool/b", master, under)
-	g.Eventually(func() bool { return a.member.Registered() && b.member.Registered() }).
-		WithTimeout(10*time.Second).Should(BeTrue(), "both workers register with the master")
-	_, err = a.cache.ReadBlock(ctx, "train.bin", 0)
+	master, _, a, b := startPeers(t, content)
+	_, err := a.cache.ReadBlock(ctx, "train.bin", 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	id := cache.BlockID("uid-1", "train.bin", 0)
 	g.Eventually(func() ([]string, error) { return holders(ctx, master, id) }).WithTimeout(10*time.Second).

@@ -123,21 +123,8 @@ func startNode(t *testing.T, id string, master *client.Client, under understore.
 func TestPeersServeWhatTheyHold(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	masters := mastertest.New(t, 1, mastertest.Options{GRPC: true})
-	master := masters.Client()
-	_, err := master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: dataset, Root: root, Source: "file:///data"})
-	g.Expect(err).NotTo(HaveOccurred())
-
-	dataDir := t.TempDir()
 	content := bytes.Repeat([]byte("strata peer read "), 3*blockSize/17+5) // three blocks and a bit
-	g.Expect(os.WriteFile(filepath.Join(dataDir, "train.bin"), content, 0o600)).To(Succeed())
-	under, err := understore.NewLocal(understore.LocalConfig{Dir: dataDir, AllowedRoots: []string{dataDir}})
-	g.Expect(err).NotTo(HaveOccurred())
-
-	a := startNode(t, "pool/a", master, under)
-	b := startNode(t, "pool/b", master, under)
-	g.Eventually(func() bool { return a.member.Registered() && b.member.Registered() }).
-		WithTimeout(10*time.Second).Should(BeTrue(), "both workers register with the master")
+	master, under, a, b := startPeers(t, content)
 
 	By := func(step string) { t.Log(step) }
 	By("worker a reads block 1 from the under-store and reports it")
@@ -180,6 +167,25 @@ func TestPeersServeWhatTheyHold(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred(), "a reader never fails because a peer is down")
 	g.Expect(got).To(Equal(content[blockSize : 2*blockSize]))
 	g.Expect(c.source.reads.Load()).To(BeNumerically(">", 0), "the block came from the under-store")
+}
+
+// startPeers starts a real master with the test's dataset registered, a local under-store whose
+// train.bin holds content, and two workers over them, pool/a and pool/b, registered.
+func startPeers(t *testing.T, content []byte) (*client.Client, understore.RangeReader, *node, *node) {
+	t.Helper()
+	g := NewWithT(t)
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	_, err := master.RegisterDataset(context.Background(), &masterpb.RegisterDatasetRequest{Name: dataset, Root: root, Source: "file:///data"})
+	g.Expect(err).NotTo(HaveOccurred())
+	dataDir := t.TempDir()
+	g.Expect(os.WriteFile(filepath.Join(dataDir, "train.bin"), content, 0o600)).To(Succeed())
+	under, err := understore.NewLocal(understore.LocalConfig{Dir: dataDir, AllowedRoots: []string{dataDir}})
+	g.Expect(err).NotTo(HaveOccurred())
+	a := startNode(t, "pool/a", master, under)
+	b := startNode(t, "pool/b", master, under)
+	g.Eventually(func() bool { return a.member.Registered() && b.member.Registered() }).
+		WithTimeout(10*time.Second).Should(BeTrue(), "both workers register with the master")
+	return master, under, a, b
 }
 
 func holders(ctx context.Context, master *client.Client, id string) ([]string, error) {
