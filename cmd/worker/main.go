@@ -84,8 +84,11 @@ const (
 )
 
 // handoverRefillInterval is how often the worker checks that the file descriptor store still
-// holds its mounts, putting back what a restarted store lost.
-const handoverRefillInterval = 10 * time.Second
+// holds its mounts, putting back what a restarted store lost. Until it does, a restart of this
+// worker would end those mounts (nothing else holds their connections), so it is short: one
+// small request over a Unix socket a second. An upgrade replaces the CSI plugin and the worker
+// of a node at about the same time.
+const handoverRefillInterval = time.Second
 
 func run(ctx context.Context, opts options, log logr.Logger) error {
 	cfg, err := opts.resolve()
