@@ -12,9 +12,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
-	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
-	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -52,21 +50,11 @@ func attack(args []string, out *json.Encoder) error {
 	}
 	setup, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	toMaster, err := tlsf.dialOptions(setup, pki.RoleMaster)
+	mc, peers, err := tlsf.clients(setup, *masters, client.Options{AttemptTimeout: 2 * time.Second})
 	if err != nil {
 		return err
 	}
-	toWorker, err := tlsf.dialOptions(setup, pki.RoleWorker)
-	if err != nil {
-		return err
-	}
-	mc, err := client.New(strings.Split(*masters, ","), client.Options{DialOptions: toMaster, AttemptTimeout: 2 * time.Second})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = mc.Close() }()
-	peers := dataplane.NewPeers(toWorker...)
-	defer func() { _ = peers.Close() }()
+	defer func() { _ = mc.Close(); _ = peers.Close() }()
 
 	try := func(op string, call func(ctx context.Context) error) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)

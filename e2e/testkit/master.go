@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -47,7 +46,7 @@ func masterSoak(args []string, out *json.Encoder) error {
 	ctx, cancel := context.WithTimeout(context.Background(), *duration+2*time.Minute)
 	defer cancel()
 
-	toMaster, err := tlsf.dialOptions(ctx, pki.RoleMaster)
+	toMaster, _, err := tlsf.dialOptions(ctx)
 	if err != nil {
 		return err
 	}

@@ -12,13 +12,16 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/master/client"
 )
 
 // tlsFlags are how testkit speaks to Strata's components: with a certificate the test issued
@@ -34,23 +37,40 @@ func (f *tlsFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.forge, "forge", "", "present a certificate for this identity URI, signed by a CA testkit makes itself")
 }
 
-// dialOptions are the gRPC options to reach a component of role.
-func (f *tlsFlags) dialOptions(ctx context.Context, role pki.Role) ([]grpc.DialOption, error) {
+// dialOptions are the gRPC options to reach the masters and the workers, from one reading of
+// the flags' files (none: the clients' default, plaintext).
+func (f *tlsFlags) dialOptions(ctx context.Context) (toMaster, toWorker []grpc.DialOption, err error) {
 	switch {
 	case f.forge != "":
 		cfg, err := f.forged()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}, nil
+		opt := grpc.WithTransportCredentials(credentials.NewTLS(cfg))
+		return []grpc.DialOption{opt}, []grpc.DialOption{opt}, nil
 	case f.CAFile != "":
 		creds, _, err := f.Load(ctx, logr.Discard())
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return []grpc.DialOption{creds.DialOption(role)}, nil
+		return []grpc.DialOption{creds.DialOption(pki.RoleMaster)}, []grpc.DialOption{creds.DialOption(pki.RoleWorker)}, nil
 	}
-	return nil, nil // the clients' default: plaintext
+	return nil, nil, nil
+}
+
+// clients are a client of the masters at addrs (comma-separated) and one of the workers' data
+// planes, both speaking as the flags say; close them when done.
+func (f *tlsFlags) clients(ctx context.Context, addrs string, opts client.Options) (*client.Client, *dataplane.Peers, error) {
+	toMaster, toWorker, err := f.dialOptions(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.DialOptions = toMaster
+	mc, err := client.New(strings.Split(addrs, ","), opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return mc, dataplane.NewPeers(toWorker...), nil
 }
 
 // forged is a TLS configuration that trusts Strata's CA (public knowledge: it is in every

@@ -10,13 +10,10 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"strings"
 	"time"
 
-	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
-	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -58,25 +55,15 @@ func workerBlock(verb string, args []string, out *json.Encoder) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	toMaster, err := tlsf.dialOptions(ctx, pki.RoleMaster)
+	mc, peers, err := tlsf.clients(ctx, *masters, client.Options{})
 	if err != nil {
 		return err
 	}
-	toWorker, err := tlsf.dialOptions(ctx, pki.RoleWorker)
-	if err != nil {
-		return err
-	}
-	mc, err := client.New(strings.Split(*masters, ","), client.Options{DialOptions: toMaster})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = mc.Close() }()
+	defer func() { _ = mc.Close(); _ = peers.Close() }()
 	addr, err := workerAddress(ctx, mc, *worker)
 	if err != nil {
 		return err
 	}
-	peers := dataplane.NewPeers(toWorker...)
-	defer func() { _ = peers.Close() }()
 
 	res := blockResult{Worker: *worker, Addr: addr, Block: *block}
 	switch verb {

@@ -47,11 +47,9 @@ func (a *Authority) Credentials(tb TB, id pki.Identity) *pki.Credentials {
 func (a *Authority) CredentialsTrusting(tb TB, id pki.Identity, trust *Authority) *pki.Credentials {
 	tb.Helper()
 	cert, key := a.Issue(tb, id)
-	creds := pki.NewCredentials(trust.CA.Pool())
-	if trust != a {
-		// Set checks the certificate against the trusted CA; this one is meant not to pass.
-		creds = pki.NewCredentials(poolOf(a, trust))
-	}
+	// Set checks the certificate against the pool it is given, so a's CA is in it; a peer
+	// trusts what trust's CA signed.
+	creds := pki.NewCredentials(poolOf(a, trust))
 	if err := creds.Set(cert, key); err != nil {
 		tb.Fatalf("installing the certificate of %s: %v", id, err)
 	}
