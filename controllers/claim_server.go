@@ -1,13 +1,19 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,14 +29,16 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 // A pvc:// source is a claim of the Dataset's namespace, which only pods of that namespace can
 // mount, and workers run in Strata's. So the operator runs a claim server there: a Deployment
-// of one pod that mounts the claim read-only and serves the source's folder over HTTP
-// (`worker serve-claim`), a Service in front of it, and a Secret with the bearer token the
-// workers send, which the Dataset's PersistentVolume hands them at publish time. The three are
-// owned by the Dataset and go with it.
+// of one pod that mounts the claim read-only and serves the source's folder over HTTPS with
+// client certificates (`worker serve-claim`), a Service in front of it, a Secret with the
+// bearer token the workers send, which the Dataset's PersistentVolume hands them at publish
+// time, and a Secret with the server's certificate for its Service's name, which the operator
+// signs with Strata's CA and renews. All are owned by the Dataset and go with it.
 
 // Reasons of a Dataset whose claim server is not serving.
 const (
@@ -54,7 +62,21 @@ const (
 	templateHashAnnotation = "data.strata.dev/template-hash"
 	claimMountPath         = "/claim"
 	claimTokenDir          = "/var/run/strata/claim-token"
+	claimTLSDir            = "/var/run/strata/claim-tls"
+	// claimCertificateValidity is how long a claim server's certificate is valid. The operator
+	// renews it with a third left, and the kubelet brings the new one to the pod within a
+	// minute or so: ten days in which the operator may be down without a claim server's
+	// certificate running out.
+	claimCertificateValidity = 30 * 24 * time.Hour
 )
+
+// ClaimServerTLS is what puts claim servers on mutual TLS: the CA that certifies them, and the
+// TLS configuration the operator probes them with (understore.ClaimClientTLS of its own
+// certificate).
+type ClaimServerTLS struct {
+	CA     *pki.CA
+	Client *tls.Config
+}
 
 // sourceAccess is how the workers and the operator reach a Dataset's source: the source with
 // the credentials they use, and the Secret that holds those credentials.
@@ -65,6 +87,8 @@ type sourceAccess struct {
 	secretName string
 	// secretVersion changes when the credentials change, so that a probe is made again.
 	secretVersion string
+	// renewAt is when a claim server's certificate is to be renewed; zero for other sources.
+	renewAt time.Time
 }
 
 // claimServerName is the name of the Deployment, Service and Secret of a Dataset's claim
@@ -76,7 +100,7 @@ func claimServerName(ds *datav1alpha1.Dataset) string {
 // ClaimServerEndpoint is the URL of the claim server Service name of namespace ns, as pods of
 // any namespace reach it.
 func ClaimServerEndpoint(ns, name string) string {
-	return fmt.Sprintf("http://%s.%s.svc:%d", name, ns, understore.ClaimServerPort)
+	return fmt.Sprintf("https://%s:%d", pki.ServiceDNSName(ns, name), understore.ClaimServerPort)
 }
 
 // accessSource says how a Dataset's source is reached, making the claim server of a pvc://
@@ -120,14 +144,24 @@ func (r *DatasetReconciler) ensureClaimServer(ctx context.Context, ds *datav1alp
 		return &problem{ReasonClaimServerNoImage,
 			"the operator was started without a worker image (--worker-image), so it cannot serve pvc:// sources: reinstall Strata with its worker image"}, nil
 	}
+	if r.ClaimServerTLS == nil {
+		return &problem{ReasonClaimServerNoImage,
+			"the operator was started without Strata's CA, so it cannot certify claim servers: reinstall Strata with its chart"}, nil
+	}
 	name := claimServerName(ds)
 	secret, p, err := r.ensureClaimToken(ctx, ds, name)
 	if p != nil || err != nil {
 		return p, err
 	}
+	renewAt, p, err := r.ensureClaimCertificate(ctx, ds, name)
+	if p != nil || err != nil {
+		return p, err
+	}
 	access.source.Endpoint = r.claimServerEndpoint(ds.Namespace, name)
 	access.source.Credentials[claimTokenKey] = string(secret.Data[claimTokenKey])
-	access.secretName, access.secretVersion = secret.Name, secret.ResourceVersion
+	access.source.ClaimServerTLS = r.ClaimServerTLS.Client
+	access.source.ClaimServerName = pki.ServiceDNSName(ds.Namespace, name)
+	access.secretName, access.secretVersion, access.renewAt = secret.Name, secret.ResourceVersion, renewAt
 	if p, err := r.ensureClaimService(ctx, ds, name); p != nil || err != nil {
 		return p, err
 	}
@@ -241,26 +275,131 @@ func (r *DatasetReconciler) ensureClaimToken(ctx context.Context, ds *datav1alph
 	return secret, nil, nil
 }
 
-// ensureClaimService makes the Service in front of the claim server. It is never changed:
-// everything in it follows from the Dataset's name and UID. The operator caches the Services
-// of claim servers only, so one of another's of the same name is met as a failed create.
+// claimCertificateSecretName is the Secret with a claim server's certificate: apart from the
+// token's, since the kubelet hands the token's Secret to the CSI plugin at publish and the
+// server's key is for the server alone.
+func claimCertificateSecretName(name string) string { return name + "-tls" }
+
+// ensureClaimCertificate makes the Secret with the claim server's certificate and key and
+// Strata's CA, and renews the certificate once two thirds of its lifetime have passed, or when
+// it is not of the current CA or not for the Service. It returns when to renew it next.
+func (r *DatasetReconciler) ensureClaimCertificate(ctx context.Context, ds *datav1alpha1.Dataset, name string) (time.Time, *problem, error) {
+	secretName := claimCertificateSecretName(name)
+	leaf := pki.Leaf{
+		Identity: pki.ClaimServer(ds.Namespace, name),
+		DNSNames: []string{pki.ServiceDNSName(ds.Namespace, name)},
+		Validity: claimCertificateValidity,
+	}
+	secret := &corev1.Secret{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: secretName}, secret)
+	switch {
+	case apierrors.IsNotFound(err):
+		secret = &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: secretName, Namespace: ds.Namespace, Labels: claimServerLabels(ds)},
+			Type:       corev1.SecretTypeTLS,
+		}
+		if secret.Data, err = r.claimCertificate(leaf); err != nil {
+			return time.Time{}, nil, err
+		}
+		if _, p, err := r.createOwned(ctx, ds, secret, "Secret"); p != nil || err != nil {
+			return time.Time{}, p, err
+		}
+	case err != nil:
+		return time.Time{}, nil, fmt.Errorf("reading Secret %s/%s: %w", ds.Namespace, secretName, err)
+	default:
+		if p := owned(ds, secret, "Secret"); p != nil {
+			return time.Time{}, p, nil
+		}
+	}
+	renewAt, why := r.claimCertificateRenewal(secret, leaf, time.Now())
+	if why == "" {
+		return renewAt, nil, nil
+	}
+	if secret.Data, err = r.claimCertificate(leaf); err != nil {
+		return time.Time{}, nil, err
+	}
+	if err := r.Client.Update(ctx, secret); err != nil {
+		return time.Time{}, nil, fmt.Errorf("renewing the certificate in Secret %s/%s: %w", ds.Namespace, secretName, err)
+	}
+	r.Recorder.Eventf(ds, corev1.EventTypeNormal, "ClaimServerCertified",
+		"issued a new certificate for claim server %s in Secret %s: %s", name, secretName, why)
+	renewAt, _ = r.claimCertificateRenewal(secret, leaf, time.Now())
+	return renewAt, nil, nil
+}
+
+// claimCertificate is a new key and certificate for leaf, as the TLS Secret holds them.
+func (r *DatasetReconciler) claimCertificate(leaf pki.Leaf) (map[string][]byte, error) {
+	cert, key, err := r.ClaimServerTLS.CA.IssueKeyPair(leaf, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return map[string][]byte{corev1.TLSCertKey: cert, corev1.TLSPrivateKeyKey: key, caCertKey: r.ClaimServerTLS.CA.CertPEM}, nil
+}
+
+// caCertKey is where a claim server's TLS Secret holds Strata's CA, which its clients'
+// certificates must be of.
+const caCertKey = "ca.crt"
+
+// claimCertificateRenewal says when the certificate in secret is to be renewed, or why it must
+// be now.
+func (r *DatasetReconciler) claimCertificateRenewal(secret *corev1.Secret, leaf pki.Leaf, now time.Time) (time.Time, string) {
+	if !bytes.Equal(secret.Data[caCertKey], r.ClaimServerTLS.CA.CertPEM) {
+		return time.Time{}, "Strata's CA is not the one the Secret holds"
+	}
+	block, _ := pem.Decode(secret.Data[corev1.TLSCertKey])
+	if block == nil {
+		return time.Time{}, "the Secret holds no certificate"
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return time.Time{}, fmt.Sprintf("the Secret's certificate cannot be read: %v", err)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: r.ClaimServerTLS.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, CurrentTime: now}); err != nil {
+		return time.Time{}, fmt.Sprintf("the Secret's certificate is not valid from Strata's CA: %v", err)
+	}
+	if _, err := tls.X509KeyPair(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey]); err != nil {
+		return time.Time{}, fmt.Sprintf("the Secret's key does not go with its certificate: %v", err)
+	}
+	if id, err := pki.FromCertificate(cert); err != nil || id != leaf.Identity || !slices.Equal(cert.DNSNames, leaf.DNSNames) {
+		return time.Time{}, "the Secret's certificate is not for the claim server's Service"
+	}
+	renewAt := cert.NotBefore.Add(cert.NotAfter.Sub(cert.NotBefore) * 2 / 3)
+	if !now.Before(renewAt) {
+		return time.Time{}, fmt.Sprintf("the certificate expires at %s", cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return renewAt, ""
+}
+
+// ensureClaimService makes the Service in front of the claim server, and brings the port of
+// one made before claim servers spoke TLS to theirs. Nothing else in it ever changes: it follows
+// from the Dataset's name and UID. The operator caches the Services of claim servers only, so
+// one of another's of the same name is met as a failed create.
 func (r *DatasetReconciler) ensureClaimService(ctx context.Context, ds *datav1alpha1.Dataset, name string) (*problem, error) {
+	ports := []corev1.ServicePort{{
+		Name: "https", Port: understore.ClaimServerPort, TargetPort: intstr.FromString("https"), Protocol: corev1.ProtocolTCP,
+	}}
 	existing := &corev1.Service{}
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: name}, existing)
 	switch {
 	case err == nil:
-		return owned(ds, existing, "Service"), nil
+		if p := owned(ds, existing, "Service"); p != nil {
+			return p, nil
+		}
+		if len(existing.Spec.Ports) == 1 && existing.Spec.Ports[0].Name == ports[0].Name && existing.Spec.Ports[0].TargetPort == ports[0].TargetPort {
+			return nil, nil
+		}
+		patch := client.MergeFrom(existing.DeepCopy())
+		existing.Spec.Ports = ports
+		if err := r.Client.Patch(ctx, existing, patch); err != nil {
+			return nil, fmt.Errorf("updating the port of Service %s/%s: %w", ds.Namespace, name, err)
+		}
+		return nil, nil
 	case !apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("reading Service %s/%s: %w", ds.Namespace, name, err)
 	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ds.Namespace, Labels: claimServerLabels(ds)},
-		Spec: corev1.ServiceSpec{
-			Selector: claimServerSelector(ds),
-			Ports: []corev1.ServicePort{{
-				Name: "http", Port: understore.ClaimServerPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP,
-			}},
-		},
+		Spec:       corev1.ServiceSpec{Selector: claimServerSelector(ds), Ports: ports},
 	}
 	_, p, err := r.createOwned(ctx, ds, svc, "Service")
 	return p, err
@@ -351,10 +490,13 @@ func (r *DatasetReconciler) claimServerPod(ds *datav1alpha1.Dataset, name string
 				Image:           r.WorkerImage.Image,
 				ImagePullPolicy: r.WorkerImage.ImagePullPolicy,
 				Args: []string{"serve-claim", "--claim=" + claimMountPath, "--path=" + subPath,
-					"--token-file=" + claimTokenDir + "/" + claimTokenKey},
-				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: understore.ClaimServerPort, Protocol: corev1.ProtocolTCP}},
+					"--token-file=" + claimTokenDir + "/" + claimTokenKey, "--tls-dir=" + claimTLSDir},
+				Ports: []corev1.ContainerPort{
+					{Name: "https", ContainerPort: understore.ClaimServerPort, Protocol: corev1.ProtocolTCP},
+					{Name: "health", ContainerPort: understore.ClaimServerHealthPort, Protocol: corev1.ProtocolTCP},
+				},
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-					Path: "/healthz", Port: intstr.FromString("http"),
+					Path: "/healthz", Port: intstr.FromString("health"),
 				}}, PeriodSeconds: 5},
 				// Why the server could not start (the folder is not in the claim) becomes the
 				// pod's termination message, which the Dataset's condition repeats.
@@ -375,6 +517,7 @@ func (r *DatasetReconciler) claimServerPod(ds *datav1alpha1.Dataset, name string
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: "claim", MountPath: claimMountPath, ReadOnly: true},
 					{Name: "token", MountPath: claimTokenDir, ReadOnly: true},
+					{Name: "tls", MountPath: claimTLSDir, ReadOnly: true},
 				},
 			}},
 			Volumes: []corev1.Volume{
@@ -383,6 +526,11 @@ func (r *DatasetReconciler) claimServerPod(ds *datav1alpha1.Dataset, name string
 				}},
 				{Name: "token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 					SecretName: name, Items: []corev1.KeyToPath{{Key: claimTokenKey, Path: claimTokenKey}},
+				}}},
+				// The whole Secret, not items of it by subPath: the kubelet brings renewed
+				// certificates only to Secret volumes mounted whole.
+				{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: claimCertificateSecretName(name),
 				}}},
 			},
 		},

@@ -83,6 +83,8 @@ type DatasetReconciler struct {
 	// ClaimServerEndpoint, if set, replaces ClaimServerEndpoint: tests reach claim servers
 	// outside a cluster's DNS.
 	ClaimServerEndpoint func(namespace, name string) string
+	// ClaimServerTLS certifies claim servers and probes them; nil serves no pvc:// source.
+	ClaimServerTLS *ClaimServerTLS
 
 	// probes remembers the last successful probe of each Dataset's source (see probeSource),
 	// targetProbes of each output's checkpoint target (see checkpointTargetCondition).
@@ -116,8 +118,8 @@ const usageRefresh = 30 * time.Second
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconcile runs the deletion or the normal path of one Dataset.
@@ -207,6 +209,12 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	case problem == nil && r.Master != nil:
 		r.refreshUsage(ctx, ds)
 		result.RequeueAfter = usageRefresh
+	}
+	if access != nil && !access.renewAt.IsZero() {
+		renewIn := max(time.Until(access.renewAt), time.Second)
+		if result.RequeueAfter == 0 || renewIn < result.RequeueAfter {
+			result.RequeueAfter = renewIn
+		}
 	}
 	if apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
 		return result, nil

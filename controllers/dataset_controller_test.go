@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,10 +18,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 )
 
 var _ = Describe("The Dataset reconciler", func() {
@@ -384,6 +389,24 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, secret)).To(Succeed())
 		token := string(secret.Data["token"])
 		Expect(token).To(HaveLen(64))
+		Expect(secret.Data).To(HaveLen(1), "the Secret the kubelet hands the node plugin holds the token alone")
+
+		By("certifying the claim server for its Service's name, in a Secret of its own that its pod mounts")
+		Expect(svc.Spec.Ports).To(HaveLen(1))
+		Expect(svc.Spec.Ports[0].TargetPort).To(Equal(intstr.FromString("https")))
+		certSecret := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name + "-tls"}, certSecret)).To(Succeed())
+		Expect(metav1.IsControlledBy(certSecret, ds)).To(BeTrue())
+		Expect(certSecret.Type).To(Equal(corev1.SecretTypeTLS))
+		Expect(certSecret.Data["ca.crt"]).To(Equal(testCA.CA.CertPEM))
+		cert, err := tls.X509KeyPair(certSecret.Data[corev1.TLSCertKey], certSecret.Data[corev1.TLSPrivateKeyKey])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cert.Leaf.DNSNames).To(ConsistOf(name + "." + namespace + ".svc"))
+		Expect(pki.FromCertificate(cert.Leaf)).To(Equal(pki.ClaimServer(namespace, name)))
+		Expect(pod.Volumes).To(ContainElement(And(
+			HaveField("Name", "tls"), HaveField("Secret.SecretName", name+"-tls"), HaveField("Secret.Items", BeEmpty()))),
+			"mounted whole, so that the kubelet brings renewed certificates")
+		Expect(pod.Containers[0].Args).To(ContainElement("--tls-dir=/var/run/strata/claim-tls"))
 
 		By("repeating why its pod fails")
 		failing := &corev1.Pod{
@@ -424,6 +447,21 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeSourceURI, "pvc://raw-data/sets/v1"))
 		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: name, Namespace: namespace}),
 			"the kubelet hands the node plugin the claim server's token")
+
+		By("renewing a certificate that is not of Strata's CA, at its next look")
+		forged, forgedKey := pkitest.New(GinkgoT()).Issue(GinkgoT(), pki.ClaimServer(namespace, name))
+		certSecret.Data[corev1.TLSCertKey], certSecret.Data[corev1.TLSPrivateKeyKey] = forged, forgedKey
+		Expect(k8sClient.Update(ctx, certSecret)).To(Succeed())
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+		metav1.SetMetaDataAnnotation(&ds.ObjectMeta, "test/touch", "1")
+		Expect(k8sClient.Update(ctx, ds)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(certSecret), certSecret)).To(Succeed())
+			cert, err := tls.X509KeyPair(certSecret.Data[corev1.TLSCertKey], certSecret.Data[corev1.TLSPrivateKeyKey])
+			g.Expect(err).NotTo(HaveOccurred())
+			_, err = cert.Leaf.Verify(x509.VerifyOptions{Roots: testCA.CA.Pool(), DNSName: name + "." + namespace + ".svc"})
+			g.Expect(err).NotTo(HaveOccurred())
+		}).Should(Succeed())
 	})
 
 	It("refuses a pvc:// source that is the Dataset's own claim, or whose claim server's name is taken", func() {

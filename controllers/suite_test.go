@@ -29,6 +29,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/internal/pki/pkitest"
 	masterclient "github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/mastertest"
@@ -73,16 +74,25 @@ func (c *testClaimServers) endpoint(ns, name string) string {
 	if u, ok := c.urls[ns+"/"+name]; ok {
 		return u
 	}
-	return "http://" + miniotest.ClosedAddr(GinkgoT())
+	return "https://" + miniotest.ClosedAddr(GinkgoT())
 }
 
-// serve serves dir as the claim server name of namespace ns, for token, until the spec ends.
+// serve serves dir as the claim server name of namespace ns, for token, over mutual TLS with the
+// certificate the operator made for it, until the spec ends.
 func (c *testClaimServers) serve(ns, name, dir, token string) string {
 	store, err := understore.NewLocal(understore.LocalConfig{Dir: dir, AllowedRoots: []string{dir}})
 	Expect(err).NotTo(HaveOccurred())
 	handler, err := understore.NewClaimServer(store, token, logr.Discard())
 	Expect(err).NotTo(HaveOccurred())
-	srv := httptest.NewServer(handler)
+	secret := &corev1.Secret{}
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: claimCertificateSecretName(name)}, secret)).To(Succeed())
+	trust, err := pki.PoolFromPEM(secret.Data["ca.crt"])
+	Expect(err).NotTo(HaveOccurred())
+	creds := pki.NewCredentials(trust)
+	Expect(creds.Set(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])).To(Succeed())
+	srv := httptest.NewUnstartedServer(handler)
+	srv.TLS = understore.ClaimServerTLS(creds)
+	srv.StartTLS()
 	DeferCleanup(srv.Close)
 	DeferCleanup(store.Close)
 	c.mu.Lock()
@@ -159,6 +169,9 @@ var _ = BeforeSuite(func() {
 		WorkerImage:         WorkerImage{Image: testWorkerSpec.Image, ImagePullPolicy: corev1.PullIfNotPresent},
 		APIReader:           mgr.GetAPIReader(),
 		ClaimServerEndpoint: claimServers.endpoint,
+		ClaimServerTLS: &ClaimServerTLS{
+			CA: testCA.CA, Client: understore.ClaimClientTLS(testCA.Credentials(GinkgoT(), pki.Operator())),
+		},
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&CachePolicyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())

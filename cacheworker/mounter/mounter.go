@@ -2,6 +2,7 @@ package mounter
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -75,6 +76,9 @@ type Config struct {
 	Pinned func(dataset, file string) bool
 	// FileRoots are the folders file:// sources must lie under (the TierPool's fileSourceRoots).
 	FileRoots []string
+	// ClaimServerTLS is how the claim servers of pvc:// sources are spoken to
+	// (understore.ClaimClientTLS of the worker's certificate); nil cannot mount pvc:// sources.
+	ClaimServerTLS *tls.Config
 	// DisablePassthrough keeps every read going through the worker (see fusefs).
 	DisablePassthrough bool
 	// Outputs, when set, lets the mounter serve output Datasets; without it, mounting one fails.
@@ -436,7 +440,7 @@ func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.Mount
 	var err error
 	mnt.store, err = understore.Open(ctx, understore.Source{
 		URI: src.GetUri(), Endpoint: src.GetEndpoint(), Region: src.GetRegion(),
-		Credentials: src.GetCredentials(), FileRoots: m.cfg.FileRoots,
+		Credentials: src.GetCredentials(), FileRoots: m.cfg.FileRoots, ClaimServerTLS: m.cfg.ClaimServerTLS,
 	})
 	if err != nil {
 		return storeError(mnt.dataset(), err)

@@ -3,6 +3,7 @@ package understore
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,29 +15,34 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/strata-cache/strata/internal/pki"
 )
 
 // The claim server is how workers read a pvc:// source. A PersistentVolumeClaim can only be
 // mounted by pods of its own namespace, and workers run in Strata's, so the operator runs a
 // small server in the Dataset's namespace that mounts the claim read-only and serves it over
-// HTTP to the workers, which hold a bearer token from a Secret of that namespace.
+// HTTPS to Strata's workers and operator alone: mutual TLS with certificates of Strata's CA
+// (the server's is for its Service's name), and a bearer token from a Secret of that namespace.
 //
 // The protocol is HTTP's own where it has one:
 //
 //	GET|HEAD /objects/<path>  the object, with Range, Last-Modified and Content-Length
 //	GET /list?prefix=<p>      the listing, one JSON listEntry per line, ending with {"end":true}
-//	GET /healthz              200, without a token (the kubelet's readiness probe)
 //
 // A listing that breaks off has no end line, so the client tells a cut connection from a
 // complete listing. Failures are plain HTTP statuses whose body says what failed.
 
-// ClaimServerPort is the port the claim server listens on.
+// ClaimServerPort is the port the claim server serves HTTPS on.
 const ClaimServerPort = 8480
+
+// ClaimServerHealthPort is the port of the claim server's health and metrics, in plain HTTP for
+// the kubelet's probe, which has no client certificate. Nothing of the claim is served there.
+const ClaimServerHealthPort = 8481
 
 const (
 	objectsPath = "/objects/"
 	listPath    = "/list"
-	healthzPath = "/healthz"
 )
 
 // listEntry is one line of a listing: an object, the end, or the error that ended it.
@@ -51,6 +57,20 @@ type listEntry struct {
 	Kind  string `json:"kind,omitempty"`
 }
 
+// ClaimServerTLS is the TLS configuration of a claim server with creds: only Strata's workers
+// and its operator are served. A claim server's own certificate, whose key the namespace's users
+// can read, does not let one claim server read another.
+func ClaimServerTLS(creds *pki.Credentials) *tls.Config {
+	return creds.ServerConfig(pki.RoleWorker, pki.RoleOperator)
+}
+
+// ClaimClientTLS is the TLS configuration a worker or the operator with creds reads claim
+// servers with (Source.ClaimServerTLS): the server must be a claim server, for the name the
+// store sets.
+func ClaimClientTLS(creds *pki.Credentials) *tls.Config {
+	return creds.ClientConfig(pki.RoleClaimServer)
+}
+
 // NewClaimServer serves store read-only to clients that send token as a bearer token.
 func NewClaimServer(store Store, token string, log logr.Logger) (http.Handler, error) {
 	if len(token) < 16 {
@@ -58,7 +78,6 @@ func NewClaimServer(store Store, token string, log logr.Logger) (http.Handler, e
 	}
 	s := &claimServer{store: store, token: []byte("Bearer " + token), log: log}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+healthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.Handle("GET "+objectsPath, s.authorized(s.serveObject)) // GET also matches HEAD
 	mux.Handle("GET "+listPath, s.authorized(s.serveList))
 	return mux, nil
@@ -193,12 +212,28 @@ type ClaimStore struct {
 
 var _ Store = (*ClaimStore)(nil)
 
-// NewClaimStore reads the claim server at endpoint (http://host:port) for the source named uri.
-func NewClaimStore(uri, endpoint, token string) (*ClaimStore, error) {
+// NewClaimStore reads the claim server at endpoint (https://host:port) for the source named
+// uri, over mutual TLS with tlsConfig, verifying that the server's certificate is for
+// serverName (the endpoint's host when empty).
+//
+// Claim servers speak only HTTPS. The PersistentVolumes of Datasets made before they did name
+// their endpoint http://, and a volume's attributes cannot change, so such an endpoint is read
+// as https:// at the same host and port.
+func NewClaimStore(uri, endpoint, token, serverName string, tlsConfig *tls.Config) (*ClaimStore, error) {
+	u, err := url.Parse(strings.TrimSuffix(endpoint, "/"))
+	if err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https" {
+		return nil, invalidSource(uri, "claim server endpoint %q: want https://host:port", endpoint)
+	}
+	u.Scheme = "https"
+	if serverName == "" {
+		serverName = u.Hostname()
+	}
+	cfg := tlsConfig.Clone()
+	cfg.ServerName = serverName
 	header := http.Header{}
 	header.Set("Authorization", "Bearer "+token)
-	base := strings.TrimSuffix(endpoint, "/")
-	h, err := NewHTTP(HTTPConfig{BaseURL: base + objectsPath, Header: header})
+	base := u.String()
+	h, err := NewHTTP(HTTPConfig{BaseURL: base + objectsPath, Header: header, TLS: cfg})
 	if err != nil {
 		return nil, invalidSource(uri, "claim server endpoint %q: %w", endpoint, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"io"
 	"iter"
@@ -15,24 +16,49 @@ import (
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
+
+	"github.com/strata-cache/strata/internal/pki"
+	"github.com/strata-cache/strata/internal/pki/pkitest"
 )
 
 const claimToken = "0123456789abcdef0123"
 
-// serveClaim serves store as a claim server and opens the pvc:// store that reads it.
-func serveClaim(t *testing.T, store Store, token string) (*httptest.Server, Store) {
+// claimServerIdentity is the test claim server's; its certificate is for "localhost".
+var claimServerIdentity = pki.ClaimServer("team-a", "raw-claim-server")
+
+// serveClaim serves store as a claim server over mutual TLS with a certificate of ca (a new CA
+// when nil), and opens the pvc:// store that reads it as a worker, sending token.
+func serveClaim(t *testing.T, ca *pkitest.Authority, store Store, token string) (*httptest.Server, Store) {
+	t.Helper()
+	if ca == nil {
+		ca = pkitest.New(t)
+	}
+	srv := startClaimServer(t, ClaimServerTLS(ca.Credentials(t, claimServerIdentity)), store)
+	c, err := Open(context.Background(), claimSource(srv.URL, token, ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, c
+}
+
+func startClaimServer(t *testing.T, tlsConfig *tls.Config, store Store) *httptest.Server {
 	t.Helper()
 	h, err := NewClaimServer(store, claimToken, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = tlsConfig
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	c, err := Open(context.Background(), Source{URI: "pvc://claim/dataset", Endpoint: srv.URL, Credentials: map[string]string{CredentialToken: token}})
-	if err != nil {
-		t.Fatal(err)
+	return srv
+}
+
+func claimSource(endpoint, token string, tlsConfig *tls.Config) Source {
+	return Source{
+		URI: "pvc://claim/dataset", Endpoint: endpoint, ClaimServerTLS: tlsConfig, ClaimServerName: "localhost",
+		Credentials: map[string]string{CredentialToken: token},
 	}
-	return srv, c
 }
 
 func TestAClaimIsReadThroughItsServerAsIfLocal(t *testing.T) {
@@ -45,7 +71,7 @@ func TestAClaimIsReadThroughItsServerAsIfLocal(t *testing.T) {
 	local, err := NewLocal(LocalConfig{Dir: f.dataset, AllowedRoots: []string{f.allowed}})
 	must(t, err)
 	t.Cleanup(func() { _ = local.Close() })
-	_, claim := serveClaim(t, local, claimToken)
+	_, claim := serveClaim(t, nil, local, claimToken)
 
 	t.Run("it lists what the claim holds, prefixes included", func(t *testing.T) {
 		g := NewWithT(t)
@@ -111,7 +137,8 @@ func TestAClaimServerServesOnlyItsToken(t *testing.T) {
 	local, err := NewLocal(LocalConfig{Dir: f.dataset, AllowedRoots: []string{f.allowed}})
 	must(t, err)
 	t.Cleanup(func() { _ = local.Close() })
-	srv, wrong := serveClaim(t, local, "not-the-token-at-all")
+	ca := pkitest.New(t)
+	srv, wrong := serveClaim(t, ca, local, "not-the-token-at-all")
 
 	g := NewWithT(t)
 	_, err = wrong.Stat(ctx, "a.txt")
@@ -119,17 +146,90 @@ func TestAClaimServerServesOnlyItsToken(t *testing.T) {
 	_, err = collect(wrong.List(ctx, ""))
 	g.Expect(err).To(MatchError(ErrAccessDenied))
 
-	resp, err := http.Get(srv.URL + "/objects/a.txt")
+	worker := ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a")))
+	worker.ServerName = "localhost"
+	resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: worker}}).Get(srv.URL + "/objects/a.txt")
 	g.Expect(err).NotTo(HaveOccurred())
 	_ = resp.Body.Close()
-	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "a request without a token")
-	resp, err = http.Get(srv.URL + "/healthz")
-	g.Expect(err).NotTo(HaveOccurred())
-	_ = resp.Body.Close()
-	g.Expect(resp.StatusCode).To(Equal(http.StatusOK), "the kubelet probes health without a token")
+	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "a worker's request without a token")
 
 	_, err = NewClaimServer(local, "short", logr.Discard())
 	g.Expect(err).To(MatchError(ContainSubstring("shorter than 16")))
+}
+
+func TestAClaimServerServesStrataWorkersAndOperatorAlone(t *testing.T) {
+	ctx := context.Background()
+	f := newLocalFixture(t)
+	local, err := NewLocal(LocalConfig{Dir: f.dataset, AllowedRoots: []string{f.allowed}})
+	must(t, err)
+	t.Cleanup(func() { _ = local.Close() })
+	ca, otherCA := pkitest.New(t), pkitest.New(t)
+	srv := startClaimServer(t, ClaimServerTLS(ca.Credentials(t, claimServerIdentity)), local)
+
+	for name, tc := range map[string]struct {
+		client *tls.Config
+		// serverName is the name the client expects; the server's certificate is for localhost.
+		serverName string
+		served     bool
+	}{
+		"a worker":     {client: ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a"))), served: true},
+		"the operator": {client: ClaimClientTLS(ca.Credentials(t, pki.Operator())), served: true},
+		"a CSI node plugin, which has no business with sources": {
+			client: ClaimClientTLS(ca.Credentials(t, pki.CSINode("node-a"))),
+		},
+		"another namespace's claim server, whose key its namespace can read": {
+			client: ClaimClientTLS(ca.Credentials(t, pki.ClaimServer("team-b", "raw-claim-server"))),
+		},
+		"a worker of another CA":         {client: ClaimClientTLS(otherCA.CredentialsTrusting(t, pki.Worker("pool", "node-a"), ca))},
+		"a client without a certificate": {client: &tls.Config{RootCAs: ca.CA.Pool(), MinVersion: tls.VersionTLS13}},
+		"a worker that expects another claim server": {
+			client: ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a"))), serverName: "raw-claim-server.team-b.svc",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			src := claimSource(srv.URL, claimToken, tc.client)
+			if tc.serverName != "" {
+				src.ClaimServerName = tc.serverName
+			}
+			claim, err := Open(ctx, src)
+			g.Expect(err).NotTo(HaveOccurred())
+			_, err = claim.Stat(ctx, "a.txt")
+			if tc.served {
+				g.Expect(err).NotTo(HaveOccurred())
+				return
+			}
+			g.Expect(err).To(HaveOccurred())
+			g.Expect(err).NotTo(MatchError(ErrNotFound))
+		})
+	}
+
+	t.Run("a server that is not a claim server is not read from", func(t *testing.T) {
+		g := NewWithT(t)
+		impostor := startClaimServer(t, ClaimServerTLS(ca.Credentials(t, pki.Worker("pool", "node-b"))), local)
+		claim, err := Open(ctx, claimSource(impostor.URL, claimToken, ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a")))))
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = claim.Stat(ctx, "a.txt")
+		g.Expect(err).To(MatchError(ContainSubstring("claim-server")))
+	})
+
+	t.Run("plain HTTP gets no object", func(t *testing.T) {
+		g := NewWithT(t)
+		resp, err := http.Get("http://" + srv.Listener.Addr().String() + "/objects/a.txt")
+		if err == nil {
+			_ = resp.Body.Close()
+			g.Expect(resp.StatusCode).To(Equal(http.StatusBadRequest), "Go's TLS server answers plain HTTP with 400")
+		}
+	})
+
+	t.Run("an endpoint of a volume made before claim servers spoke TLS is read over TLS", func(t *testing.T) {
+		g := NewWithT(t)
+		claim, err := Open(ctx, claimSource("http://"+srv.Listener.Addr().String(), claimToken,
+			ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a")))))
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = claim.Stat(ctx, "a.txt")
+		g.Expect(err).NotTo(HaveOccurred())
+	})
 }
 
 // failingList lists two objects and then fails as kind.
@@ -149,17 +249,20 @@ func (f failingList) List(context.Context, string) iter.Seq2[ObjectInfo, error] 
 func TestAClaimListingThatFailsOrBreaksOffIsAnError(t *testing.T) {
 	ctx := context.Background()
 	g := NewWithT(t)
-	_, claim := serveClaim(t, failingList{kind: ErrAccessDenied}, claimToken)
+	ca := pkitest.New(t)
+	_, claim := serveClaim(t, ca, failingList{kind: ErrAccessDenied}, claimToken)
 	got, err := collect(claim.List(ctx, ""))
 	g.Expect(got).To(Equal([]string{"a", "b"}))
 	g.Expect(err).To(MatchError(ErrAccessDenied), "the kind crosses the wire")
 	g.Expect(err.Error()).To(ContainSubstring("boom"))
 
-	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	cut := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, `{"path":"a","size":1}`+"\n")
 	}))
+	cut.TLS = ClaimServerTLS(ca.Credentials(t, claimServerIdentity))
+	cut.StartTLS()
 	t.Cleanup(cut.Close)
-	broken, err := Open(ctx, Source{URI: "pvc://claim", Endpoint: cut.URL, Credentials: map[string]string{CredentialToken: claimToken}})
+	broken, err := Open(ctx, claimSource(cut.URL, claimToken, ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a")))))
 	g.Expect(err).NotTo(HaveOccurred())
 	got, err = collect(broken.List(ctx, ""))
 	g.Expect(got).To(Equal([]string{"a"}))
@@ -195,7 +298,7 @@ func TestAClaimServerOverAStoreThatCannotSeekServesRangesThroughReadAt(t *testin
 	local, err := NewLocal(LocalConfig{Dir: f.dataset, AllowedRoots: []string{f.allowed}})
 	must(t, err)
 	t.Cleanup(func() { _ = local.Close() })
-	_, claim := serveClaim(t, streamOnly{local}, claimToken)
+	_, claim := serveClaim(t, nil, streamOnly{local}, claimToken)
 	buf := make([]byte, 4)
 	n, err := claim.ReadAt(ctx, "a.txt", buf, 3)
 	g.Expect(err).NotTo(HaveOccurred())

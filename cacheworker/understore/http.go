@@ -2,6 +2,7 @@ package understore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,8 @@ type HTTPConfig struct {
 	Client *http.Client
 	// Header is sent with every request, such as Authorization from the credentials Secret.
 	Header http.Header
+	// TLS configures the default client's HTTPS connections; nil means the system's roots.
+	TLS *tls.Config
 }
 
 // HTTP is a read-only under-store that reads with GET and HEAD, and ranged GETs for ReadAt.
@@ -52,6 +55,7 @@ func NewHTTP(cfg HTTPConfig) (*HTTP, error) {
 		client = &http.Client{Transport: &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:       cfg.TLS,
 			TLSHandshakeTimeout:   10 * time.Second,
 			ResponseHeaderTimeout: 30 * time.Second,
 			MaxIdleConnsPerHost:   16,

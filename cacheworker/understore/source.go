@@ -2,6 +2,7 @@ package understore
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -30,7 +31,7 @@ type Source struct {
 	URI string
 	// Endpoint of an S3-compatible server, http://host:port or https://host[:port]; empty means
 	// AWS S3. For pvc:// sources, the claim server the operator runs for the Dataset
-	// (http://host:port), which it names in the Dataset's volume; only these two take one.
+	// (https://host:port), which it names in the Dataset's volume; only these two take one.
 	Endpoint string
 	// Region of an S3 bucket; empty means DefaultS3Region.
 	Region string
@@ -41,6 +42,13 @@ type Source struct {
 	// FileRoots are the directories file:// sources must lie under (the TierPool's
 	// fileSourceRoots); none allows none.
 	FileRoots []string
+	// ClaimServerTLS is how a pvc:// source's claim server is spoken to: the caller's
+	// certificate, the CA it trusts and the role the server must have. Open sets the server's
+	// name. Required for pvc://, ignored by the others.
+	ClaimServerTLS *tls.Config
+	// ClaimServerName is the name the claim server's certificate must be for; empty means the
+	// endpoint's host, which is its Service's name.
+	ClaimServerName string
 }
 
 // Open returns the store src names: S3 for s3://, Local for file://, ClaimStore for pvc://,
@@ -164,7 +172,11 @@ func openClaim(src Source) (Store, error) {
 		return nil, &Error{Op: "connect", Store: src.URI, Endpoint: src.Endpoint, Kind: ErrMissingCredentials,
 			Err: errors.New("no " + CredentialToken + " for the claim server: the Dataset's PersistentVolume must name the claim-server Secret the operator made")}
 	}
-	c, err := NewClaimStore(src.URI, src.Endpoint, token)
+	if src.ClaimServerTLS == nil {
+		return nil, &Error{Op: "connect", Store: src.URI, Endpoint: src.Endpoint, Kind: ErrMissingCredentials,
+			Err: errors.New("no certificate to speak to the claim server with: claim servers accept only Strata's workers and operator, over mutual TLS")}
+	}
+	c, err := NewClaimStore(src.URI, src.Endpoint, token, src.ClaimServerName, src.ClaimServerTLS)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package understore
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net/http"
@@ -168,8 +169,16 @@ func TestOpenPicksTheStoreOfTheSourceURI(t *testing.T) {
 			kind:    ErrMissingCredentials,
 			message: []string{"no token", "pvc://claim/path"},
 		},
+		"a pvc source without a certificate to show its claim server is refused": {
+			src:     Source{URI: "pvc://claim/path", Endpoint: "https://claim.ns.svc:8480", Credentials: map[string]string{CredentialToken: "t"}},
+			kind:    ErrMissingCredentials,
+			message: []string{"mutual TLS"},
+		},
 		"a pvc source reads through its claim server": {
-			src:  Source{URI: "pvc://claim/path", Endpoint: "http://claim.ns.svc:8480", Credentials: map[string]string{CredentialToken: "t"}},
+			src: Source{
+				URI: "pvc://claim/path", Endpoint: "https://claim.ns.svc:8480", Credentials: map[string]string{CredentialToken: "t"},
+				ClaimServerTLS: &tls.Config{MinVersion: tls.VersionTLS13},
+			},
 			name: "pvc://claim/path",
 		},
 		"a URI without a scheme says what it wants": {

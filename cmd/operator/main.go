@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/controllers"
 	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/internal/pki"
@@ -260,8 +261,9 @@ func run(opts options) error {
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor(eventSource),
 		// Preload Jobs and claim servers run the worker binary.
-		WorkerImage: controllers.WorkerImage{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
-		APIReader:   mgr.GetAPIReader(),
+		WorkerImage:    controllers.WorkerImage{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
+		APIReader:      mgr.GetAPIReader(),
+		ClaimServerTLS: &controllers.ClaimServerTLS{CA: ids.ca, Client: understore.ClaimClientTLS(ids.creds)},
 	}
 	var lineageMaster controllers.LineageMaster
 	var partitionsMaster controllers.PartitionsMaster

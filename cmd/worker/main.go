@@ -40,6 +40,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/warmup"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/authz"
@@ -268,7 +269,8 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		mcfg := mounter.Config{
 			MountsDir: opts.mountsDir, Store: store, BlockSize: opts.blockSize, CacheMetrics: cacheMetrics,
 			Peers: peerReader, Stored: stored, Pinned: policies.Pinned, FileRoots: splitList(opts.fileRoots),
-			Log: log.WithName("mounter"), Registerer: reg,
+			ClaimServerTLS: understore.ClaimClientTLS(creds),
+			Log:            log.WithName("mounter"), Registerer: reg,
 		}
 		if dir != nil {
 			outMetrics, err := outputfs.NewMetrics(reg)

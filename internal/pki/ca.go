@@ -139,6 +139,24 @@ func (ca *CA) Issue(pub crypto.PublicKey, leaf Leaf, now time.Time) ([]byte, err
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
+// IssueKeyPair makes a key and certifies it for leaf: for a component whose certificate the
+// operator hands over in a Secret, since it has no way to prove itself to the issuer.
+func (ca *CA) IssueKeyPair(leaf Leaf, now time.Time) (certPEM, keyPEM []byte, _ error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating a key: %w", err)
+	}
+	certPEM, err = ca.Issue(key.Public(), leaf, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding the key: %w", err)
+	}
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
 // Pool is a certificate pool that trusts the CA alone.
 func (ca *CA) Pool() *x509.CertPool {
 	p := x509.NewCertPool()

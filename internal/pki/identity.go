@@ -20,6 +20,11 @@ const (
 	RoleMaster   Role = "master"
 	RoleWorker   Role = "worker"
 	RoleCSINode  Role = "csi-node"
+	// RoleClaimServer is the server of a pvc:// Dataset's claim, in the Dataset's namespace. Its
+	// key lives in a Secret of that namespace, which the namespace's users can read, so it is
+	// trusted as a server of that one name and for nothing else: no RPC of another component
+	// names the role.
+	RoleClaimServer Role = "claim-server"
 )
 
 // ErrNoIdentity is returned for a certificate (or a caller) that names no Strata identity.
@@ -30,7 +35,10 @@ type Identity struct {
 	Role Role
 	// Pool is the TierPool of a worker; empty for other roles.
 	Pool string
-	// Name is the pod of a master, the node of a worker or CSI node plugin; empty for the operator.
+	// Namespace is the namespace of a claim server; empty for other roles.
+	Namespace string
+	// Name is the pod of a master, the node of a worker or CSI node plugin, the Service of a
+	// claim server; empty for the operator.
 	Name string
 }
 
@@ -45,6 +53,15 @@ func Worker(pool, node string) Identity { return Identity{Role: RoleWorker, Pool
 
 // CSINode is the identity of the CSI node plugin on node.
 func CSINode(node string) Identity { return Identity{Role: RoleCSINode, Name: node} }
+
+// ClaimServer is the identity of the claim server behind Service service of namespace.
+func ClaimServer(namespace, service string) Identity {
+	return Identity{Role: RoleClaimServer, Namespace: namespace, Name: service}
+}
+
+// ServiceDNSName is the name pods of any namespace reach Service service of namespace by, and the
+// name a claim server's certificate is for.
+func ServiceDNSName(namespace, service string) string { return service + "." + namespace + ".svc" }
 
 // WorkerID is the id a worker registers with at the master (<pool>/<node>), the only one it may
 // speak for; empty for other roles.
@@ -73,6 +90,9 @@ func (id Identity) URI() *url.URL {
 	if id.Pool != "" {
 		segs = append(segs, id.Pool)
 	}
+	if id.Namespace != "" {
+		segs = append(segs, id.Namespace)
+	}
 	if id.Name != "" {
 		segs = append(segs, id.Name)
 	}
@@ -84,11 +104,12 @@ func (id Identity) String() string { return id.URI().String() }
 // Validate checks that the identity has exactly the parts its role needs, each a DNS label or
 // subdomain (the names of pods, nodes and TierPools), so that no two identities share a URI.
 func (id Identity) Validate() error {
-	need := map[Role][2]bool{ // role: {pool, name}
-		RoleOperator: {false, false},
-		RoleMaster:   {false, true},
-		RoleWorker:   {true, true},
-		RoleCSINode:  {false, true},
+	need := map[Role][3]bool{ // role: {pool, namespace, name}
+		RoleOperator:    {false, false, false},
+		RoleMaster:      {false, false, true},
+		RoleWorker:      {true, false, true},
+		RoleCSINode:     {false, false, true},
+		RoleClaimServer: {false, true, true},
 	}
 	parts, ok := need[id.Role]
 	if !ok {
@@ -98,7 +119,7 @@ func (id Identity) Validate() error {
 		what  string
 		value string
 		want  bool
-	}{{"pool", id.Pool, parts[0]}, {"name", id.Name, parts[1]}} {
+	}{{"pool", id.Pool, parts[0]}, {"namespace", id.Namespace, parts[1]}, {"name", id.Name, parts[2]}} {
 		switch {
 		case p.want && p.value == "":
 			return fmt.Errorf("a %s identity needs a %s", id.Role, p.what)
@@ -136,7 +157,11 @@ func ParseURI(u *url.URL) (Identity, error) {
 	case 2:
 		id.Name = segs[1]
 	case 3:
-		id.Pool, id.Name = segs[1], segs[2]
+		if id.Role == RoleClaimServer {
+			id.Namespace, id.Name = segs[1], segs[2]
+		} else {
+			id.Pool, id.Name = segs[1], segs[2]
+		}
 	default:
 		return Identity{}, fmt.Errorf("%w: %q has too many path segments", ErrNoIdentity, u)
 	}

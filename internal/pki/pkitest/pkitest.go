@@ -3,11 +3,7 @@
 package pkitest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"encoding/pem"
 	"net"
 	"time"
 
@@ -59,21 +55,13 @@ func (a *Authority) CredentialsTrusting(tb TB, id pki.Identity, trust *Authority
 // Issue returns a certificate for id and its key, PEM-encoded.
 func (a *Authority) Issue(tb TB, id pki.Identity) (certPEM, keyPEM []byte) {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	certPEM, err = a.CA.Issue(key.Public(), pki.Leaf{
+	certPEM, keyPEM, err := a.CA.IssueKeyPair(pki.Leaf{
 		Identity: id, DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 	}, time.Now())
 	if err != nil {
 		tb.Fatalf("issuing a certificate for %s: %v", id, err)
 	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	return certPEM, keyPEM
 }
 
 func poolOf(as ...*Authority) *x509.CertPool {
