@@ -32,6 +32,7 @@ type object struct {
 	Key     string  `json:"key"`
 	Bytes   int64   `json:"bytes"`
 	SHA256  string  `json:"sha256"`
+	ETag    string  `json:"etag,omitempty"`
 	Seconds float64 `json:"seconds"`
 }
 
@@ -710,7 +711,8 @@ func runLogs(ctx context.Context, pod *corev1.Pod) []object {
 func contents(objs []object) []object {
 	out := append([]object(nil), objs...)
 	for i := range out {
-		out[i].Seconds = 0
+		// What a reader of the files can see: not how long a write took, nor the version.
+		out[i].Seconds, out[i].ETag = 0, ""
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out

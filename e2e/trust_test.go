@@ -59,7 +59,7 @@ var _ = Describe("A tenant's cached data, against a pod of another namespace", O
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
 		worker := workerPod(ctx, pool, nodes[0])
 		Expect(worker).NotTo(BeNil())
-		target = attackTarget(worker, pool, ds, "private.bin")
+		target = attackTarget(worker, pool, ds, "private.bin", written[0].ETag)
 	})
 	AfterEach(func() { dumpOnFailure(tenant, attacker) })
 
@@ -99,14 +99,15 @@ var _ = Describe("A tenant's cached data, against a pod of another namespace", O
 })
 
 // attackTarget are the flags of testkit attack against the Dataset ds, cached by worker (of
-// pool): what the attacker computed, the first block of file from the Dataset's UID and
-// the file's name, on the worker that cached it.
-func attackTarget(worker *corev1.Pod, pool string, ds *datav1alpha1.Dataset, file string) []string {
+// pool): what the attacker computed, the first block of file from the Dataset's UID,
+// the file's name and its version (an ETag anyone who lists the bucket sees; empty for the
+// releases before block ids had versions), on the worker that cached it.
+func attackTarget(worker *corev1.Pod, pool string, ds *datav1alpha1.Dataset, file, etag string) []string {
 	return []string{
 		"--master", strings.Join(masterAddresses(3), ","),
 		"--worker", pool + "/" + worker.Spec.NodeName,
 		"--worker-addr", fmt.Sprintf("%s:%d", worker.Status.PodIP, controllers.WorkerDataPort),
-		"--block", cache.BlockID(string(ds.UID), file, 0),
+		"--block", cache.BlockID(string(ds.UID), file, etag, 0),
 		"--dataset", datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)),
 	}
 }

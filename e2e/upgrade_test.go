@@ -59,7 +59,7 @@ var _ = Describe("An upgrade from the version before mutual TLS", Ordered, Label
 		Expect(worker).NotTo(BeNil())
 		// Only what leaves the installation whole: the other attempts would break it.
 		got := runAttack(ctx, testkitPod(attacker, nodes[1], append([]string{"attack", "--only", "read-block,list-files"},
-			attackTarget(worker, pool, ds, "part-00.bin")...)...))
+			attackTarget(worker, pool, ds, "part-00.bin", "")...)...))
 		Expect(got["read-block"].Code).To(Equal("OK"), "the previous version served the block to anyone: %+v", got["read-block"])
 		Expect(got["list-files"].Code).To(Equal("OK"), "the previous version listed every namespace's files: %+v", got["list-files"])
 	})
@@ -119,7 +119,7 @@ var _ = Describe("An upgrade from the version before mutual TLS", Ordered, Label
 		worker := workerPod(ctx, pool, nodes[0])
 		Expect(worker).NotTo(BeNil())
 		refusedAll(runAttack(ctx, testkitPod(attacker, nodes[1], append([]string{"attack"},
-			attackTarget(worker, pool, ds, "part-00.bin")...)...)), "after the upgrade, a pod with no certificate:")
+			attackTarget(worker, pool, ds, "part-00.bin", "")...)...)), "after the upgrade, a pod with no certificate:")
 	})
 
 	It("serves the Dataset to new pods on both nodes after it", func(ctx SpecContext) {

@@ -118,25 +118,33 @@ func (c *Cache) Close() {
 	c.flight.close()
 }
 
-// BlockID is the id of block index of file in the source named sourceID: a hash of the two
-// names, so that any path yields a short id that is safe as a file name, and the index.
-func BlockID(sourceID, file string, index int64) string {
-	h := sha256.Sum256([]byte(sourceID + "\x00" + file))
+// BlockID is the id of block index of version etag of file in the source named sourceID: a
+// hash of the names, so that any path yields a short id that is safe as a file name, and the
+// index. Blocks of two versions of a file never share an id, so a block read from one version is
+// never served as part of another. (An empty etag names the blocks as they were named before
+// ids had versions.)
+func BlockID(sourceID, file, etag string, index int64) string {
+	name := sourceID + "\x00" + file
+	if etag != "" {
+		name += "\x00" + etag
+	}
+	h := sha256.Sum256([]byte(name))
 	return hex.EncodeToString(h[:16]) + "-" + strconv.FormatInt(index, 10)
 }
 
-// ReadBlock returns block index of file: from a local tier if it is there, otherwise read from
-// the under-store (in parallel ranges), stored in the top tier and returned. Concurrent misses
-// on one block fetch it once. The last block of a file is shorter than BlockSize; a block past
-// the end fails with ErrOutOfRange. The caller owns the returned slice.
-func (c *Cache) ReadBlock(ctx context.Context, file string, index int64) ([]byte, error) {
+// ReadBlock returns block index of version etag of file: from a local tier if it is there,
+// otherwise read from that version in the under-store (in parallel ranges), stored in the top
+// tier and returned. Concurrent misses on one block fetch it once. The last block of a file is
+// shorter than BlockSize; a block past the end fails with ErrOutOfRange; a file that is not
+// version etag any more fails with understore.ErrChanged. The caller owns the returned slice.
+func (c *Cache) ReadBlock(ctx context.Context, file, etag string, index int64) ([]byte, error) {
 	if index < 0 {
 		return nil, fmt.Errorf("block %d of %s: %w", index, file, ErrOutOfRange)
 	}
 	if c.ctx.Err() != nil {
 		return nil, ErrClosed
 	}
-	id := BlockID(c.cfg.SourceID, file, index)
+	id := BlockID(c.cfg.SourceID, file, etag, index)
 	data, info, err := c.cfg.Store.Get(ctx, id)
 	switch {
 	case err == nil:
@@ -153,7 +161,7 @@ func (c *Cache) ReadBlock(ctx context.Context, file string, index int64) ([]byte
 	}
 	c.m.misses.Inc()
 	data, err = c.flight.do(ctx, id, func(fctx context.Context) ([]byte, func(context.Context), error) {
-		return c.fetch(fctx, id, file, index)
+		return c.fetch(fctx, id, file, etag, index)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading block %d of %s: %w", index, file, err)
@@ -162,7 +170,7 @@ func (c *Cache) ReadBlock(ctx context.Context, file string, index int64) ([]byte
 }
 
 // fetch reads a block from the under-store and returns it with the function that stores it.
-func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte, func(context.Context), error) {
+func (c *Cache) fetch(ctx context.Context, id, file, etag string, index int64) ([]byte, func(context.Context), error) {
 	// The flight before this one may have stored the block a moment ago.
 	if data, _, err := c.cfg.Store.Get(ctx, id); err == nil {
 		return data, nil, nil
@@ -173,7 +181,7 @@ func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte
 		case err == nil && int64(len(data)) <= c.cfg.BlockSize && len(data) > 0:
 			c.m.peerFetches.Inc()
 			c.m.peerBytes.Add(float64(len(data)))
-			return data, c.storer(id, file, index, data), nil
+			return data, c.storer(id, file, etag, index, data), nil
 		case err == nil:
 			c.log.Error(nil, "a peer sent a block of the wrong size; reading the under-store", "file", file, "block", index, "bytes", len(data))
 		case ctx.Err() != nil:
@@ -183,7 +191,7 @@ func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte
 		}
 	}
 	buf := make([]byte, c.cfg.BlockSize)
-	n, err := understore.ParallelReadAt(ctx, c.cfg.Source, file, buf, index*c.cfg.BlockSize, c.cfg.Fetch)
+	n, err := understore.ParallelReadAt(ctx, c.cfg.Source, file, etag, buf, index*c.cfg.BlockSize, c.cfg.Fetch)
 	if err != nil && !errors.Is(err, io.EOF) {
 		c.m.fetchErrors.Inc()
 		return nil, nil, err
@@ -194,17 +202,18 @@ func (c *Cache) fetch(ctx context.Context, id, file string, index int64) ([]byte
 	data := buf[:n]
 	c.m.fetches.Inc()
 	c.m.fetchedBytes.Add(float64(n))
-	return data, c.storer(id, file, index, data), nil
+	return data, c.storer(id, file, etag, index, data), nil
 }
 
 // storer returns the function that stores a fetched block in the top tier and reports it.
-func (c *Cache) storer(id, file string, index int64, data []byte) func(context.Context) {
+func (c *Cache) storer(id, file, etag string, index int64, data []byte) func(context.Context) {
 	return func(ctx context.Context) {
 		// Clean: the under-store has it, so the last tier may drop it without persisting it.
 		opts := tierstore.PutOptions{Clean: true, Pinned: c.cfg.Pinned != nil && c.cfg.Pinned(file)}
 		if c.cfg.Root != "" {
 			origin, err := proto.Marshal(&workerpb.BlockOrigin{
 				Path: path.Join(c.cfg.Root, file), Dataset: c.cfg.Dataset, Root: c.cfg.Root, Index: index, Offset: index * c.cfg.BlockSize,
+				SourceVersion: etag,
 			})
 			if err != nil {
 				c.log.Error(err, "encoding a block's origin", "file", file, "block", index)

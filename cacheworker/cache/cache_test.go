@@ -40,7 +40,8 @@ func newSource(files map[string][]byte) *countingSource {
 	return &countingSource{files: files, cancelled: make(chan error, 64)}
 }
 
-func (s *countingSource) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int, error) {
+// ReadVersionAt serves every version: each file has one.
+func (s *countingSource) ReadVersionAt(ctx context.Context, p, _ string, buf []byte, off int64) (int, error) {
 	s.calls.Add(1)
 	if s.gate != nil {
 		select {
@@ -115,7 +116,7 @@ func newFixture(t *testing.T, quota int64, files map[string][]byte) *fixture {
 // settled waits until no fetch or store of the block is under way, so that what follows sees
 // the block stored (or its store failed).
 func (f *fixture) settled(g *WithT, file string, index int64) {
-	id := BlockID("dataset-uid", file, index)
+	id := BlockID("dataset-uid", file, "", index)
 	g.Eventually(func() bool {
 		f.cache.flight.mu.Lock()
 		defer f.cache.flight.mu.Unlock()
@@ -127,7 +128,7 @@ func (f *fixture) settled(g *WithT, file string, index int64) {
 func (f *fixture) waiters(file string, index int64) int {
 	f.cache.flight.mu.Lock()
 	defer f.cache.flight.mu.Unlock()
-	if c := f.cache.flight.calls[BlockID("dataset-uid", file, index)]; c != nil {
+	if c := f.cache.flight.calls[BlockID("dataset-uid", file, "", index)]; c != nil {
 		return c.waiters
 	}
 	return 0
@@ -147,7 +148,7 @@ func TestConcurrentMissesOnOneBlockFetchItOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = f.cache.ReadBlock(context.Background(), "part-0", 1)
+			results[i], errs[i] = f.cache.ReadBlock(context.Background(), "part-0", "", 1)
 		}()
 	}
 	// Every reader has missed and joined the one fetch, which the gate holds.
@@ -167,7 +168,7 @@ func TestConcurrentMissesOnOneBlockFetchItOnce(t *testing.T) {
 	g.Expect(results[1][0]).To(Equal(data[blockSize]), "every reader owns its slice")
 
 	f.settled(g, "part-0", 1)
-	again, err := f.cache.ReadBlock(context.Background(), "part-0", 1)
+	again, err := f.cache.ReadBlock(context.Background(), "part-0", "", 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(data[blockSize : 2*blockSize]))
 	g.Expect(f.src.calls.Load()).To(BeEquivalentTo(1), "the next read hits the local tier")
@@ -204,7 +205,7 @@ func TestReadBlock(t *testing.T) {
 		"a corrupt local copy is removed and read again from the under-store": {
 			file: "f", index: 1, want: file[blockSize : 2*blockSize], reads: 2,
 			damage: func(t *testing.T, f *fixture) {
-				info, err := f.store.Info(BlockID("dataset-uid", "f", 1))
+				info, err := f.store.Info(BlockID("dataset-uid", "f", "", 1))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -232,7 +233,7 @@ func TestReadBlock(t *testing.T) {
 			}
 			f := newFixture(t, quota, map[string][]byte{"f": file})
 			for i := range 2 {
-				got, err := f.cache.ReadBlock(context.Background(), tc.file, tc.index)
+				got, err := f.cache.ReadBlock(context.Background(), tc.file, "", tc.index)
 				if tc.wantErr != nil {
 					g.Expect(err).To(MatchError(tc.wantErr))
 					g.Expect(err.Error()).To(ContainSubstring(fmt.Sprintf("block %d of %s", tc.index, tc.file)))
@@ -261,11 +262,11 @@ func TestAReaderThatGivesUpDoesNotFailTheOthers(t *testing.T) {
 	impatientErr := make(chan error, 1)
 	patient := make(chan []byte, 1)
 	go func() {
-		_, err := f.cache.ReadBlock(impatient, "f", 0)
+		_, err := f.cache.ReadBlock(impatient, "f", "", 0)
 		impatientErr <- err
 	}()
 	go func() {
-		b, err := f.cache.ReadBlock(context.Background(), "f", 0)
+		b, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
 		if err != nil {
 			t.Error(err)
 		}
@@ -287,7 +288,7 @@ func TestWhenEveryReaderGivesUpTheFetchStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.cache.ReadBlock(ctx, "f", 0)
+		_, err := f.cache.ReadBlock(ctx, "f", "", 0)
 		done <- err
 	}()
 	g.Eventually(func() int32 { return f.src.calls.Load() }).WithTimeout(10 * time.Second).Should(BeEquivalentTo(1))
@@ -297,7 +298,7 @@ func TestWhenEveryReaderGivesUpTheFetchStops(t *testing.T) {
 
 	// The next reader starts a fresh fetch rather than joining the cancelled one.
 	close(f.src.gate)
-	_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
 	g.Expect(err).NotTo(HaveOccurred())
 }
 
@@ -307,33 +308,33 @@ func TestCloseStopsFetchesUnderWay(t *testing.T) {
 	f.src.gate = make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+		_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
 		done <- err
 	}()
 	g.Eventually(func() int32 { return f.src.calls.Load() }).WithTimeout(10 * time.Second).Should(BeEquivalentTo(1))
 	f.cache.Close()
 	g.Expect(<-f.src.cancelled).To(MatchError(context.Canceled))
 	g.Expect(<-done).To(MatchError(context.Canceled))
-	_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
 	g.Expect(err).To(MatchError(ErrClosed))
 }
 
 func TestBlockIDs(t *testing.T) {
 	g := NewWithT(t)
-	a := BlockID("dataset-a", "dir/part-0.parquet", 3)
+	a := BlockID("dataset-a", "dir/part-0.parquet", "", 3)
 	g.Expect(a).To(MatchRegexp(`^[0-9a-f]{32}-3$`))
-	g.Expect(BlockID("dataset-b", "dir/part-0.parquet", 3)).NotTo(Equal(a), "two sources never share blocks")
-	g.Expect(BlockID("dataset-a", "dir/part-0.parquet", 4)).NotTo(Equal(a))
-	g.Expect(BlockID("dataset-a", "../../etc/passwd", 0)).To(MatchRegexp(`^[0-9a-f]{32}-0$`), "any path gives a safe id")
+	g.Expect(BlockID("dataset-b", "dir/part-0.parquet", "", 3)).NotTo(Equal(a), "two sources never share blocks")
+	g.Expect(BlockID("dataset-a", "dir/part-0.parquet", "", 4)).NotTo(Equal(a))
+	g.Expect(BlockID("dataset-a", "../../etc/passwd", "", 0)).To(MatchRegexp(`^[0-9a-f]{32}-0$`), "any path gives a safe id")
 }
 
 func TestMetricsAreRegisteredOnTheGivenRegistry(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, 1<<20, map[string][]byte{"f": randomBytes(blockSize, 6)})
-	_, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	f.settled(g, "f", 0)
-	_, err = f.cache.ReadBlock(context.Background(), "f", 0)
+	_, err = f.cache.ReadBlock(context.Background(), "f", "", 0)
 	g.Expect(err).NotTo(HaveOccurred())
 
 	families, err := f.reg.Gather()
@@ -380,16 +381,18 @@ func TestReadThroughFromMinIO(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
 
+	info, err := s3.Stat(context.Background(), "part-0")
+	g.Expect(err).NotTo(HaveOccurred())
 	for pass := range 2 {
 		var got []byte
 		for i := int64(0); ; i++ {
-			b, err := c.ReadBlock(context.Background(), "part-0", i)
+			b, err := c.ReadBlock(context.Background(), "part-0", info.ETag, i)
 			if errors.Is(err, ErrOutOfRange) {
 				break
 			}
 			g.Expect(err).NotTo(HaveOccurred())
 			got = append(got, b...)
-			g.Eventually(func() error { _, err := store.Info(BlockID("s3://data/in", "part-0", i)); return err }).
+			g.Eventually(func() error { _, err := store.Info(BlockID("s3://data/in", "part-0", info.ETag, i)); return err }).
 				WithTimeout(10*time.Second).Should(Succeed(), "block %d is stored", i)
 		}
 		g.Expect(got).To(Equal(obj), "pass %d", pass)
@@ -397,22 +400,38 @@ func TestReadThroughFromMinIO(t *testing.T) {
 	g.Expect(testutil.ToFloat64(m.fetches)).To(Equal(3.0), "three blocks fetched once each")
 	g.Expect(testutil.ToFloat64(m.hits.WithLabelValues("mem"))).To(Equal(3.0))
 
-	_, err = c.ReadBlock(context.Background(), "missing", 0)
+	_, err = c.ReadBlock(context.Background(), "missing", "", 0)
 	g.Expect(err).To(MatchError(understore.ErrNotFound))
 	g.Expect(err.Error()).To(ContainSubstring("s3://data/in/missing"))
+
+	// Replacing the object: its cached blocks stay the old version's, and no block mixes the two.
+	replaced := randomBytes(3*blockSize, 8)
+	srv.Put(t, "data", "in/part-0", replaced)
+	old, err := c.ReadBlock(context.Background(), "part-0", info.ETag, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(old).To(Equal(obj[blockSize:2*blockSize]), "a cached block of the old version is that version's")
+	g.Expect(store.Delete(context.Background(), BlockID("s3://data/in", "part-0", info.ETag, 2))).To(Succeed())
+	_, err = c.ReadBlock(context.Background(), "part-0", info.ETag, 2)
+	g.Expect(err).To(MatchError(understore.ErrChanged), "a block of the old version that is not cached cannot be had any more")
+	now, err := s3.Stat(context.Background(), "part-0")
+	g.Expect(err).NotTo(HaveOccurred())
+	fresh, err := c.ReadBlock(context.Background(), "part-0", now.ETag, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(fresh).To(Equal(replaced[blockSize:2*blockSize]), "the new version's blocks are its own")
+	g.Expect(BlockID("s3://data/in", "part-0", now.ETag, 1)).NotTo(Equal(BlockID("s3://data/in", "part-0", info.ETag, 1)))
 }
 
 func TestAReaderChangingItsBytesNeverChangesTheCachedBlock(t *testing.T) {
 	g := NewWithT(t)
 	data := randomBytes(blockSize, 8)
 	f := newFixture(t, 1<<20, map[string][]byte{"f": data})
-	got, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	got, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	for i := range got {
 		got[i] = 0 // while the block may still be being stored
 	}
 	f.settled(g, "f", 0)
-	again, err := f.cache.ReadBlock(context.Background(), "f", 0)
+	again, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(data))
 }
@@ -422,14 +441,14 @@ func TestBlocksOfPinnedFilesAreStoredPinned(t *testing.T) {
 	f := newFixture(t, 16*blockSize, map[string][]byte{"labels/a.txt": []byte("pinned"), "images/a.jpg": []byte("not pinned")})
 	f.cache.cfg.Pinned = func(file string) bool { return strings.HasPrefix(file, "labels/") }
 	for _, file := range []string{"labels/a.txt", "images/a.jpg"} {
-		_, err := f.cache.ReadBlock(context.Background(), file, 0)
+		_, err := f.cache.ReadBlock(context.Background(), file, "", 0)
 		g.Expect(err).NotTo(HaveOccurred())
 		f.settled(g, file, 0)
 	}
-	pinned, err := f.store.Info(BlockID("dataset-uid", "labels/a.txt", 0))
+	pinned, err := f.store.Info(BlockID("dataset-uid", "labels/a.txt", "", 0))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(pinned.Pinned).To(BeTrue())
-	other, err := f.store.Info(BlockID("dataset-uid", "images/a.jpg", 0))
+	other, err := f.store.Info(BlockID("dataset-uid", "images/a.jpg", "", 0))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(other.Pinned).To(BeFalse())
 }

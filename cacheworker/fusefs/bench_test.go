@@ -22,7 +22,9 @@ import (
 // with no tier store or under-store behind it.
 type memoryBlocks struct{ block []byte }
 
-func (m memoryBlocks) ReadBlock(context.Context, string, int64) ([]byte, error) { return m.block, nil }
+func (m memoryBlocks) ReadBlock(context.Context, string, string, int64) ([]byte, error) {
+	return m.block, nil
+}
 
 // BenchmarkReadThroughTheMount reads a 256 MiB file through the mount, its pages dropped from
 // the page cache first so that every byte is a FUSE read answered by the server.

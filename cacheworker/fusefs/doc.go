@@ -15,15 +15,23 @@
 // whose key is also a folder of other objects ("a" next to "a/b"), which S3 allows and a
 // file system cannot show.
 //
+// # Versions
+//
+// Each file is the version of its object the listing named (its ETag: S3's, or a file's size
+// and modification time), and only that version is read: block ids name it (cache.BlockID),
+// and a block not cached is fetched with the store's conditional read (understore's
+// ReadVersionAt: If-Match for S3 and claim servers, a check of the open file for paths). So no
+// read mixes bytes of two versions. A file whose object was replaced in the under-store after the
+// listing reads on from the blocks of its version that are cached anywhere in the cluster, and
+// a block that is not fails with EIO and a log line naming the object and the version listed;
+// a block shorter than the listing said fails the same way rather than returning short data. A
+// mount made later lists again and reads the new version whole.
+//
 // The tree does not follow later changes in the under-store. A refresh would list again,
 // compare with the tree by key, size and ETag, add nodes under new ids and retire removed
-// ones, and tell the kernel what changed (NotifyEntry for names, NotifyContent for
-// files whose bytes changed), so that the long entry and attribute timeouts stay correct.
-// Changed objects also need new block ids, since a block id names a file and an index but not
-// a version: the ETag would have to become part of the id (the cache's SourceID or the file
-// name it hashes), or stale blocks would be served. Until then, an object that changes is
-// read as it now is for blocks not yet cached, which is why a block shorter than the listing
-// said fails with EIO rather than returning short data.
+// ones, and tell the kernel what changed (INVAL_ENTRY and DELETE notifications for names,
+// INVAL_INODE for files whose bytes changed, written to the FUSE device as fuseconn writes its
+// resends), so that the long entry and attribute timeouts stay correct.
 //
 // # Reads
 //

@@ -20,13 +20,15 @@ import (
 
 // BlockReader reads whole blocks of a Dataset's files: the read-through cache.
 type BlockReader interface {
-	// ReadBlock returns block index of file, of the cache's block size (shorter for the last).
-	ReadBlock(ctx context.Context, file string, index int64) ([]byte, error)
+	// ReadBlock returns block index of version etag of file, of the cache's block size
+	// (shorter for the last); understore.ErrChanged if that version is not to be had.
+	ReadBlock(ctx context.Context, file, etag string, index int64) ([]byte, error)
 }
 
-// LocalBlocks opens the copy of a block that a local tier holds, failing if none does.
+// LocalBlocks opens the copy of a block of a version of a file that a local tier holds,
+// failing if none does.
 type LocalBlocks interface {
-	OpenBlock(ctx context.Context, file string, index int64) (*os.File, error)
+	OpenBlock(ctx context.Context, file, etag string, index int64) (*os.File, error)
 }
 
 // Lister lists a Dataset's objects: its under-store.

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/minio/minio-go/v7"
 	. "github.com/onsi/gomega"
@@ -273,7 +274,9 @@ func TestConcurrentReadersOfOneLargeFileGetTheRightBytes(t *testing.T) {
 // failingBlocks fails every read.
 type failingBlocks struct{ err error }
 
-func (b failingBlocks) ReadBlock(context.Context, string, int64) ([]byte, error) { return nil, b.err }
+func (b failingBlocks) ReadBlock(context.Context, string, string, int64) ([]byte, error) {
+	return nil, b.err
+}
 
 func TestReadFailuresBecomeErrnos(t *testing.T) {
 	fusetest.Require(t)
@@ -297,6 +300,36 @@ func TestReadFailuresBecomeErrnos(t *testing.T) {
 		_, err := os.ReadFile(filepath.Join(s.Dir(), "nested/a/b/c/deep.txt"))
 		g.Expect(err).To(MatchError(syscall.ENOENT))
 		g.Expect(f.logs.count("deep.txt", "not found")).To(Equal(1))
+	})
+
+	t.Run("an object replaced after the mount is read as the version listed, or EIO: never a mix", func(t *testing.T) {
+		g := NewWithT(t)
+		s := mount(t, f.config(nil))
+		old := f.data.files["big.bin"]
+		file, err := os.Open(filepath.Join(s.Dir(), "big.bin"))
+		g.Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = file.Close() }()
+		first := make([]byte, testBlockSize)
+		_, err = file.ReadAt(first, 0)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(first).To(Equal(old[:testBlockSize]))
+
+		// Same size, other bytes: only the version tells the two apart.
+		replaced := randomBytes(len(old), 99)
+		f.srv.Put(t, bucket, prefix+"big.bin", replaced)
+		later := make([]byte, testBlockSize)
+		_, err = file.ReadAt(later, 3*testBlockSize)
+		g.Expect(err).To(MatchError(syscall.EIO), "a block of the listed version that is not cached cannot be had")
+		g.Expect(f.logs.count("changed in the under-store since the Dataset was listed", `"file"="big.bin"`)).To(Equal(1))
+		_, err = file.ReadAt(first, 0)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(first).To(Equal(old[:testBlockSize]), "what is cached of the listed version is still that version")
+
+		again := mount(t, f.config(nil))
+		got, err := os.ReadFile(filepath.Join(again.Dir(), "big.bin"))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(sum(got)).To(Equal(sum(replaced)), "a mount that lists again reads the new version whole, none of the old one's cached blocks")
+		f.srv.Put(t, bucket, prefix+"big.bin", old)
 	})
 
 	t.Run("an object that shrank after the mount is EIO, not short data", func(t *testing.T) {
@@ -493,4 +526,32 @@ type failingLister struct{ err error }
 
 func (l failingLister) List(context.Context, string) iter.Seq2[understore.ObjectInfo, error] {
 	return func(yield func(understore.ObjectInfo, error) bool) { yield(understore.ObjectInfo{}, l.err) }
+}
+
+func TestAHandoverKeepsEachFilesVersion(t *testing.T) {
+	g := NewWithT(t)
+	t0 := time.Date(2024, 7, 1, 12, 0, 0, 0, time.UTC)
+	tr, err := buildTree(context.Background(), fakeLister{
+		{Path: "a/b.txt", Size: 2, ModTime: t0, ETag: "v-b"},
+		{Path: "c.txt", Size: 3, ModTime: t0, ETag: "v-c"},
+		{Path: "empty/", ModTime: t0},
+	}, logr.Discard())
+	g.Expect(err).NotTo(HaveOccurred())
+	nodes := tr.flatten(t0)
+	restored, err := restoreNodes(snapshotNodes(nodes))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(restored).To(HaveLen(len(nodes)))
+	for i := range nodes {
+		want, got := nodes[i], restored[i]
+		g.Expect(got.mtime.Equal(want.mtime)).To(BeTrue())
+		got.mtime, want.mtime = time.Time{}, time.Time{}
+		g.Expect(got).To(Equal(want), "node %d: the taking-over server reads every file from the version the mount listed", i)
+	}
+	var etags []string
+	for _, n := range restored {
+		if n.etag != "" {
+			etags = append(etags, n.path+"@"+n.etag)
+		}
+	}
+	g.Expect(etags).To(ConsistOf("a/b.txt@v-b", "c.txt@v-c"))
 }

@@ -119,8 +119,8 @@ func newFixture(t *testing.T, data dataset) *fixture {
 // localBlocks opens the fixture's blocks in the tier store, as the mounter wires it.
 type localBlocks struct{ store *tierstore.Store }
 
-func (l localBlocks) OpenBlock(ctx context.Context, file string, index int64) (*os.File, error) {
-	f, _, err := l.store.OpenBlock(ctx, cache.BlockID(sourceID, file, index))
+func (l localBlocks) OpenBlock(ctx context.Context, file, etag string, index int64) (*os.File, error) {
+	f, _, err := l.store.OpenBlock(ctx, cache.BlockID(sourceID, file, etag, index))
 	return f, err
 }
 
@@ -175,9 +175,13 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return total
 }
 
-// stored reports whether the tier store holds block index of file.
+// stored reports whether the tier store holds block index of file, of the version in MinIO.
 func (f *fixture) stored(file string, index int64) bool {
-	_, err := f.store.Info(cache.BlockID(sourceID, file, index))
+	info, err := f.objects.Stat(context.Background(), file)
+	if err != nil {
+		return false
+	}
+	_, err = f.store.Info(cache.BlockID(sourceID, file, info.ETag, index))
 	return err == nil
 }
 

@@ -80,7 +80,7 @@ func (fsys *fileSystem) register(n *node) int32 {
 	}
 	// Opening the block counts as an access for the tier's eviction order, the only one the
 	// worker sees: the reads that follow go from the kernel to the block file directly.
-	file, err := fsys.local.OpenBlock(context.Background(), n.path, 0)
+	file, err := fsys.local.OpenBlock(context.Background(), n.path, n.etag, 0)
 	if err != nil {
 		return 0 // not in a local tier (yet): cached mode, and the read fetches it
 	}

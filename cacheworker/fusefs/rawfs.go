@@ -331,7 +331,8 @@ func (fsys *fileSystem) handle(fh, id uint64) *handle {
 }
 
 // errChanged means a block is shorter than the listing said: the object changed in the
-// under-store after the Dataset was mounted.
+// under-store after the Dataset was mounted. (A store that names versions says so first, with
+// understore.ErrChanged.)
 var errChanged = errors.New("the object is shorter than when the Dataset was mounted: it changed in the under-store")
 
 // fail maps a read failure to an errno, logs it once per block, and counts it.
@@ -351,7 +352,15 @@ func (fsys *fileSystem) fail(ctx context.Context, id uint64, index int64, err er
 	fsys.logged[key] = true
 	fsys.mu.Unlock()
 	if first {
-		fsys.log.Error(err, "read failed", "file", fsys.nodes[id].path, "block", index, "errno", errno.Error())
+		n := &fsys.nodes[id]
+		if errors.Is(err, understore.ErrChanged) {
+			// Its blocks of the version listed are not all cached, and the store has another:
+			// the reader gets EIO rather than bytes of two versions.
+			fsys.log.Error(err, "read failed: the object changed in the under-store since the Dataset was listed",
+				"file", n.path, "listedVersion", n.etag, "block", index, "errno", errno.Error())
+		} else {
+			fsys.log.Error(err, "read failed", "file", n.path, "block", index, "errno", errno.Error())
+		}
 	}
 	return fuse.Status(errno)
 }
@@ -403,7 +412,7 @@ func (h *handle) block(ctx context.Context, fsys *fileSystem, n *node, index int
 	}
 	h.mu.Unlock()
 
-	b, err := fsys.load(ctx, n.path, index)
+	b, err := fsys.load(ctx, n, index)
 	if err != nil {
 		return nil, err
 	}
@@ -444,15 +453,15 @@ func (h *handle) release() {
 
 // load opens the block's local copy if a tier holds it, and otherwise reads it through the
 // cache, which fetches it from a peer or the under-store and stores it.
-func (fsys *fileSystem) load(ctx context.Context, path string, index int64) (*blockRef, error) {
+func (fsys *fileSystem) load(ctx context.Context, n *node, index int64) (*blockRef, error) {
 	if fsys.local != nil {
 		// Any failure here (not held, moved away, unreadable) leaves it to the cache, which
 		// copes with all of them.
-		if file, err := fsys.local.OpenBlock(ctx, path, index); err == nil {
+		if file, err := fsys.local.OpenBlock(ctx, n.path, n.etag, index); err == nil {
 			return &blockRef{index: index, file: file}, nil
 		}
 	}
-	data, err := fsys.blocks.ReadBlock(ctx, path, index)
+	data, err := fsys.blocks.ReadBlock(ctx, n.path, n.etag, index)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,8 @@ type entry struct {
 	children map[string]*entry
 	size     int64
 	mtime    time.Time
+	// etag is a file's version as listed, which its blocks are read from (understore.ObjectInfo).
+	etag string
 }
 
 func (e *entry) isDir() bool { return e.children != nil }
@@ -73,7 +75,7 @@ func buildTree(ctx context.Context, objects Lister, log logr.Logger) (*tree, err
 			t.files--
 			t.bytes -= old.size
 		}
-		dir.children[name] = &entry{size: info.Size, mtime: info.ModTime}
+		dir.children[name] = &entry{size: info.Size, mtime: info.ModTime, etag: info.ETag}
 		t.files++
 		t.bytes += info.Size
 	}
@@ -160,6 +162,8 @@ type node struct {
 	children []uint64
 	// path is a file's key relative to the Dataset, as the cache names its blocks.
 	path string
+	// etag is the version of a file the listing gave: every block of it is of that version.
+	etag string
 }
 
 // flatten numbers the tree's folders and files depth first in name order, the root being
@@ -172,7 +176,7 @@ func (t *tree) flatten(rootTime time.Time) []node {
 			e := dir.children[name]
 			child := uint64(len(nodes))
 			nodes[id].children = append(nodes[id].children, child)
-			n := node{parent: id, name: name, dir: e.isDir(), size: e.size, mtime: e.mtime}
+			n := node{parent: id, name: name, dir: e.isDir(), size: e.size, mtime: e.mtime, etag: e.etag}
 			if !n.dir {
 				n.path = prefix + name
 			}
@@ -193,12 +197,15 @@ type snapNode struct {
 	Dir    bool
 	Size   int64
 	MTime  int64 // Unix nanoseconds
+	// ETag is empty in the state (gob) of a worker from before block ids had versions: its blocks
+	// are named without one, as before.
+	ETag string
 }
 
 func snapshotNodes(nodes []node) []snapNode {
 	out := make([]snapNode, len(nodes))
 	for i, n := range nodes[1:] {
-		out[i+1] = snapNode{Parent: n.parent, Name: n.name, Dir: n.dir, Size: n.size, MTime: n.mtime.UnixNano()}
+		out[i+1] = snapNode{Parent: n.parent, Name: n.name, Dir: n.dir, Size: n.size, MTime: n.mtime.UnixNano(), ETag: n.etag}
 	}
 	return out
 }
@@ -212,7 +219,7 @@ func restoreNodes(snap []snapNode) ([]node, error) {
 	nodes := make([]node, len(snap))
 	for i := 1; i < len(snap); i++ {
 		s := snap[i]
-		n := node{parent: s.Parent, name: s.Name, dir: s.Dir, size: s.Size, mtime: time.Unix(0, s.MTime)}
+		n := node{parent: s.Parent, name: s.Name, dir: s.Dir, size: s.Size, mtime: time.Unix(0, s.MTime), etag: s.ETag}
 		if i > 1 {
 			if s.Parent == 0 || s.Parent >= uint64(i) || !nodes[s.Parent].dir {
 				return nil, fmt.Errorf("node %d of the snapshot has parent %d, not a folder before it", i, s.Parent)

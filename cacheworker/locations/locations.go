@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -162,10 +163,25 @@ func (d *Directory) Report(ctx context.Context, info tierstore.BlockInfo) error 
 	if err := proto.Unmarshal(info.Origin, &origin); err != nil {
 		return fmt.Errorf("reporting block %s: its origin does not decode: %w", info.ID, err)
 	}
-	if err := d.ensureFile(ctx, &origin); err != nil {
+	p := MasterPath(origin.GetPath(), origin.GetSourceVersion())
+	if err := d.ensureFile(ctx, p, &origin); err != nil {
 		return fmt.Errorf("reporting block %s: %w", info.ID, err)
 	}
-	return d.Commit(ctx, info, origin.GetPath(), origin.GetOffset())
+	return d.Commit(ctx, info, p, origin.GetOffset())
+}
+
+// MasterPath is where the master records the blocks of version (an ETag) of the source file at
+// path in the master's namespace: the file's path for outputs and for blocks cached before block
+// ids had versions (version empty), and otherwise a file of that version beside it
+// ("<path>@<hash of the version>"), since the master's files hold one block per offset and a
+// source object's versions each have their own. Usage and locations under the Dataset's root
+// count them all.
+func MasterPath(path, version string) string {
+	if version == "" {
+		return path
+	}
+	sum := sha256.Sum256([]byte(version))
+	return path + "@" + hex.EncodeToString(sum[:8])
 }
 
 // Commit tells the master that this worker holds block info, the part of the file at path
@@ -213,8 +229,7 @@ func (d *Directory) ReportAll(ctx context.Context, blocks []tierstore.BlockInfo)
 	return reported, errors.Join(errs...)
 }
 
-func (d *Directory) ensureFile(ctx context.Context, origin *workerpb.BlockOrigin) error {
-	p := origin.GetPath()
+func (d *Directory) ensureFile(ctx context.Context, p string, origin *workerpb.BlockOrigin) error {
 	if _, ok := d.files.Load(p); ok {
 		return nil
 	}

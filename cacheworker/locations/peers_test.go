@@ -41,9 +41,9 @@ type countingSource struct {
 	reads atomic.Int64
 }
 
-func (s *countingSource) ReadAt(ctx context.Context, path string, p []byte, off int64) (int, error) {
+func (s *countingSource) ReadVersionAt(ctx context.Context, path, etag string, p []byte, off int64) (int, error) {
 	s.reads.Add(1)
-	return s.RangeReader.ReadAt(ctx, path, p, off)
+	return s.RangeReader.ReadVersionAt(ctx, path, etag, p, off)
 }
 
 // node is one worker as cmd/worker wires it: a tier store, its data plane on loopback, its
@@ -128,16 +128,16 @@ func TestPeersServeWhatTheyHold(t *testing.T) {
 
 	By := func(step string) { t.Log(step) }
 	By("worker a reads block 1 from the under-store and reports it")
-	got, err := a.cache.ReadBlock(ctx, "train.bin", 1)
+	got, err := a.cache.ReadBlock(ctx, "train.bin", "", 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(content[blockSize : 2*blockSize]))
 	g.Expect(a.source.reads.Load()).To(BeNumerically(">", 0))
-	id := cache.BlockID("uid-1", "train.bin", 1)
+	id := cache.BlockID("uid-1", "train.bin", "", 1)
 	g.Eventually(func() ([]string, error) { return holders(ctx, master, id) }).WithTimeout(10*time.Second).
 		Should(ConsistOf("pool/a"), "the master learns that worker a holds the block")
 
 	By("worker b reads the same block from worker a, not from the under-store")
-	got, err = b.cache.ReadBlock(ctx, "train.bin", 1)
+	got, err = b.cache.ReadBlock(ctx, "train.bin", "", 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(content[blockSize : 2*blockSize]))
 	g.Expect(b.source.reads.Load()).To(BeZero(), "a block a peer holds is not fetched from the under-store")
@@ -163,7 +163,7 @@ func TestPeersServeWhatTheyHold(t *testing.T) {
 	g.Eventually(c.member.Registered).WithTimeout(10 * time.Second).Should(BeTrue())
 	a.srv.Stop()
 	b.srv.Stop()
-	got, err = c.cache.ReadBlock(ctx, "train.bin", 1)
+	got, err = c.cache.ReadBlock(ctx, "train.bin", "", 1)
 	g.Expect(err).NotTo(HaveOccurred(), "a reader never fails because a peer is down")
 	g.Expect(got).To(Equal(content[blockSize : 2*blockSize]))
 	g.Expect(c.source.reads.Load()).To(BeNumerically(">", 0), "the block came from the under-store")
@@ -232,4 +232,52 @@ func (f collectorFunc) Describe(ch chan<- *prometheus.Desc) {
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(prometheus.NewDesc("test_value", "value read from the registry", nil, nil),
 		prometheus.GaugeValue, f())
+}
+
+// TestTheVersionsOfAnObjectAreRecordedApart replaces a source object after a worker cached a
+// block of it: the new version's block at the same offset is recorded at the master too (the
+// master holds one block per offset of a file), and a peer serves each version's block to a
+// reader of that version only.
+func TestTheVersionsOfAnObjectAreRecordedApart(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	first := bytes.Repeat([]byte("first "), 3*blockSize/6)
+	dataDir := t.TempDir()
+	g.Expect(os.WriteFile(filepath.Join(dataDir, "train.bin"), first, 0o600)).To(Succeed())
+	under, err := understore.NewLocal(understore.LocalConfig{Dir: dataDir, AllowedRoots: []string{dataDir}})
+	g.Expect(err).NotTo(HaveOccurred())
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	_, err = master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: dataset, Root: root, Source: "file:///data"})
+	g.Expect(err).NotTo(HaveOccurred())
+	a, b := startNode(t, "pool/a", master, under), startNode(t, "pool/b", master, under)
+	g.Eventually(func() bool { return a.member.Registered() && b.member.Registered() }).WithTimeout(10 * time.Second).Should(BeTrue())
+
+	v1, err := under.Stat(ctx, "train.bin")
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = a.cache.ReadBlock(ctx, "train.bin", v1.ETag, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() ([]string, error) { return holders(ctx, master, cache.BlockID("uid-1", "train.bin", v1.ETag, 1)) }).
+		WithTimeout(10 * time.Second).Should(ConsistOf("pool/a"))
+
+	second := bytes.Repeat([]byte("SECOND"), 3*blockSize/6)
+	g.Expect(os.WriteFile(filepath.Join(dataDir, "train.bin"), second, 0o600)).To(Succeed())
+	later := time.Now().Add(time.Second)
+	g.Expect(os.Chtimes(filepath.Join(dataDir, "train.bin"), later, later)).To(Succeed())
+	v2, err := under.Stat(ctx, "train.bin")
+	g.Expect(err).NotTo(HaveOccurred())
+	got, err := a.cache.ReadBlock(ctx, "train.bin", v2.ETag, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(second[blockSize : 2*blockSize]))
+	g.Eventually(func() ([]string, error) { return holders(ctx, master, cache.BlockID("uid-1", "train.bin", v2.ETag, 1)) }).
+		WithTimeout(10*time.Second).Should(ConsistOf("pool/a"), "the new version's block is recorded beside the old one's")
+
+	old, err := b.cache.ReadBlock(ctx, "train.bin", v1.ETag, 1)
+	g.Expect(err).NotTo(HaveOccurred(), "a reader of the old version gets its block from the peer that holds it")
+	g.Expect(old).To(Equal(first[blockSize : 2*blockSize]))
+	fresh, err := b.cache.ReadBlock(ctx, "train.bin", v2.ETag, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(fresh).To(Equal(second[blockSize : 2*blockSize]))
+	g.Expect(b.source.reads.Load()).To(BeZero(), "both came from the peer")
+	_, err = b.cache.ReadBlock(ctx, "train.bin", v1.ETag, 2)
+	g.Expect(err).To(MatchError(understore.ErrChanged), "a block of the old version that nobody holds is not read from the new one")
 }

@@ -510,8 +510,8 @@ type localBlocks struct {
 	sourceID string
 }
 
-func (l localBlocks) OpenBlock(ctx context.Context, file string, index int64) (*os.File, error) {
-	f, _, err := l.store.OpenBlock(ctx, cache.BlockID(l.sourceID, file, index))
+func (l localBlocks) OpenBlock(ctx context.Context, file, etag string, index int64) (*os.File, error) {
+	f, _, err := l.store.OpenBlock(ctx, cache.BlockID(l.sourceID, file, etag, index))
 	return f, err
 }
 

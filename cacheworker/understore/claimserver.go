@@ -116,7 +116,9 @@ func (s *claimServer) serveObject(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if info.ETag != "" {
-		w.Header().Set("ETag", info.ETag)
+		// http.ServeContent answers If-Match against it, so a client reads only the version
+		// it listed.
+		w.Header().Set("ETag", quoteETag(info.ETag))
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	var content io.ReadSeeker = io.NewSectionReader(storeReaderAt{r.Context(), s.store, p}, 0, info.Size)

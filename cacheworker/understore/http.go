@@ -91,8 +91,9 @@ func (h *HTTP) statusKind(code int) error {
 	return nil
 }
 
-// do sends method for p, with a Range header if rng is not empty.
-func (h *HTTP) do(ctx context.Context, method, p, rng string) (*http.Response, error) {
+// do sends method for p, with a Range header if rng is not empty and an If-Match header if
+// etag is not.
+func (h *HTTP) do(ctx context.Context, method, p, rng, etag string) (*http.Response, error) {
 	if err := checkPath(p); err != nil {
 		return nil, err
 	}
@@ -105,6 +106,9 @@ func (h *HTTP) do(ctx context.Context, method, p, rng string) (*http.Response, e
 	}
 	if rng != "" {
 		req.Header.Set("Range", rng)
+	}
+	if etag != "" {
+		req.Header.Set("If-Match", quoteETag(etag))
 	}
 	return h.client.Do(req)
 }
@@ -121,7 +125,7 @@ func statusError(resp *http.Response) error {
 
 // Stat implements Store with HEAD.
 func (h *HTTP) Stat(ctx context.Context, p string) (ObjectInfo, error) {
-	resp, err := h.do(ctx, http.MethodHead, p, "")
+	resp, err := h.do(ctx, http.MethodHead, p, "", "")
 	if err != nil {
 		return ObjectInfo{}, h.fail("stat", p, localKind(err), err)
 	}
@@ -129,7 +133,7 @@ func (h *HTTP) Stat(ctx context.Context, p string) (ObjectInfo, error) {
 	if resp.StatusCode != http.StatusOK {
 		return ObjectInfo{}, h.fail("stat", p, h.statusKind(resp.StatusCode), fmt.Errorf("HTTP %s", resp.Status))
 	}
-	info := ObjectInfo{Path: p, Size: resp.ContentLength, ETag: resp.Header.Get("ETag")}
+	info := ObjectInfo{Path: p, Size: resp.ContentLength, ETag: unquoteETag(resp.Header.Get("ETag"))}
 	if t, err := http.ParseTime(resp.Header.Get("Last-Modified")); err == nil {
 		info.ModTime = t
 	}
@@ -144,13 +148,19 @@ func (h *HTTP) List(_ context.Context, prefix string) iter.Seq2[ObjectInfo, erro
 // ReadAt implements Store with a ranged GET. A server that ignores ranges answers 200 with the
 // whole object; the bytes before off are then skipped, which is correct but slow.
 func (h *HTTP) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int, error) {
+	return h.ReadVersionAt(ctx, p, "", buf, off)
+}
+
+// ReadVersionAt implements Store with a ranged GET that the server answers only if the
+// object's ETag is etag (If-Match); any version when etag is empty.
+func (h *HTTP) ReadVersionAt(ctx context.Context, p, etag string, buf []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, h.fail("read", p, ErrInvalidPath, fmt.Errorf("negative offset %d", off))
 	}
 	if len(buf) == 0 {
 		return 0, nil
 	}
-	resp, err := h.do(ctx, http.MethodGet, p, "bytes="+strconv.FormatInt(off, 10)+"-"+strconv.FormatInt(off+int64(len(buf))-1, 10))
+	resp, err := h.do(ctx, http.MethodGet, p, "bytes="+strconv.FormatInt(off, 10)+"-"+strconv.FormatInt(off+int64(len(buf))-1, 10), etag)
 	if err != nil {
 		return 0, h.fail("read", p, localKind(err), err)
 	}
@@ -160,6 +170,8 @@ func (h *HTTP) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int
 	case http.StatusPartialContent:
 	case http.StatusRequestedRangeNotSatisfiable:
 		return 0, io.EOF // the range starts at or past the end
+	case http.StatusPreconditionFailed:
+		return 0, h.fail("read", p, ErrChanged, fmt.Errorf("the server's ETag is %s, not %q", resp.Header.Get("ETag"), etag))
 	case http.StatusOK:
 		if _, err := io.CopyN(io.Discard, ctxReader{ctx, resp.Body}, off); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -182,7 +194,7 @@ func (h *HTTP) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int
 
 // Open implements Store with GET.
 func (h *HTTP) Open(ctx context.Context, p string) (io.ReadCloser, error) {
-	resp, err := h.do(ctx, http.MethodGet, p, "")
+	resp, err := h.do(ctx, http.MethodGet, p, "", "")
 	if err != nil {
 		return nil, h.fail("open", p, localKind(err), err)
 	}
@@ -191,6 +203,22 @@ func (h *HTTP) Open(ctx context.Context, p string) (io.ReadCloser, error) {
 		return nil, h.fail("open", p, h.statusKind(resp.StatusCode), statusError(resp))
 	}
 	return resp.Body, nil
+}
+
+// quoteETag is an ETag as HTTP headers carry it: quoted, and weak ones with W/.
+func quoteETag(etag string) string {
+	if weak, ok := strings.CutPrefix(etag, "W/"); ok {
+		return `W/"` + weak + `"`
+	}
+	return `"` + etag + `"`
+}
+
+// unquoteETag is an ETag header as ObjectInfo holds it, as S3 clients do: without quotes.
+func unquoteETag(header string) string {
+	if weak, ok := strings.CutPrefix(header, "W/"); ok {
+		return "W/" + strings.Trim(weak, `"`)
+	}
+	return strings.Trim(header, `"`)
 }
 
 // Write implements Store: HTTP under-stores are read-only.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -142,7 +143,20 @@ func (l *Local) Stat(ctx context.Context, p string) (ObjectInfo, error) {
 	if err != nil {
 		return ObjectInfo{}, l.fail("stat", p, err)
 	}
-	return ObjectInfo{Path: p, Size: st.Size(), ModTime: st.ModTime()}, nil
+	return fileInfo(p, st), nil
+}
+
+// fileInfo describes the file at p.
+func fileInfo(p string, st fs.FileInfo) ObjectInfo {
+	return ObjectInfo{Path: p, Size: st.Size(), ModTime: st.ModTime(), ETag: fileETag(st)}
+}
+
+// fileETag names a file's version by its size and modification time to the nanosecond: a
+// file rewritten in place changes both or at least its time, as NFS and local file systems
+// keep it. (A writer that sets the time back by hand defeats it; nothing cheaper than reading
+// the whole file would not.)
+func fileETag(st fs.FileInfo) string {
+	return strconv.FormatInt(st.Size(), 16) + "-" + strconv.FormatInt(st.ModTime().UnixNano(), 16)
 }
 
 // List implements Store. Symlinks are followed only where they stay inside the root.
@@ -181,7 +195,7 @@ func (l *Local) List(ctx context.Context, prefix string) iter.Seq2[ObjectInfo, e
 			if err != nil || !st.Mode().IsRegular() {
 				return nil // a symlink leading out of the root, or to something that is not a file
 			}
-			if !yield(ObjectInfo{Path: p, Size: st.Size(), ModTime: st.ModTime()}, nil) {
+			if !yield(fileInfo(p, st), nil) {
 				return errStop
 			}
 			return nil
@@ -196,6 +210,12 @@ var errStop = errors.New("listing stopped by the caller")
 
 // ReadAt implements Store.
 func (l *Local) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int, error) {
+	return l.ReadVersionAt(ctx, p, "", buf, off)
+}
+
+// ReadVersionAt implements Store: the file opened is checked to be of version etag (any
+// version when etag is empty) before it is read.
+func (l *Local) ReadVersionAt(ctx context.Context, p, etag string, buf []byte, off int64) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, l.fail("read", p, err)
 	}
@@ -204,11 +224,34 @@ func (l *Local) ReadAt(ctx context.Context, p string, buf []byte, off int64) (in
 		return 0, l.fail("read", p, err)
 	}
 	defer func() { _ = f.Close() }() // read-only: a failed close loses nothing
+	// Checked before and after: a file written in place while it is read changes its time.
+	if err := l.checkVersion(f, p, etag); err != nil {
+		return 0, err
+	}
 	n, err := f.ReadAt(buf, off)
+	if verr := l.checkVersion(f, p, etag); verr != nil {
+		return 0, verr
+	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		return n, l.fail("read", p, err)
 	}
 	return n, err
+}
+
+// checkVersion fails with ErrChanged if the open file f is not of version etag.
+func (l *Local) checkVersion(f *os.File, p, etag string) error {
+	if etag == "" {
+		return nil
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return l.fail("read", p, err)
+	}
+	if got := fileETag(st); got != etag {
+		return &Error{Op: "read", Store: l.name, Path: p, Kind: ErrChanged,
+			Err: fmt.Errorf("the file is version %s (size and modification time), not %s", got, etag)}
+	}
+	return nil
 }
 
 // Open implements Store.

@@ -15,9 +15,9 @@ const (
 	DefaultConcurrency = 4
 )
 
-// RangeReader is what ParallelReadAt needs of a store.
+// RangeReader is what ParallelReadAt needs of a store: Store's ReadVersionAt.
 type RangeReader interface {
-	ReadAt(ctx context.Context, path string, p []byte, off int64) (int, error)
+	ReadVersionAt(ctx context.Context, path, etag string, p []byte, off int64) (int, error)
 }
 
 // ParallelOptions tune ParallelReadAt.
@@ -28,11 +28,12 @@ type ParallelOptions struct {
 	Concurrency int
 }
 
-// ParallelReadAt reads len(p) bytes at off like r.ReadAt, as up to Concurrency ranged reads of
-// ChunkSize bytes at a time. Object stores serve one stream at a fraction of what a node's
-// network can take, so a cold block arrives sooner in parallel pieces. It returns fewer bytes
-// than len(p) only at the end of the object, with io.EOF.
-func ParallelReadAt(ctx context.Context, r RangeReader, path string, p []byte, off int64, o ParallelOptions) (int, error) {
+// ParallelReadAt reads len(p) bytes at off of version etag of an object like r.ReadVersionAt,
+// as up to Concurrency ranged reads of ChunkSize bytes at a time. Object stores serve one stream
+// at a fraction of what a node's network can take, so a cold block arrives sooner in parallel
+// pieces; each piece is read only from version etag, so the pieces are of one version. It
+// returns fewer bytes than len(p) only at the end of the object, with io.EOF.
+func ParallelReadAt(ctx context.Context, r RangeReader, path, etag string, p []byte, off int64, o ParallelOptions) (int, error) {
 	if o.ChunkSize <= 0 {
 		o.ChunkSize = DefaultChunkSize
 	}
@@ -40,7 +41,7 @@ func ParallelReadAt(ctx context.Context, r RangeReader, path string, p []byte, o
 		o.Concurrency = DefaultConcurrency
 	}
 	if int64(len(p)) <= o.ChunkSize || o.Concurrency == 1 {
-		return r.ReadAt(ctx, path, p, off)
+		return r.ReadVersionAt(ctx, path, etag, p, off)
 	}
 	type chunk struct {
 		start, end int64 // in p
@@ -55,7 +56,7 @@ func ParallelReadAt(ctx context.Context, r RangeReader, path string, p []byte, o
 	g.SetLimit(o.Concurrency)
 	for _, c := range chunks {
 		g.Go(func() error {
-			n, err := r.ReadAt(gctx, path, p[c.start:c.end], off+c.start)
+			n, err := r.ReadVersionAt(gctx, path, etag, p[c.start:c.end], off+c.start)
 			c.n = n
 			switch {
 			case errors.Is(err, io.EOF):

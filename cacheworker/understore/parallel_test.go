@@ -32,7 +32,7 @@ func newMemReader(data []byte, gate int) *memReader {
 	return &memReader{data: data, failAt: -1, gate: gate, open: make(chan struct{})}
 }
 
-func (m *memReader) ReadAt(ctx context.Context, _ string, p []byte, off int64) (int, error) {
+func (m *memReader) ReadVersionAt(ctx context.Context, _, _ string, p []byte, off int64) (int, error) {
 	m.mu.Lock()
 	m.active++
 	m.calls++
@@ -108,7 +108,7 @@ func TestParallelReadAt(t *testing.T) {
 				r.failAt = tc.failAt
 			}
 			buf := make([]byte, tc.size)
-			n, err := ParallelReadAt(context.Background(), r, "obj", buf, tc.off, ParallelOptions{ChunkSize: 100, Concurrency: 3})
+			n, err := ParallelReadAt(context.Background(), r, "obj", "", buf, tc.off, ParallelOptions{ChunkSize: 100, Concurrency: 3})
 			if tc.wantErr != "" {
 				g.Expect(err).To(MatchError(ContainSubstring(tc.wantErr)))
 				return
@@ -134,7 +134,7 @@ func TestParallelReadAtReallyOverlapsItsReads(t *testing.T) {
 	r := newMemReader(data, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	n, err := ParallelReadAt(ctx, r, "obj", make([]byte, 1000), 0, ParallelOptions{ChunkSize: 100, Concurrency: 4})
+	n, err := ParallelReadAt(ctx, r, "obj", "", make([]byte, 1000), 0, ParallelOptions{ChunkSize: 100, Concurrency: 4})
 	g.Expect(err).NotTo(HaveOccurred(), "four reads were in flight together")
 	g.Expect(n).To(Equal(1000))
 	g.Expect(r.peak).To(Equal(4))

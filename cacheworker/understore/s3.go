@@ -125,6 +125,8 @@ func s3Kind(err error) error {
 	switch resp.Code {
 	case "NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion":
 		return ErrNotFound
+	case "PreconditionFailed":
+		return ErrChanged
 	case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
 		"AllAccessDisabled", "AccountProblem", "InvalidSecurity":
 		return ErrAccessDenied
@@ -132,6 +134,8 @@ func s3Kind(err error) error {
 	switch resp.StatusCode {
 	case http.StatusNotFound:
 		return ErrNotFound
+	case http.StatusPreconditionFailed:
+		return ErrChanged
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return ErrAccessDenied
 	}
@@ -180,6 +184,12 @@ func (s *S3) List(ctx context.Context, prefix string) iter.Seq2[ObjectInfo, erro
 
 // ReadAt implements Store with one ranged GET.
 func (s *S3) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int, error) {
+	return s.ReadVersionAt(ctx, p, "", buf, off)
+}
+
+// ReadVersionAt implements Store with one ranged GET that S3 answers only if the object's ETag
+// is etag (If-Match); any ETag when etag is empty.
+func (s *S3) ReadVersionAt(ctx context.Context, p, etag string, buf []byte, off int64) (int, error) {
 	if err := checkPath(p); err != nil {
 		return 0, s.fail("read", p, err)
 	}
@@ -192,6 +202,11 @@ func (s *S3) ReadAt(ctx context.Context, p string, buf []byte, off int64) (int, 
 	var opts minio.GetObjectOptions
 	if err := opts.SetRange(off, off+int64(len(buf))-1); err != nil {
 		return 0, s.fail("read", p, err)
+	}
+	if etag != "" {
+		if err := opts.SetMatchETag(etag); err != nil {
+			return 0, s.fail("read", p, err)
+		}
 	}
 	body, _, _, err := s.core.GetObject(ctx, s.cfg.Bucket, s.key(p), opts)
 	if err != nil {

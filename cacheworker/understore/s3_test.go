@@ -108,7 +108,7 @@ func TestS3AgainstMinIO(t *testing.T) {
 	t.Run("parallel ranged reads put the object back together", func(t *testing.T) {
 		g := NewWithT(t)
 		buf := make([]byte, 4<<20)
-		n, err := ParallelReadAt(ctx, open(t, nil), "big.bin", buf, 0, ParallelOptions{ChunkSize: 256 << 10, Concurrency: 4})
+		n, err := ParallelReadAt(ctx, open(t, nil), "big.bin", "", buf, 0, ParallelOptions{ChunkSize: 256 << 10, Concurrency: 4})
 		g.Expect(err).To(MatchError(io.EOF))
 		g.Expect(n).To(Equal(len(big)))
 		g.Expect(bytes.Equal(buf[:n], big)).To(BeTrue())

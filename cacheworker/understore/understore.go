@@ -22,6 +22,9 @@ type Store interface {
 	// ReadAt reads len(p) bytes at off, like io.ReaderAt: fewer only at the end of the object,
 	// with io.EOF.
 	ReadAt(ctx context.Context, path string, p []byte, off int64) (int, error)
+	// ReadVersionAt is ReadAt of the version of the object whose ETag is etag, as Stat and
+	// List gave it: ErrChanged if the object is another version now.
+	ReadVersionAt(ctx context.Context, path, etag string, p []byte, off int64) (int, error)
 	// Open streams a whole object. The caller closes it.
 	Open(ctx context.Context, path string) (io.ReadCloser, error)
 	// Write stores size bytes from r as path (size -1 when unknown), replacing any object of
@@ -38,7 +41,10 @@ type ObjectInfo struct {
 	// Size in bytes; -1 if the store did not say.
 	Size    int64
 	ModTime time.Time
-	// ETag identifies the object's version where the store has one; empty otherwise.
+	// ETag names the object's version, without quotes: S3's ETag, an HTTP server's, and for
+	// files their size and modification time (see fileETag). Bytes of two versions are never
+	// mixed: a block of a file is named by the version it was read from, and read only from it
+	// (ReadVersionAt). Empty only for an HTTP server that sends none.
 	ETag string
 }
 
@@ -52,6 +58,9 @@ var (
 	ErrInvalidPath        = errors.New("invalid path")
 	// ErrReadOnly also matches errors.ErrUnsupported.
 	ErrReadOnly = fmt.Errorf("read-only under-store: %w", errors.ErrUnsupported)
+	// ErrChanged is a read of a version the object no longer is: it was replaced since it was
+	// listed.
+	ErrChanged = errors.New("changed since it was listed")
 )
 
 // Error is a failed under-store operation: which store and object, what was being done, what

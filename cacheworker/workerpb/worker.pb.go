@@ -42,7 +42,12 @@ type BlockOrigin struct {
 	// file_token is, for a block of a written output, the client token of the file version it is
 	// part of (outputfs names the blocks by it): a block whose file now has another token is of
 	// an earlier version. Empty for blocks read from a source.
-	FileToken     string `protobuf:"bytes,6,opt,name=file_token,json=fileToken,proto3" json:"file_token,omitempty"`
+	FileToken string `protobuf:"bytes,6,opt,name=file_token,json=fileToken,proto3" json:"file_token,omitempty"`
+	// source_version is, for a block read from a source, the version (ETag) of the object it
+	// was read from; empty for outputs, and for blocks cached before block ids had versions. The
+	// master records such a block under a path of that version (locations.MasterPath), so that
+	// the blocks of two versions of an object never meet in one file there.
+	SourceVersion string `protobuf:"bytes,7,opt,name=source_version,json=sourceVersion,proto3" json:"source_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -115,6 +120,13 @@ func (x *BlockOrigin) GetRoot() string {
 func (x *BlockOrigin) GetFileToken() string {
 	if x != nil {
 		return x.FileToken
+	}
+	return ""
+}
+
+func (x *BlockOrigin) GetSourceVersion() string {
+	if x != nil {
+		return x.SourceVersion
 	}
 	return ""
 }
@@ -791,7 +803,7 @@ var File_cacheworker_workerpb_worker_proto protoreflect.FileDescriptor
 
 const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\n" +
-	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"\x9c\x01\n" +
+	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"\xc3\x01\n" +
 	"\vBlockOrigin\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x14\n" +
@@ -799,7 +811,8 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x06offset\x18\x04 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04root\x18\x05 \x01(\tR\x04root\x12\x1d\n" +
 	"\n" +
-	"file_token\x18\x06 \x01(\tR\tfileToken\"h\n" +
+	"file_token\x18\x06 \x01(\tR\tfileToken\x12%\n" +
+	"\x0esource_version\x18\a \x01(\tR\rsourceVersion\"h\n" +
 	"\vBlockHeader\x12\x19\n" +
 	"\bblock_id\x18\x01 \x01(\tR\ablockId\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +

@@ -18,8 +18,10 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/eviction"
+	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/pki"
@@ -283,9 +285,15 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(os.ReadFile(filepath.Join(resp.GetPath(), "images", "cat.jpg"))).To(Equal([]byte("a cat, in bytes")),
 			"the Dataset is readable through the worker's mount")
+		// The block is of the version of the file the mount listed.
+		src, err := understore.NewLocal(understore.LocalConfig{Dir: source, AllowedRoots: []string{source}})
+		g.Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = src.Close() }()
+		listed, err := src.Stat(ctx, "images/cat.jpg")
+		g.Expect(err).NotTo(HaveOccurred())
 		g.Eventually(func() ([]*masterpb.Block, error) {
 			resp, err := masters.Client().GetBlockLocations(ctx, &masterpb.GetBlockLocationsRequest{
-				Path: "/datasets/team-a/pictures/0a1b2c3d-0000-4000-8000-000000000001/images/cat.jpg",
+				Path: locations.MasterPath("/datasets/team-a/pictures/0a1b2c3d-0000-4000-8000-000000000001/images/cat.jpg", listed.ETag),
 			})
 			return resp.GetBlocks(), err
 		}).WithTimeout(10*time.Second).Should(ConsistOf(HaveField("Locations", ConsistOf(HaveField("Worker", "default/node-a")))),

@@ -51,6 +51,8 @@ type result struct {
 	Key    string `json:"key"`
 	Bytes  int64  `json:"bytes"`
 	SHA256 string `json:"sha256"`
+	// ETag is the version `s3 put` wrote, as Strata names the blocks of it.
+	ETag string `json:"etag,omitempty"`
 	// Seconds is how long reading (or writing) took.
 	Seconds float64 `json:"seconds"`
 }
@@ -339,7 +341,7 @@ func put(ctx context.Context, client *minio.Client, bucket, key string, size int
 	if err != nil {
 		return result{}, fmt.Errorf("putting s3://%s/%s: %w", bucket, key, err)
 	}
-	return result{Bucket: bucket, Key: key, Bytes: info.Size, SHA256: hex.EncodeToString(hash.Sum(nil))}, nil
+	return result{Bucket: bucket, Key: key, Bytes: info.Size, SHA256: hex.EncodeToString(hash.Sum(nil)), ETag: info.ETag}, nil
 }
 
 func get(ctx context.Context, client *minio.Client, bucket, key string) (result, error) {
