@@ -15,6 +15,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/miniotest"
 )
 
@@ -31,9 +32,7 @@ func (m memoryBlocks) ReadBlock(context.Context, string, string, int64) ([]byte,
 //
 //	go test -run '^$' -bench ReadThroughTheMount ./cacheworker/fusefs/
 func BenchmarkReadThroughTheMount(b *testing.B) {
-	if err := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); err != nil || os.Getuid() != 0 {
-		b.Skip("needs root and /dev/fuse")
-	}
+	fusetest.Require(b)
 	const blockSize, fileSize = 8 << 20, 256 << 20
 	dir := filepath.Join(b.TempDir(), "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {

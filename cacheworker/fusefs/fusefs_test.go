@@ -24,6 +24,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/fusetest"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // walk returns every file of the mount with its bytes, and every folder, by path relative to dir.
@@ -347,7 +348,7 @@ func TestPassthroughServesLocalOneBlockFiles(t *testing.T) {
 	f := newFixture(t, testDataset())
 	s := mount(t, f.config(func(c *Config) { c.Local = localBlocks{f.store} }))
 	if !s.Passthrough() {
-		t.Skip("this kernel does not offer FUSE passthrough (Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)")
+		testenv.Lacking(t, "this kernel does not offer FUSE passthrough (Linux 6.9 or later with CONFIG_FUSE_PASSTHROUGH)")
 	}
 	const name = "one-block.bin"
 	want := f.data.files[name]

@@ -77,9 +77,7 @@ func runChild(spec string) error {
 // file descriptor store gets that read again from the kernel (FUSE_NOTIFY_RESEND) and answers
 // it: the reader, blocked across the kill, gets its bytes.
 func TestAKilledServersRequestsAreAnsweredByTheNext(t *testing.T) {
-	if err := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); err != nil || os.Getuid() != 0 {
-		t.Skip("needs root and /dev/fuse")
-	}
+	fusetest.Require(t)
 	g := NewWithT(t)
 	_, sock := fdstoretest.Start(t)
 

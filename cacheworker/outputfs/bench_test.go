@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/strata-cache/strata/internal/fusetest"
+	"github.com/strata-cache/strata/internal/testenv"
 	"github.com/strata-cache/strata/master/mastertest"
 )
 
@@ -22,7 +23,7 @@ func BenchmarkWritingAnOutput(b *testing.B) {
 	fusetest.Require(b)
 	base, err := os.MkdirTemp("/dev/shm", "strata-bench-")
 	if err != nil {
-		b.Skip("needs /dev/shm: ", err)
+		testenv.Lacking(b, fmt.Sprint("needs /dev/shm: ", err))
 	}
 	b.Cleanup(func() { _ = os.RemoveAll(base) })
 	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()

@@ -11,11 +11,12 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 func TestEnsureMemoryTiers(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("mounting tmpfs needs root; the CI and the worker's pod run as root")
+		testenv.Lacking(t, "mounting tmpfs needs root; the CI and the worker's pod run as root")
 	}
 	g := NewWithT(t)
 	base := t.TempDir()
@@ -29,7 +30,7 @@ func TestEnsureMemoryTiers(t *testing.T) {
 	onDisk, err := InMemory(base)
 	g.Expect(err).NotTo(HaveOccurred())
 	if onDisk {
-		t.Skip("the test's temporary directory is itself on tmpfs, so there is nothing to mount")
+		testenv.Lacking(t, "the test's temporary directory is itself on tmpfs, so there is nothing to mount: set TMPDIR to a folder on a disk")
 	}
 
 	g.Expect(EnsureMemoryTiers(tiers, logr.Discard())).To(Succeed())

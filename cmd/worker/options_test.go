@@ -26,6 +26,7 @@ import (
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/internal/pki/pkitest"
+	"github.com/strata-cache/strata/internal/testenv"
 	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/mastertest"
 )
@@ -225,7 +226,16 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 	o.advertiseAddr = o.dataAddr
 	o.tls = certificateFiles(t, ca, pki.Worker("default", "node-a"))
 	o.shortCircuit = filepath.Join(dir, "run", "worker.sock")
-	fuse := fusetest.Available() == nil
+	// Without FUSE the worker runs without its mounter, and the test leaves that half out,
+	// saying so; where every test must run, it fails instead.
+	fuse := true
+	if err := fusetest.Available(); err != nil {
+		if testenv.MustRun() {
+			t.Fatalf("the worker's mounter cannot be tried: %v (%s is set)", err, testenv.MustRunVar)
+		}
+		t.Logf("leaving out the worker's mounter: %v", err)
+		fuse = false
+	}
 	source := filepath.Join(dir, "source")
 	g.Expect(os.MkdirAll(filepath.Join(source, "images"), 0o750)).To(Succeed())
 	g.Expect(os.WriteFile(filepath.Join(source, "images", "cat.jpg"), []byte("a cat, in bytes"), 0o600)).To(Succeed())

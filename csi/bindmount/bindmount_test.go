@@ -9,11 +9,13 @@ import (
 	. "github.com/onsi/gomega"
 	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
+
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 func TestBindMountReadOnly(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root; the CI and the node plugin run as root")
+		testenv.Lacking(t, "mounting needs root; the CI and the node plugin run as root")
 	}
 	g := NewWithT(t)
 	src, target := t.TempDir(), t.TempDir()

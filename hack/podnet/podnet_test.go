@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"maps"
@@ -33,6 +34,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // nodeBuilder builds the Node objects of the tests; only the fields podnet reads are set.
@@ -722,7 +725,7 @@ func TestNetlinkRoutes(t *testing.T) {
 	// instead of handing it, still in the namespace, to another goroutine.
 	runtime.LockOSThread()
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		t.Skipf("cannot create a network namespace: %v", err)
+		testenv.Lacking(t, fmt.Sprintf("cannot create a network namespace: %v", err))
 	}
 	g := NewWithT(t)
 	lo, err := netlink.LinkByName("lo")

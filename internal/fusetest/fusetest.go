@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/strata-cache/strata/internal/fdstore"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // Available returns nil when FUSE file systems can be mounted, or why not.
@@ -26,11 +27,12 @@ func Available() error {
 	return nil
 }
 
-// Require skips tb when FUSE file systems cannot be mounted.
+// Require skips tb when FUSE file systems cannot be mounted (fails it where tests must run:
+// see testenv).
 func Require(tb testing.TB) {
 	tb.Helper()
 	if err := Available(); err != nil {
-		tb.Skip(err.Error())
+		testenv.Lacking(tb, err.Error())
 	}
 }
 

@@ -19,6 +19,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // TB is what the helpers need of a test: testing.TB and Ginkgo's GinkgoT() both have it.
@@ -76,7 +78,7 @@ func Start(tb TB) *Server {
 	tb.Helper()
 	bin := Binary()
 	if bin == "" {
-		tb.Skip("no MinIO binary: run `make minio` (the rule that builds bin/minio-$(MINIO_VERSION)) or set STRATA_MINIO to a MinIO binary")
+		testenv.Lacking(tb, "no MinIO binary: run `make minio` (the rule that builds bin/minio-$(MINIO_VERSION)) or set STRATA_MINIO to a MinIO binary")
 	}
 	addr, console := freeAddr(tb), freeAddr(tb)
 	out := &syncBuffer{}
