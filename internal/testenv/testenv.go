@@ -6,7 +6,8 @@ package testenv
 
 import "os"
 
-// MustRunVar, set to anything, turns every such skip into a failure.
+// MustRunVar is the environment variable that, set to anything, turns every such skip into a
+// failure.
 const MustRunVar = "STRATA_TESTS_MUST_RUN"
 
 // TB is what Lacking needs of a test: testing.TB and Ginkgo's GinkgoT() both have it.
