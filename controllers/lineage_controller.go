@@ -158,12 +158,12 @@ func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return result, nil
 }
 
-// namespace is what a Lineage is checked against: the Datasets and Lineages of its namespace.
+// namespace is what a Lineage is checked against: the Datasets and Lineages of its namespace,
+// and the pipeline they make.
 type namespace struct {
 	datasets map[string]*datav1alpha1.Dataset
 	lineages map[string]*datav1alpha1.Lineage
-	// producer maps an output Dataset to the Lineage that lists it.
-	producer map[string]string
+	pipeline *lineage.Pipeline
 }
 
 func (r *LineageReconciler) namespaceGraph(ctx context.Context, name string) (*namespace, error) {
@@ -175,67 +175,37 @@ func (r *LineageReconciler) namespaceGraph(ctx context.Context, name string) (*n
 	if err := r.Client.List(ctx, lineages, client.InNamespace(name)); err != nil {
 		return nil, fmt.Errorf("listing Lineages in %s: %w", name, err)
 	}
-	ns := &namespace{datasets: map[string]*datav1alpha1.Dataset{}, lineages: map[string]*datav1alpha1.Lineage{}, producer: map[string]string{}}
+	ns := &namespace{datasets: map[string]*datav1alpha1.Dataset{}, lineages: map[string]*datav1alpha1.Lineage{}, pipeline: pipelineOf(lineages.Items)}
 	for i := range datasets.Items {
 		ns.datasets[datasets.Items[i].Name] = &datasets.Items[i]
 	}
 	for i := range lineages.Items {
-		l := &lineages.Items[i]
-		ns.lineages[l.Name] = l
-		for _, out := range l.Spec.Outputs {
-			ns.producer[out] = l.Name
-		}
+		ns.lineages[lineages.Items[i].Name] = &lineages.Items[i]
 	}
 	return ns, nil
 }
 
+// pipelineOf is the pipeline of a namespace's Lineages.
+func pipelineOf(lineages []datav1alpha1.Lineage) *lineage.Pipeline {
+	steps := make([]lineage.Step, len(lineages))
+	for i, l := range lineages {
+		steps[i] = lineage.Step{Name: l.Name, Inputs: l.Spec.Inputs, Outputs: l.Spec.Outputs}
+	}
+	return lineage.NewPipeline(steps)
+}
+
 // cycle returns the Lineages of a cycle through l ("a → b → a"), or "" if l is on none.
 func (ns *namespace) cycle(l *datav1alpha1.Lineage) string {
-	visited := map[string]bool{}
-	var walk func(name string, path []string) []string
-	walk = func(name string, path []string) []string {
-		current, ok := ns.lineages[name]
-		if !ok {
-			return nil
-		}
-		for _, in := range current.Spec.Inputs {
-			p, ok := ns.producer[in]
-			if !ok {
-				continue
-			}
-			if p == l.Name {
-				return append(path, p)
-			}
-			if visited[p] {
-				continue
-			}
-			visited[p] = true
-			if found := walk(p, append(path, p)); found != nil {
-				return found
-			}
-		}
-		return nil
-	}
-	if found := walk(l.Name, []string{l.Name}); found != nil {
-		return strings.Join(found, " → ")
-	}
-	return ""
+	return strings.Join(ns.pipeline.Cycle(l.Name), " → ")
 }
 
 // depth is the length of the longest chain of written, uncheckpointed outputs ending at l.
 func (ns *namespace) depth(l *datav1alpha1.Lineage) int {
-	var files []lineage.File
-	for _, other := range ns.lineages {
-		for _, out := range other.Spec.Outputs {
-			state := outputState(other, out)
-			files = append(files, lineage.File{
-				ID: out, Parents: other.Spec.Inputs,
-				// Outputs not written yet cannot be lost: they end every chain as a checkpoint does.
-				Checkpointed: state == datav1alpha1.OutputCheckpointed || state == datav1alpha1.OutputPending || state == "",
-			})
-		}
-	}
-	g := lineage.NewGraph(files)
+	g := ns.pipeline.Files(func(step, out string) bool {
+		state := outputState(ns.lineages[step], out)
+		// Outputs not written yet cannot be lost: they end every chain as a checkpoint does.
+		return state == datav1alpha1.OutputCheckpointed || state == datav1alpha1.OutputPending || state == ""
+	})
 	deepest := 0
 	for _, out := range l.Spec.Outputs {
 		deepest = max(deepest, g.Depth(out))
@@ -307,7 +277,7 @@ func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.L
 	for _, in := range l.Spec.Inputs {
 		ds := ns.datasets[in]
 		available := meta.IsStatusConditionTrue(ds.Status.Conditions, datav1alpha1.ConditionReady)
-		if p, ok := ns.producer[in]; ok && ds.Spec.Lineage != nil {
+		if p, ok := ns.pipeline.Producer(in); ok && ds.Spec.Lineage != nil {
 			producer := ns.lineages[p]
 			state := outputState(producer, in)
 			available = meta.IsStatusConditionTrue(producer.Status.Conditions, datav1alpha1.ConditionReady) &&

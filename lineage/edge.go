@@ -1,6 +1,9 @@
-// Package lineage holds the lineage logic the operator runs: the graph of output files and the
-// files they were computed from, how deep its uncheckpointed chains are, and the Edge planner
-// that chooses which file to checkpoint next (Tachyon, §4).
+// Package lineage is Strata's one lineage graph, which the operator and the workers both use: the
+// pipeline of a namespace's steps (Lineages) and the Datasets they pass on, with its cycles and
+// the stages until each Dataset is read next (Pipeline); the graph of output files and the files
+// they were computed from, with how deep its uncheckpointed chains are (Graph); and the Edge
+// planner that chooses which file to checkpoint next (Tachyon, §4). Every walk of either graph
+// goes through one evaluation (walk.go), which meets a cycle once and never loops on it.
 package lineage
 
 import (
@@ -68,37 +71,41 @@ func (g *Graph) Leaves() []*File {
 // Depth is the length of the longest chain of uncheckpointed files ending at id: how many
 // computations a loss of id could take to recover it. A checkpointed file has depth 0.
 func (g *Graph) Depth(id string) int {
-	return g.depth(id, map[string]int{}, map[string]bool{})
-}
-
-func (g *Graph) depth(id string, memo map[string]int, visiting map[string]bool) int {
-	f, ok := g.files[id]
-	if !ok || f.Checkpointed {
-		return 0
-	}
-	if d, ok := memo[id]; ok {
-		return d
-	}
-	if visiting[id] {
-		return 0 // a cycle is refused when Lineages are admitted; never loop on one here
-	}
-	visiting[id] = true
-	deepest := 0
-	for _, p := range f.Parents {
-		deepest = max(deepest, g.depth(p, memo, visiting))
-	}
-	delete(visiting, id)
-	memo[id] = deepest + 1
-	return deepest + 1
+	return g.depths().of(id)
 }
 
 // MaxDepth is the deepest uncheckpointed chain of the graph.
 func (g *Graph) MaxDepth() int {
-	memo, deepest := map[string]int{}, 0
+	depths, deepest := g.depths(), 0
 	for id := range g.files {
-		deepest = max(deepest, g.depth(id, memo, map[string]bool{}))
+		deepest = max(deepest, depths.of(id))
 	}
 	return deepest
+}
+
+// depths evaluates Depth. A file met again on its own chain counts 0, as a checkpointed one.
+func (g *Graph) depths() *evaluation[int] {
+	uncheckpointed := func(id string) (*File, bool) {
+		f, ok := g.files[id]
+		return f, ok && !f.Checkpointed
+	}
+	parents := func(id string) []string {
+		if f, ok := uncheckpointed(id); ok {
+			return f.Parents
+		}
+		return nil
+	}
+	depth := func(id string, parents []int) int {
+		if _, ok := uncheckpointed(id); !ok {
+			return 0
+		}
+		deepest := 0
+		for _, d := range parents {
+			deepest = max(deepest, d)
+		}
+		return deepest + 1
+	}
+	return newEvaluation(parents, depth, 0)
 }
 
 // Kind says why a file was picked.
