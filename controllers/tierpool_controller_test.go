@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -55,6 +56,15 @@ var _ = Describe("TierPool reconciler", func() {
 			g.Expect(ready.Message).To(HavePrefix("0 of 2 worker(s) ready"))
 			g.Expect(ready.ObservedGeneration).To(Equal(p.Generation))
 		}).Should(Succeed(), "awaiting status.nodes = 2 (the two labelled nodes) and Ready=False/WorkersNotReady")
+
+		By("showing no ready worker as 0, not as nothing, in `kubectl get tierpools`")
+		raw := &unstructured.Unstructured{}
+		raw.SetGroupVersionKind(datav1alpha1.GroupVersion.WithKind("TierPool"))
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: pool.Name}, raw)).To(Succeed())
+		ready, found, err := unstructured.NestedInt64(raw.Object, "status", "readyWorkers")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(found).To(BeTrue(), "status.readyWorkers is written when it is 0")
+		Expect(ready).To(BeZero())
 	})
 
 	It("leaves out a node whose taint the pool does not tolerate, and counts it once the pool tolerates it", func() {

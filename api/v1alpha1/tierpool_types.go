@@ -118,13 +118,16 @@ type TierPoolStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Nodes is how many nodes the pool selects.
+	// Nodes is how many nodes the pool selects. Always written, 0 included, so that
+	// `kubectl get tierpools` shows 0 rather than nothing.
 	// +optional
-	Nodes int32 `json:"nodes,omitempty"`
+	// +kubebuilder:default=0
+	Nodes int32 `json:"nodes"`
 
-	// ReadyWorkers is how many of them run a ready worker.
+	// ReadyWorkers is how many of them run a ready worker; 0 is shown as 0.
 	// +optional
-	ReadyWorkers int32 `json:"readyWorkers,omitempty"`
+	// +kubebuilder:default=0
+	ReadyWorkers int32 `json:"readyWorkers"`
 
 	// Tiers is capacity and use per tier.
 	// +optional

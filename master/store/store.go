@@ -440,8 +440,6 @@ func (s *Store) AppliedIndex() uint64 { return s.fsm.AppliedIndex() }
 // at start-up when it was behind its latest snapshot, or when the leader sent one.
 func (s *Store) SnapshotRestores() uint64 { return s.fsm.Restores() }
 
-// LeaderChanges counts the leader changes this server observed.
-func (s *Store) LeaderChanges() uint64 { return s.leaderChanges.Load() }
 
 // Servers returns the Raft configuration.
 func (s *Store) Servers(ctx context.Context) ([]raft.Server, error) {
@@ -544,20 +542,6 @@ func (s *Store) Snapshot(ctx context.Context) error {
 		return fmt.Errorf("snapshot: %w", err)
 	}
 	return nil
-}
-
-// WaitForLeader waits until a leader is known and returns its id.
-func (s *Store) WaitForLeader(ctx context.Context) (string, error) {
-	var id string
-	err := poll(ctx, func() bool {
-		_, sid := s.raft.LeaderWithID()
-		id = string(sid)
-		return id != ""
-	})
-	if err != nil {
-		return "", fmt.Errorf("waiting for a leader on %s: %w", s.cfg.ID, err)
-	}
-	return id, nil
 }
 
 // WaitForApplied waits until the state machine applied index idx.
