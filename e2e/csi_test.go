@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -447,14 +446,21 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "slow-copy"}, TierPoolName: pool},
 		})).To(Succeed())
 		step := copyLineage(namespace, "slow-copy", "corpus", "slow-copy", node, true)
-		step.Spec.Template.Spec.Template.Spec.Containers[0].Args = []string{"copy", "--rate", "2097152", "/data/big", "/out/big"}
+		step.Spec.Template.Spec.Template.Spec.Containers[0].Args = []string{"copy", "--rate", "2097152", "--progress", "4194304", "/data/big", "/out/big"}
 		Expect(k8sClient.Create(ctx, step)).To(Succeed())
 		Eventually(func(g Gomega) {
 			var pods corev1.PodList
 			g.Expect(k8sClient.List(ctx, &pods, client.InNamespace(namespace))).To(Succeed())
-			g.Expect(pods.Items).To(ContainElement(And(HaveField("Name", HavePrefix("slow-copy-")), HaveField("Status.Phase", corev1.PodRunning))))
-		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the step's pod to run")
-		time.Sleep(3 * time.Second) // a few MiB in: the file is half written when the worker dies
+			var running *corev1.Pod
+			for i, p := range pods.Items {
+				if strings.HasPrefix(p.Name, "slow-copy-") && p.Status.Phase == corev1.PodRunning {
+					running = &pods.Items[i]
+				}
+			}
+			g.Expect(running).NotTo(BeNil(), "the step's pod runs")
+			// 4 MiB in, of a file of more: it is part written when the worker dies.
+			g.Expect(podLogs(ctx, running)).To(ContainSubstring("copied 4194304 bytes"))
+		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the step to have written 4 MiB")
 
 		By("killing the worker (SIGKILL) on " + node + " while the file is written")
 		out, err := exec.CommandContext(ctx, "docker", "exec", node, "pkill", "--signal", "KILL", "-f", "--", "--pool="+pool+" ").CombinedOutput()

@@ -5,10 +5,12 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	. "github.com/onsi/gomega"
 	"google.golang.org/protobuf/proto"
 
@@ -121,7 +123,18 @@ func TestAChangedPolicyFileRepinsTheBlocksHeld(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := &Applier{Store: store, Log: logr.Discard()}
+	// refused receives a line each time the applier refuses a policies file: the signal that it
+	// has read one.
+	refused := make(chan struct{}, 16)
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "Ignoring what does not apply") {
+			select {
+			case refused <- struct{}{}:
+			default:
+			}
+		}
+	}, funcr.Options{})
+	a := &Applier{Store: store, Log: log}
 	done := make(chan struct{})
 	go func() { a.Run(ctx, file, 20*time.Millisecond, time.Hour); close(done) }()
 
@@ -134,7 +147,7 @@ func TestAChangedPolicyFileRepinsTheBlocksHeld(t *testing.T) {
 	g.Eventually(func() []string { return pinnedIDs(store) }).Should(ConsistOf("a2", "b1"), "the change applies to the blocks held")
 
 	write(`not json`)
-	time.Sleep(100 * time.Millisecond)
+	g.Eventually(refused).Should(Receive(), "the applier reads the file that does not parse, and refuses it")
 	g.Expect(pinnedIDs(store)).To(ConsistOf("a2", "b1"), "a file that does not parse keeps the last policies")
 
 	g.Expect(os.Remove(file)).To(Succeed())

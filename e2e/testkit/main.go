@@ -233,12 +233,15 @@ func sum(dir string, rate int64, uncached bool, report func(result) error) error
 	})
 }
 
-// throttled reads at most rate bytes per second on average.
+// throttled reads at most rate bytes per second on average. Each time another progress bytes
+// have been read (0: never) it says so on stderr, which a test watching the pod's log takes as
+// the sign that a file is part written.
 type throttled struct {
-	r     io.Reader
-	rate  int64
-	start time.Time
-	read  int64
+	r        io.Reader
+	rate     int64
+	progress int64
+	start    time.Time
+	read     int64
 }
 
 func (t *throttled) Read(p []byte) (int, error) {
@@ -249,7 +252,11 @@ func (t *throttled) Read(p []byte) (int, error) {
 		time.Sleep(time.Until(due))
 	}
 	n, err := t.r.Read(p)
+	before := t.read
 	t.read += int64(n)
+	if t.progress > 0 && t.read/t.progress > before/t.progress {
+		fmt.Fprintf(os.Stderr, "copied %d bytes\n", t.read/t.progress*t.progress)
+	}
 	return n, err
 }
 
@@ -258,18 +265,19 @@ func (t *throttled) Read(p []byte) (int, error) {
 func copyCommand(args []string) error {
 	flags := flag.NewFlagSet("copy", flag.ContinueOnError)
 	rate := flags.Int64("rate", 0, "read at most this many bytes per second (0: as fast as possible), to keep a write going for a while")
+	progress := flags.Int64("progress", 0, "with --rate, print \"copied N bytes\" on stderr each time another this many bytes are copied")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
 	if flags.NArg() != 2 {
-		return errors.New("usage: testkit copy [--rate BYTES_PER_SECOND] SRC DST")
+		return errors.New("usage: testkit copy [--rate BYTES_PER_SECOND [--progress BYTES]] SRC DST")
 	}
-	return copyTree(flags.Arg(0), flags.Arg(1), *rate)
+	return copyTree(flags.Arg(0), flags.Arg(1), *rate, *progress)
 }
 
 // copyTree copies the files and folders under src to dst, each file at most rate bytes per
-// second (0: no limit).
-func copyTree(src, dst string, rate int64) error {
+// second (0: no limit), saying each time another progress bytes of a file are copied.
+func copyTree(src, dst string, rate, progress int64) error {
 	return filepath.WalkDir(src, func(path string, entry fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("walking %s: %w", path, err)
@@ -292,7 +300,7 @@ func copyTree(src, dst string, rate int64) error {
 		defer func() { _ = in.Close() }()
 		var r io.Reader = in
 		if rate > 0 {
-			r = &throttled{r: in, rate: rate, start: time.Now()}
+			r = &throttled{r: in, rate: rate, progress: progress, start: time.Now()}
 		}
 		out, err := os.Create(target)
 		if err != nil {

@@ -440,7 +440,6 @@ func (s *Store) AppliedIndex() uint64 { return s.fsm.AppliedIndex() }
 // at start-up when it was behind its latest snapshot, or when the leader sent one.
 func (s *Store) SnapshotRestores() uint64 { return s.fsm.Restores() }
 
-
 // Servers returns the Raft configuration.
 func (s *Store) Servers(ctx context.Context) ([]raft.Server, error) {
 	f := s.raft.GetConfiguration()
