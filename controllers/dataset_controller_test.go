@@ -96,6 +96,35 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(ds.Finalizers).To(ContainElement(DatasetFinalizer))
 	})
 
+	It("reads a public bucket without a Secret, and says a private one is not public", func() {
+		createPool()
+		private := s3Dataset("private-without-secret")
+		private.Spec.Source.SecretRef = nil
+		Expect(k8sClient.Create(ctx, private)).To(Succeed())
+		cond := readyCondition(private, ReasonSourceAccessDenied)
+		Expect(cond.Message).To(And(ContainSubstring("refuses anonymous access"), ContainSubstring("spec.source.secretRef")))
+
+		bucket := "public-" + namespace
+		s3.MakeBucket(GinkgoT(), bucket)
+		s3.Put(GinkgoT(), bucket, "sets/a.bin", make([]byte, 1000))
+		Expect(s3.Client.SetBucketPolicy(ctx, bucket, `{"Version":"2012-10-17","Statement":[
+			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::`+bucket+`/*"]},
+			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:ListBucket"],"Resource":["arn:aws:s3:::`+bucket+`"]}]}`)).To(Succeed())
+		public := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "public", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Source:       &datav1alpha1.DatasetSource{URI: "s3://" + bucket + "/sets/", Endpoint: "http://" + s3.Endpoint},
+				TierPoolName: poolName,
+			},
+		}
+		Expect(k8sClient.Create(ctx, public)).To(Succeed())
+		readyCondition(public, ReasonNoCSIDriver)
+		Expect(public.Status.Files).To(BeEquivalentTo(1), "the operator listed the public bucket without credentials")
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(public.UID)}, pv)).To(Succeed())
+		Expect(pv.Spec.CSI.NodePublishSecretRef).To(BeNil(), "the workers get no credentials, and read anonymously too")
+	})
+
 	It("reports a missing Secret, then one without the keys, then gives the Dataset its volume and claim", func() {
 		createPool()
 		ds := s3Dataset("photos")

@@ -155,6 +155,10 @@ func sourceProblem(ds *datav1alpha1.Dataset, err error) *problem {
 		return &problem{ReasonSecretIncomplete, fmt.Sprintf(
 			"%s needs credentials and %s gives none: set spec.source.secretRef to a Secret with accessKeyID and secretAccessKey (%v)",
 			src.URI, secret, err)}
+	case errors.Is(err, understore.ErrAccessDenied) && src.SecretRef == nil:
+		return &problem{ReasonSourceAccessDenied, fmt.Sprintf(
+			"the under-store refuses anonymous access to %s: it is not public, so set spec.source.secretRef to a Secret with accessKeyID and secretAccessKey that may list it (%v)",
+			src.URI, err)}
 	case errors.Is(err, understore.ErrAccessDenied):
 		return &problem{ReasonSourceAccessDenied, fmt.Sprintf(
 			"the under-store refuses the credentials of %s: check accessKeyID and secretAccessKey, and that they may list %s (%v)",

@@ -110,6 +110,7 @@ type DatasetSource struct {
 
 	// SecretRef names a Secret in the Dataset's namespace with the credentials: keys
 	// accessKeyID and secretAccessKey for s3://, username and password or token for https://.
+	// Without it, the source is read anonymously: a public bucket or server.
 	// +optional
 	SecretRef *SecretReference `json:"secretRef,omitempty"`
 }

@@ -129,6 +129,31 @@ func TestS3AgainstMinIO(t *testing.T) {
 		}
 	})
 
+	t.Run("a source without credentials reads a public bucket anonymously", func(t *testing.T) {
+		g := NewWithT(t)
+		srv.MakeBucket(t, "public")
+		srv.Put(t, "public", "open/data.txt", []byte("anyone may read this"))
+		g.Expect(srv.Client.SetBucketPolicy(ctx, "public", `{"Version":"2012-10-17","Statement":[
+			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::public/*"]},
+			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:ListBucket"],"Resource":["arn:aws:s3:::public"]}]}`)).To(Succeed())
+		public, err := Open(ctx, Source{URI: "s3://public/open/", Endpoint: "http://" + srv.Endpoint})
+		g.Expect(err).NotTo(HaveOccurred())
+		got, err := collect(public.List(ctx, ""))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(got).To(Equal([]string{"data.txt"}))
+		info, err := public.Stat(ctx, "data.txt")
+		g.Expect(err).NotTo(HaveOccurred())
+		buf := make([]byte, 6)
+		n, err := public.ReadVersionAt(ctx, "data.txt", info.ETag, buf, 0)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(string(buf[:n])).To(Equal("anyone"))
+
+		private, err := Open(ctx, Source{URI: "s3://data/sets/", Endpoint: "http://" + srv.Endpoint})
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = collect(private.List(ctx, ""))
+		g.Expect(err).To(MatchError(ErrAccessDenied), "a private bucket refuses anonymous access")
+	})
+
 	failures := map[string]struct {
 		change func(c *S3Config)
 		path   string

@@ -36,7 +36,7 @@ type Source struct {
 	// Region of an S3 bucket; empty means DefaultS3Region.
 	Region string
 	// Credentials are the Secret's keys: accessKeyID and secretAccessKey (and sessionToken) for
-	// s3://; token, or username and password, for http(s)://; token (the claim server's) for
+	// s3://, none for a public bucket, read anonymously; token, or username and password, for http(s)://; token (the claim server's) for
 	// pvc://. Other keys are ignored.
 	Credentials map[string]string
 	// FileRoots are the directories file:// sources must lie under (the TierPool's
@@ -97,13 +97,16 @@ func openS3(src Source, rest string) (Store, error) {
 		return nil, invalidSource(src.URI, "%w", err)
 	}
 	creds := src.Credentials
+	// No credentials at all is a public bucket, read without signing (a Dataset without
+	// spec.source.secretRef); a Secret that holds some keys and not others is a mistake.
+	anonymous := creds[CredentialAccessKeyID] == "" && creds[CredentialSecretAccessKey] == "" && creds[CredentialSessionToken] == ""
 	var missing []string
 	for _, k := range []string{CredentialAccessKeyID, CredentialSecretAccessKey} {
 		if creds[k] == "" {
 			missing = append(missing, k)
 		}
 	}
-	if len(missing) > 0 {
+	if !anonymous && len(missing) > 0 {
 		return nil, &Error{Op: "connect", Store: "s3://" + rest, Endpoint: endpoint, Kind: ErrMissingCredentials,
 			Err: fmt.Errorf("no %s in the credentials: set spec.source.secretRef to a Secret with the keys %s and %s (and %s for temporary credentials)",
 				strings.Join(missing, " or "), CredentialAccessKeyID, CredentialSecretAccessKey, CredentialSessionToken)}
@@ -117,6 +120,7 @@ func openS3(src Source, rest string) (Store, error) {
 		AccessKey:    creds[CredentialAccessKeyID],
 		SecretKey:    creds[CredentialSecretAccessKey],
 		SessionToken: creds[CredentialSessionToken],
+		Anonymous:    anonymous,
 	})
 	if err != nil {
 		return nil, err // not a typed nil in the interface

@@ -78,18 +78,17 @@ func TestOpenPicksTheStoreOfTheSourceURI(t *testing.T) {
 			src:  Source{URI: "s3://bucket/my data/été", Endpoint: "http://h:1", Credentials: keys},
 			name: "s3://bucket/my data/été/ at http://h:1",
 		},
-		"an s3 source without credentials names the keys and the Secret to set": {
-			src:     Source{URI: "s3://bucket/p", Endpoint: "http://h:1"},
-			kind:    ErrMissingCredentials,
-			message: []string{"accessKeyID", "secretAccessKey", "spec.source.secretRef", "s3://bucket/p"},
+		"an s3 source without credentials is a public bucket, read anonymously": {
+			src:  Source{URI: "s3://bucket/p", Endpoint: "http://h:1"},
+			name: "s3://bucket/p/ at http://h:1",
 		},
 		"an s3 source with only an access key id names the missing secret key": {
 			src:     Source{URI: "s3://bucket/p", Credentials: map[string]string{CredentialAccessKeyID: "id"}},
 			kind:    ErrMissingCredentials,
 			message: []string{"no secretAccessKey", "spec.source.secretRef"},
 		},
-		"an s3 source with an empty credentials map is refused too": {
-			src:     Source{URI: "s3://bucket/p", Credentials: map[string]string{}},
+		"an s3 source with only a session token names both keys": {
+			src:     Source{URI: "s3://bucket/p", Credentials: map[string]string{CredentialSessionToken: "t"}},
 			kind:    ErrMissingCredentials,
 			message: []string{"no accessKeyID or secretAccessKey"},
 		},
