@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
@@ -62,6 +63,8 @@ const (
 	ReasonNoReadyWorkers       = "NoReadyWorkers"
 	ReasonVolumeReady          = "VolumeReady"
 	ReasonDeletionBlocked      = "DeletionBlocked"
+	// ReasonObjectsLeftOut is the Warning event of a source with objects the tree cannot show.
+	ReasonObjectsLeftOut = "ObjectsLeftOut"
 )
 
 // ConditionDeletionBlocked is True while a deleted Dataset waits for its dependents.
@@ -85,6 +88,9 @@ type DatasetReconciler struct {
 	ClaimServerEndpoint func(namespace, name string) string
 	// ClaimServerTLS certifies claim servers and probes them; nil serves no pvc:// source.
 	ClaimServerTLS *ClaimServerTLS
+	// OpenSource, if set, replaces understore.Open for the probe of a source: tests list keys
+	// that S3 allows and their MinIO cannot hold (an object beside a folder of its name).
+	OpenSource func(context.Context, understore.Source) (understore.Store, error)
 
 	// probes remembers the last successful probe of each Dataset's source (see probeSource),
 	// targetProbes of each output's checkpoint target (see checkpointTargetCondition).
@@ -677,6 +683,15 @@ func (r *DatasetReconciler) recordTransitions(before, after *datav1alpha1.Datase
 			eventType = corev1.EventTypeWarning
 		}
 		r.Recorder.Event(after, eventType, now.Reason, now.Message)
+	}
+	if n := after.Status.LeftOutObjects; n > 0 && n != before.Status.LeftOutObjects {
+		var named []string
+		for _, o := range after.Status.LeftOut {
+			named = append(named, fmt.Sprintf("%q (%s)", o.Key, o.Reason))
+		}
+		r.Recorder.Eventf(after, corev1.EventTypeWarning, ReasonObjectsLeftOut,
+			"%d object(s) of %s cannot be shown in the Dataset's tree, so its mounts leave them out: %s; rename them in the source, or see status.leftOut",
+			n, after.Spec.Source.URI, strings.Join(named, ", "))
 	}
 }
 

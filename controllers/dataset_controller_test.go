@@ -96,6 +96,26 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(ds.Finalizers).To(ContainElement(DatasetFinalizer))
 	})
 
+	It("counts and names the objects its tree cannot show, with a Warning event", func() {
+		createPool()
+		createCredentials(miniotest.SecretKey)
+		// The source's listing ends with "dir" (beside dir/b.bin) and "two//slashes": see
+		// openSourceWithHiddenKeys.
+		ds := s3Dataset("with-hidden")
+		Expect(ds.Spec.Source.URI).To(ContainSubstring(hiddenKeysMarker))
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		readyCondition(ds, ReasonNoCSIDriver)
+		Expect(ds.Status.Files).To(BeEquivalentTo(2), "a.bin and dir/b.bin: what the mounts show")
+		Expect(ds.Status.TotalBytes).To(BeEquivalentTo(1000 + 3*1024*1024))
+		Expect(ds.Status.LeftOutObjects).To(BeEquivalentTo(2))
+		Expect(ds.Status.LeftOut).To(ConsistOf(
+			datav1alpha1.LeftOutObject{Key: "dir", Reason: "a folder of the same name holds other objects"},
+			HaveField("Reason", ContainSubstring("an empty element")),
+		))
+		Eventually(func() []string { return eventMessages(namespace, ds.Name, ReasonObjectsLeftOut) }).Should(ContainElement(And(
+			ContainSubstring("2 object(s) of "+ds.Spec.Source.URI), ContainSubstring(`"dir"`), ContainSubstring("status.leftOut"))))
+	})
+
 	It("reads a public bucket without a Secret, and says a private one is not public", func() {
 		createPool()
 		private := s3Dataset("private-without-secret")

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/objtree"
 	"github.com/strata-cache/strata/cacheworker/understore"
 )
 
@@ -83,12 +84,17 @@ func (m *probeMemo) forget(uid types.UID) {
 	delete(m.last, uid)
 }
 
-// sourceSummary is what a probe found under a Dataset's source.
+// sourceSummary is what a probe found under a Dataset's source, arranged as its mounts show it
+// (objtree): the files and bytes of the tree, and the objects it leaves out.
 type sourceSummary struct {
 	files, bytes int64
+	leftOut      []objtree.LeftOut
 	// complete is false when the listing stopped at a bound before its end.
 	complete bool
 }
+
+// maxLeftOutNamed is how many of the objects a tree leaves out the status names.
+const maxLeftOutNamed = 5
 
 // probeSource lists a Dataset's s3:// source with the credentials of its Secret, and a pvc://
 // source through its claim server. Other schemes are not probed here: file:// names paths on
@@ -105,28 +111,33 @@ func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Da
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	store, err := understore.Open(ctx, access.source)
+	open := understore.Open
+	if r.OpenSource != nil {
+		open = r.OpenSource
+	}
+	store, err := open(ctx, access.source)
 	if err != nil {
 		return sourceProblem(ds, err), nil, nil
 	}
 	sum := &sourceSummary{complete: true}
+	tree, listed := objtree.New(), 0
 	for obj, err := range store.List(ctx, "") {
 		if err != nil {
-			if sum.files > 0 && ctx.Err() != nil {
+			if listed > 0 && ctx.Err() != nil {
 				// Slow to list, but it answers: serve it, uncounted.
 				sum.complete = false
 				break
 			}
 			return sourceProblem(ds, err), nil, nil
 		}
-		sum.files++
-		sum.bytes += max(obj.Size, 0)
-		if sum.files >= maxProbeObjects {
+		tree.Add(obj)
+		if listed++; listed >= maxProbeObjects {
 			sum.complete = false
 			break
 		}
 	}
-	if sum.files == 0 {
+	sum.files, sum.bytes, sum.leftOut = int64(tree.Files), tree.Bytes, tree.LeftOut
+	if sum.files == 0 && len(sum.leftOut) == 0 {
 		return &problem{ReasonSourceEmpty, fmt.Sprintf(
 			"there are no objects under %s: check spec.source.uri (a prefix is a folder: it ends with /)", store)}, nil, nil
 	}
@@ -180,6 +191,11 @@ func setSourceSummary(ds *datav1alpha1.Dataset, sum *sourceSummary) {
 	ds.Status.Files = sum.files
 	ds.Status.TotalBytes = sum.bytes
 	ds.Status.Size = humanBytes(sum.bytes)
+	ds.Status.LeftOutObjects = int64(len(sum.leftOut))
+	ds.Status.LeftOut = nil
+	for _, o := range sum.leftOut[:min(len(sum.leftOut), maxLeftOutNamed)] {
+		ds.Status.LeftOut = append(ds.Status.LeftOut, datav1alpha1.LeftOutObject{Key: o.Key, Reason: o.Reason})
+	}
 }
 
 // humanBytes writes n in binary units with one decimal, as `kubectl get` readers expect.

@@ -2,8 +2,10 @@ package controllers
 
 import (
 	"context"
+	"iter"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,6 +103,38 @@ func (c *testClaimServers) serve(ns, name, dir, token string) string {
 	return srv.URL
 }
 
+// hiddenKeysMarker in a source's URI makes its listing end with keys that S3 allows and a
+// file system cannot show, which MinIO cannot hold side by side: an object named like a folder
+// of others, and a key with an empty element.
+const hiddenKeysMarker = "/with-hidden/"
+
+// openSourceWithHiddenKeys opens a source as the operator does, adding those keys to the
+// listing of one whose URI has hiddenKeysMarker.
+func openSourceWithHiddenKeys(ctx context.Context, src understore.Source) (understore.Store, error) {
+	store, err := understore.Open(ctx, src)
+	if err != nil || !strings.Contains(src.URI, hiddenKeysMarker) {
+		return store, err
+	}
+	return withHiddenKeys{store}, nil
+}
+
+type withHiddenKeys struct{ understore.Store }
+
+func (w withHiddenKeys) List(ctx context.Context, prefix string) iter.Seq2[understore.ObjectInfo, error] {
+	return func(yield func(understore.ObjectInfo, error) bool) {
+		for info, err := range w.Store.List(ctx, prefix) {
+			if !yield(info, err) || err != nil {
+				return
+			}
+		}
+		for _, extra := range []understore.ObjectInfo{{Path: "dir", Size: 36}, {Path: "two//slashes", Size: 1}} {
+			if !yield(extra, nil) {
+				return
+			}
+		}
+	}
+}
+
 func TestControllers(t *testing.T) {
 	RegisterFailHandler(Fail)
 	// Started here, with the test's own T: mastertest needs a testing.TB.
@@ -169,6 +203,7 @@ var _ = BeforeSuite(func() {
 		WorkerImage:         WorkerImage{Image: testWorkerSpec.Image, ImagePullPolicy: corev1.PullIfNotPresent},
 		APIReader:           mgr.GetAPIReader(),
 		ClaimServerEndpoint: claimServers.endpoint,
+		OpenSource:          openSourceWithHiddenKeys,
 		ClaimServerTLS: &ClaimServerTLS{
 			CA: testCA.CA, Client: understore.ClaimClientTLS(testCA.Credentials(GinkgoT(), pki.Operator())),
 		},

@@ -162,6 +162,14 @@ type NodeUsage struct {
 // MaxStatusNodes is how many nodes a Dataset's status lists.
 const MaxStatusNodes = 16
 
+// LeftOutObject is an object of the source that a Dataset's tree does not show.
+type LeftOutObject struct {
+	// Key is the object's key, relative to the source.
+	Key string `json:"key"`
+	// Reason says why it is left out.
+	Reason string `json:"reason"`
+}
+
 // DatasetStatus is the observed state of a Dataset.
 type DatasetStatus struct {
 	// Phase summarises the conditions for kubectl get.
@@ -185,6 +193,18 @@ type DatasetStatus struct {
 	// Files is the number of files in the Dataset.
 	// +optional
 	Files int64 `json:"files,omitempty"`
+
+	// LeftOutObjects counts the objects of the source that the Dataset's tree cannot show, so
+	// its mounts do not: keys that are no paths (an empty, "." or ".." element, a name longer
+	// than 255 bytes), objects of unknown size, and an object whose key is also a folder of
+	// others ("a" beside "a/b", which S3 allows and a file system cannot show).
+	// +optional
+	LeftOutObjects int64 `json:"leftOutObjects,omitempty"`
+
+	// LeftOut names the first few of them, with why each is left out.
+	// +optional
+	// +kubebuilder:validation:MaxItems=10
+	LeftOut []LeftOutObject `json:"leftOut,omitempty"`
 
 	// CachedBytes is how much of it is in the cache, in any tier.
 	// +optional

@@ -13,7 +13,9 @@
 // is both its inode number and its FUSE node id; nodes are never forgotten. Keys that cannot be
 // paths ("a//b", "..", longer than NAME_MAX) are left out and logged, and so is an object
 // whose key is also a folder of other objects ("a" next to "a/b"), which S3 allows and a
-// file system cannot show.
+// file system cannot show. The rules are package objtree's, which the operator applies to its
+// own listing of the source: the Dataset's status counts the files the tree shows and names
+// what it leaves out (status.leftOut), with a Warning event.
 //
 // # Versions
 //

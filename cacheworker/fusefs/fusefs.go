@@ -102,7 +102,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	rootTime := t.root.mtime
+	rootTime := t.Root.MTime
 	if rootTime.IsZero() {
 		rootTime = time.Now()
 	}
@@ -110,7 +110,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 	if name == "" {
 		name = "strata"
 	}
-	fsys := newFileSystem(t.flatten(rootTime), cfg, m, lg)
+	fsys := newFileSystem(flatten(t, rootTime), cfg, m, lg)
 	if fsys.opens, err = newOpensTable(len(fsys.nodes)); err != nil {
 		return nil, err
 	}

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -479,39 +478,19 @@ func (l fakeLister) List(context.Context, string) iter.Seq2[understore.ObjectInf
 	}
 }
 
-func TestTheTreeFollowsTheKeys(t *testing.T) {
+func TestTheTreeLogsWhatItLeavesOut(t *testing.T) {
 	g := NewWithT(t)
-	t0 := time.Date(2024, 7, 1, 12, 0, 0, 0, time.UTC)
 	logs := &logLines{}
-	objs := fakeLister{
-		{Path: "a", Size: 1, ModTime: t0},                       // hidden by the folder a/
-		{Path: "a/b.txt", Size: 2, ModTime: t0.Add(time.Hour)},  // makes a/ a folder
-		{Path: "a/c/", ModTime: t0.Add(2 * time.Hour)},          // a marker: an empty folder
-		{Path: "x//y", Size: 3},                                 // empty element
-		{Path: "../up", Size: 3},                                // leaves the root
-		{Path: "./here", Size: 3},                               // a '.' element
-		{Path: strings.Repeat("n", 256), Size: 3},               // too long
-		{Path: "unknown-size", Size: -1},                        // no size
-		{Path: "top.txt", Size: 5, ModTime: t0.Add(-time.Hour)}, // fine
-		{Path: "/", ModTime: t0},                                // the root's own marker
-		{Path: "d/e/f.txt", Size: 7, ModTime: t0.Add(3 * time.Hour)},
-		{Path: "d/e", Size: 9, ModTime: t0}, // after the folder: left out
-	}
-	tr, err := buildTree(context.Background(), objs, funcr.New(logs.add, funcr.Options{}))
+	tr, err := buildTree(context.Background(), fakeLister{
+		{Path: "a", Size: 1},       // hidden by the folder a/
+		{Path: "a/b.txt", Size: 2}, // makes a/ a folder
+		{Path: "x//y", Size: 3},    // empty element
+		{Path: "top.txt", Size: 5},
+	}, funcr.New(logs.add, funcr.Options{}))
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(sortedNames(tr.root)).To(Equal([]string{"a", "d", "top.txt"}))
-	a := tr.root.children["a"]
-	g.Expect(a.isDir()).To(BeTrue())
-	g.Expect(sortedNames(a)).To(Equal([]string{"b.txt", "c"}))
-	g.Expect(a.children["c"].isDir()).To(BeTrue())
-	g.Expect(a.mtime).To(Equal(t0.Add(2*time.Hour)), "a folder's time is the newest of what it holds")
-	g.Expect(tr.root.mtime).To(Equal(t0.Add(3 * time.Hour)))
-	g.Expect(tr.root.children["d"].children["e"].isDir()).To(BeTrue())
-	g.Expect(tr.files).To(Equal(3))
-	g.Expect(tr.bytes).To(Equal(int64(2 + 5 + 7)))
-	g.Expect(logs.count("not a valid path")).To(Equal(4))
-	g.Expect(logs.count("unknown size")).To(Equal(1))
-	g.Expect(logs.count("folder of the same name")).To(Equal(2))
+	g.Expect(tr.Files).To(Equal(2))
+	g.Expect(logs.count("leaving out an object the tree cannot show", `"key"="a"`, "folder of the same name")).To(Equal(1))
+	g.Expect(logs.count("leaving out an object the tree cannot show", `"key"="x//y"`, "empty element")).To(Equal(1))
 }
 
 func TestAListingFailureFailsTheMount(t *testing.T) {
@@ -538,7 +517,7 @@ func TestAHandoverKeepsEachFilesVersion(t *testing.T) {
 		{Path: "empty/", ModTime: t0},
 	}, logr.Discard())
 	g.Expect(err).NotTo(HaveOccurred())
-	nodes := tr.flatten(t0)
+	nodes := flatten(tr, t0)
 	restored, err := restoreNodes(snapshotNodes(nodes))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(restored).To(HaveLen(len(nodes)))

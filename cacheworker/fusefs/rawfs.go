@@ -16,6 +16,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
+	"github.com/strata-cache/strata/cacheworker/objtree"
 	"github.com/strata-cache/strata/cacheworker/understore"
 )
 
@@ -174,7 +175,7 @@ func (fsys *fileSystem) StatFs(_ <-chan struct{}, _ *fuse.InHeader, out *fuse.St
 	out.Bsize, out.Frsize = bsize, bsize
 	out.Blocks = uint64((fsys.bytes + bsize - 1) / bsize)
 	out.Files = uint64(fsys.files)
-	out.NameLen = maxNameLen
+	out.NameLen = objtree.MaxNameLen
 	return fuse.OK
 }
 
