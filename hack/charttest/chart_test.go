@@ -1,0 +1,125 @@
+// Package charttest renders charts/strata with the project's Helm (make test passes it in $HELM)
+// and checks what the values turn on and off.
+package charttest
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/strata-cache/strata/internal/testenv"
+)
+
+// render runs helm template over the chart with the --set flags given, and returns its objects,
+// or Helm's error output.
+func render(t *testing.T, set ...string) ([]unstructured.Unstructured, string) {
+	t.Helper()
+	helm := os.Getenv("HELM")
+	if helm == "" {
+		testenv.Lacking(t, "no Helm: run `make test`, which builds bin/helm and sets HELM")
+	}
+	args := []string{"template", "strata", "../../charts/strata", "--namespace", "strata-system"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	var out, stderr bytes.Buffer
+	cmd := exec.Command(helm, args...)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, stderr.String()
+	}
+	var objs []unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(&out, 4096)
+	for {
+		var o map[string]any
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("reading helm's output: %v", err)
+		}
+		if o != nil {
+			objs = append(objs, unstructured.Unstructured{Object: o})
+		}
+	}
+	return objs, ""
+}
+
+func ofKind(objs []unstructured.Unstructured, kind string) []unstructured.Unstructured {
+	var out []unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func TestMonitorsAreOffByDefault(t *testing.T) {
+	g := NewWithT(t)
+	objs, failed := render(t)
+	g.Expect(failed).To(BeEmpty())
+	g.Expect(ofKind(objs, "ServiceMonitor")).To(BeEmpty(), "the Prometheus Operator's CRDs may not be installed")
+	g.Expect(ofKind(objs, "PodMonitor")).To(BeEmpty())
+}
+
+func TestMonitorsScrapeEveryComponent(t *testing.T) {
+	g := NewWithT(t)
+	objs, failed := render(t, "metrics.monitors.enabled=true", "metrics.monitors.labels.release=prometheus")
+	g.Expect(failed).To(BeEmpty())
+
+	monitors := ofKind(objs, "ServiceMonitor")
+	g.Expect(monitors).To(HaveLen(1))
+	sm := monitors[0]
+	g.Expect(sm.GetLabels()).To(HaveKeyWithValue("release", "prometheus"), "Prometheus finds it by its selector's labels")
+	selector, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	var scraped []unstructured.Unstructured
+	for _, svc := range ofKind(objs, "Service") {
+		if matches(svc.GetLabels(), selector) {
+			scraped = append(scraped, svc)
+		}
+	}
+	g.Expect(scraped).To(HaveLen(1), "the ServiceMonitor selects the operator's metrics Service, and only it")
+	ports, _, _ := unstructured.NestedSlice(scraped[0].Object, "spec", "ports")
+	g.Expect(ports).To(ContainElement(HaveKeyWithValue("name", "metrics")), "the port the ServiceMonitor names")
+
+	pods := ofKind(objs, "PodMonitor")
+	g.Expect(pods).To(HaveLen(1))
+	exprs, _, _ := unstructured.NestedSlice(pods[0].Object, "spec", "selector", "matchExpressions")
+	g.Expect(exprs).To(ContainElement(And(
+		HaveKeyWithValue("key", "app.kubernetes.io/component"),
+		HaveKeyWithValue("values", ConsistOf("master", "worker", "csi-node")))))
+	// The CSI node plugin's pods are the chart's own: they must carry what the PodMonitor selects.
+	for _, ds := range ofKind(objs, "DaemonSet") {
+		labels, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "metadata", "labels")
+		g.Expect(labels).To(And(HaveKeyWithValue("app.kubernetes.io/component", "csi-node"), HaveKeyWithValue("app.kubernetes.io/part-of", "strata")))
+		containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+		g.Expect(containers).To(ContainElement(HaveKeyWithValue("ports", ContainElement(HaveKeyWithValue("name", "metrics")))))
+	}
+}
+
+func TestMonitorsNeedTheMetricsService(t *testing.T) {
+	g := NewWithT(t)
+	_, failed := render(t, "metrics.monitors.enabled=true", "metrics.service.enabled=false")
+	g.Expect(failed).To(ContainSubstring("metrics.monitors.enabled needs metrics.service.enabled"))
+	_, failed = render(t, "metrics.monitors.interval=often")
+	g.Expect(failed).To(ContainSubstring("interval"), "the values schema refuses what Prometheus would")
+}
+
+func matches(labels, selector map[string]string) bool {
+	if len(selector) == 0 {
+		return false
+	}
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
