@@ -5,7 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -119,6 +120,8 @@ type Mounter struct {
 	draining map[*mount]struct{}
 	closed   bool
 	wg       sync.WaitGroup
+	// rotations counts the sources given rotated credentials while mounted.
+	rotations prometheus.Counter
 }
 
 // fileSystem is a mounted Dataset: an input's read-only tree (*fusefs.Server) or an output's
@@ -146,8 +149,9 @@ type mount struct {
 	path                  string
 	fs                    fileSystem
 	cache                 *cache.Cache
-	store                 understore.Store
-	released              sync.Once
+	// store is the source, which a publish with rotated credentials replaces (rotate).
+	store    *understore.Replaceable
+	released sync.Once
 	// req is the request that made the mount, for putting it back in a restarted store.
 	req *workerpb.MountDatasetRequest
 	// held is set once Config.Handovers holds the mount's connection; Mounter.mu guards it.
@@ -184,11 +188,18 @@ func New(cfg Config) (*Mounter, error) {
 	if err := os.MkdirAll(cfg.MountsDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating the mounts folder: %w", err)
 	}
-	m := &Mounter{cfg: cfg, log: log, mounts: map[string]*mount{}, locks: map[string]*uidLock{}, draining: map[*mount]struct{}{}}
+	m := &Mounter{cfg: cfg, log: log, mounts: map[string]*mount{}, locks: map[string]*uidLock{}, draining: map[*mount]struct{}{},
+		rotations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "strata_worker_credential_rotations_total",
+			Help: "Mounted Datasets whose source the worker went on reading with rotated credentials from their Secret, without a remount.",
+		})}
 	if cfg.Registerer != nil {
 		var err error
 		if m.fm, err = fusefs.NewMetrics(cfg.Registerer); err != nil {
 			return nil, err
+		}
+		if err := cfg.Registerer.Register(m.rotations); err != nil {
+			return nil, fmt.Errorf("registering the mounter's metrics: %w", err)
 		}
 	}
 	return m, nil
@@ -285,6 +296,9 @@ func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRe
 			if err := sameMount(old, req); err != nil {
 				return nil, err
 			}
+			if err := m.rotate(ctx, old, req); err != nil {
+				return nil, err
+			}
 			return &workerpb.MountDatasetResponse{Path: old.path}, nil
 		}
 	}
@@ -319,8 +333,7 @@ func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRe
 }
 
 // sameMount checks that req asks for what old serves. The credentials are not compared: a
-// rotated Secret must not stop new pods from using a mount that works; new credentials take
-// effect when the Dataset is mounted afresh, after its last pod on the node has gone.
+// rotated Secret is taken in by rotate.
 func sameMount(old *mount, req *workerpb.MountDatasetRequest) error {
 	src := req.GetSource()
 	var diff []string
@@ -434,17 +447,43 @@ func (m *Mounter) outputConfig(mnt *mount, log logr.Logger) (outputfs.Config, er
 	return cfg, nil
 }
 
-// openCache opens the under-store of req and the Dataset's read-through cache over it.
-func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.MountDatasetRequest, log logr.Logger) error {
-	src := req.GetSource()
-	var err error
-	mnt.store, err = understore.Open(ctx, understore.Source{
+// openSource opens a Dataset's under-store as req's source names it.
+func (m *Mounter) openSource(ctx context.Context, src *workerpb.DatasetSource) (understore.Store, error) {
+	return understore.Open(ctx, understore.Source{
 		URI: src.GetUri(), Endpoint: src.GetEndpoint(), Region: src.GetRegion(),
 		Credentials: src.GetCredentials(), FileRoots: m.cfg.FileRoots, ClaimServerTLS: m.cfg.ClaimServerTLS,
 	})
+}
+
+// rotate makes old read its source with the credentials of req when they are not those it
+// reads with: the kubelet publishes again with the Secret's current keys (the CSIDriver asks
+// it to, every minute or so, and at each new pod), so a rotated Secret is used by the next read
+// without a remount. The next worker resumes the mount with them too.
+func (m *Mounter) rotate(ctx context.Context, old *mount, req *workerpb.MountDatasetRequest) error {
+	if old.store == nil || maps.Equal(old.req.GetSource().GetCredentials(), req.GetSource().GetCredentials()) {
+		return nil
+	}
+	store, err := m.openSource(ctx, req.GetSource())
+	if err != nil {
+		return storeError(old.dataset(), err)
+	}
+	old.store.Replace(store)
+	old.req = proto.Clone(old.req).(*workerpb.MountDatasetRequest)
+	old.req.Source.Credentials = maps.Clone(req.GetSource().GetCredentials())
+	m.rotations.Inc()
+	m.log.Info("reading the Dataset's source with its Secret's new credentials", "dataset", old.dataset(), "uid", old.uid)
+	m.hold(ctx, old)
+	return nil
+}
+
+// openCache opens the under-store of req and the Dataset's read-through cache over it.
+func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.MountDatasetRequest, log logr.Logger) error {
+	src := req.GetSource()
+	store, err := m.openSource(ctx, src)
 	if err != nil {
 		return storeError(mnt.dataset(), err)
 	}
+	mnt.store = understore.NewReplaceable(store)
 	cfg := cache.Config{
 		Store: m.cfg.Store, Source: mnt.store, SourceID: mnt.uid, BlockSize: m.cfg.BlockSize, Fetch: m.cfg.Fetch,
 		Peers: m.cfg.Peers, Metrics: m.cfg.CacheMetrics, Log: log,
@@ -521,8 +560,8 @@ func (mnt *mount) release(log logr.Logger) {
 		if mnt.cache != nil {
 			mnt.cache.Close()
 		}
-		if c, ok := mnt.store.(io.Closer); ok {
-			if err := c.Close(); err != nil {
+		if mnt.store != nil {
+			if err := mnt.store.Close(); err != nil {
 				log.Error(err, "closing the under-store", "store", mnt.store.String())
 			}
 		}

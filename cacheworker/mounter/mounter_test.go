@@ -2,18 +2,22 @@ package mounter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	"github.com/moby/sys/mountinfo"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fusetest"
@@ -196,14 +201,54 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 			"blocks are reported under a root of the Dataset's UID, so a new Dataset of the same name starts afresh")
 	})
 
-	t.Run("mounting again answers the same path, and rotated credentials do not matter", func(t *testing.T) {
+	t.Run("mounting again answers the same path, and the next read uses rotated credentials", func(t *testing.T) {
 		g := NewWithT(t)
-		req := f.request(uid)
-		req.Source.Credentials["sessionToken"] = "rotated"
-		g.Expect(f.mount(t, req)).To(Equal(path))
+		// A block of dir/b.bin that is neither in a tier nor in the page cache: its next read
+		// goes to the under-store, with whatever credentials the mount holds then.
+		info, err := f.srv.Client.StatObject(ctx, bucket, "sets/v1/dir/b.bin", minio.StatObjectOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		uncache := func() {
+			g.Eventually(func() error {
+				// Once stored (the cache stores what it fetched in the background), and removed.
+				if err := f.m.cfg.Store.Delete(ctx, cache.BlockID(uid, "dir/b.bin", info.ETag, 1)); !errors.Is(err, tierstore.ErrNotFound) {
+					return err
+				}
+				_, err := f.m.cfg.Store.(*tierstore.Store).Info(cache.BlockID(uid, "dir/b.bin", info.ETag, 1))
+				return err
+			}).WithTimeout(10 * time.Second).Should(MatchError(tierstore.ErrNotFound))
+			file, err := os.Open(filepath.Join(path, "dir/b.bin"))
+			g.Expect(err).NotTo(HaveOccurred())
+			defer func() { _ = file.Close() }()
+			g.Expect(unix.Fadvise(int(file.Fd()), 0, 0, unix.FADV_DONTNEED)).To(Succeed())
+		}
+		readBlock1 := func() ([]byte, error) {
+			file, err := os.Open(filepath.Join(path, "dir/b.bin"))
+			g.Expect(err).NotTo(HaveOccurred())
+			defer func() { _ = file.Close() }()
+			buf := make([]byte, blockSize)
+			_, err = file.ReadAt(buf, blockSize)
+			return buf, err
+		}
+		rotations := testutil.ToFloat64(f.m.rotations)
+
+		revoked := f.request(uid)
+		revoked.Source.Credentials["secretAccessKey"] = "not-the-key-any-more"
+		g.Expect(f.mount(t, revoked)).To(Equal(path))
 		mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(mounts).To(HaveLen(1), "mounted once")
+		uncache()
+		_, err = readBlock1()
+		g.Expect(err).To(MatchError(syscall.EIO), "the read went to MinIO with the Secret's new (wrong) keys")
+
+		g.Expect(f.mount(t, f.request(uid))).To(Equal(path))
+		uncache()
+		got, err := readBlock1()
+		g.Expect(err).NotTo(HaveOccurred(), "the keys put right in the Secret are used by the next read, without a remount")
+		g.Expect(got).To(Equal(f.files["dir/b.bin"][blockSize : 2*blockSize]))
+		g.Expect(testutil.ToFloat64(f.m.rotations) - rotations).To(Equal(2.0))
+		g.Expect(f.mount(t, f.request(uid))).To(Equal(path))
+		g.Expect(testutil.ToFloat64(f.m.rotations)-rotations).To(Equal(2.0), "the same keys again rotate nothing")
 	})
 
 	t.Run("the same uid with another source is refused until unmounted", func(t *testing.T) {

@@ -126,11 +126,12 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	}
 	pub := publication{VolumeID: pr.volumeID, Target: pr.target, UID: pr.dataset.UID, Pool: pr.pool}
 	if mounted {
-		// Published already: a repeated call, possibly after a restart of the plugin.
-		unlock := n.datasets.Lock(pub.UID)
-		defer unlock()
-		if err := n.pubs.put(pub); err != nil {
-			return nil, status.Error(codes.Internal, err.Error())
+		// Published already: the kubelet's periodic republish (the CSIDriver asks for it), or a
+		// repeated call after a restart of the plugin. The worker is asked again with the
+		// Secret's current keys, so that it reads on with rotated credentials; the target stays
+		// as it is, whatever the answer.
+		if _, err := n.acquire(ctx, pr, pub); err != nil {
+			return nil, err
 		}
 		return &csi.NodePublishVolumeResponse{}, nil
 	}

@@ -202,9 +202,11 @@ func TestNodePublishBindsTheWorkersMountReadOnlyAndIsIdempotent(t *testing.T) {
 		}
 	}
 
+	// The worker is asked at every publish (a republish hands it the Secret's current keys);
+	// the target is bound once.
 	mounts := env.worker.Mounts()
-	if len(mounts) != 1 {
-		t.Fatalf("the worker was asked %d times to mount, want once", len(mounts))
+	if len(mounts) != 3 {
+		t.Fatalf("the worker was asked %d times to mount, want at each of the 3 publishes", len(mounts))
 	}
 	m := mounts[0]
 	if m.GetNamespace() != testNamespace || m.GetName() != testDataset || m.GetUid() != testUID || !m.GetReadOnly() {
@@ -232,6 +234,27 @@ func TestNodePublishBindsTheWorkersMountReadOnlyAndIsIdempotent(t *testing.T) {
 		VolumeID: req.VolumeId, Target: req.TargetPath, UID: testUID, Pool: testPool,
 	}) {
 		t.Fatalf("saved publications = %+v", pubs)
+	}
+}
+
+func TestARepublishHandsTheWorkerTheSecretsCurrentKeys(t *testing.T) {
+	env := newNodeEnv(t)
+	n := env.node(t)
+	req := env.publishRequest(t, "pod-1")
+	if _, err := n.NodePublishVolume(context.Background(), req); err != nil {
+		t.Fatalf("NodePublishVolume: %v", err)
+	}
+	// The kubelet's periodic republish, after the user rotated the Secret.
+	req.Secrets = map[string]string{"accessKeyID": "AKIA-NEW", "secretAccessKey": "rotated"}
+	if _, err := n.NodePublishVolume(context.Background(), req); err != nil {
+		t.Fatalf("republishing: %v", err)
+	}
+	mounts := env.worker.Mounts()
+	if got := mounts[len(mounts)-1].GetSource().GetCredentials(); got["accessKeyID"] != "AKIA-NEW" || got["secretAccessKey"] != "rotated" {
+		t.Fatalf("the worker was last given credentials %v, want the rotated ones", got)
+	}
+	if got := env.mountsOf(req.TargetPath); got != 1 {
+		t.Fatalf("%d mounts onto the target, want 1: a republish binds nothing again", got)
 	}
 }
 

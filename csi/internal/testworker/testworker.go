@@ -144,9 +144,16 @@ func (s *Server) MountDataset(ctx context.Context, req *workerpb.MountDatasetReq
 		return nil, status.Error(codes.InvalidArgument, "namespace, name and uid are required")
 	}
 	if prev, ok := s.mounted[req.GetUid()]; ok {
-		if !proto.Equal(prev.GetSource(), req.GetSource()) || prev.GetOutput() != req.GetOutput() || (!req.GetOutput() && prev.GetReadOnly() != req.GetReadOnly()) {
+		// As the real worker: other credentials are rotated ones, taken in; anything else
+		// about the source is another Dataset.
+		prevSource, source := proto.Clone(prev.GetSource()).(*workerpb.DatasetSource), proto.Clone(req.GetSource()).(*workerpb.DatasetSource)
+		if prevSource != nil && source != nil {
+			prevSource.Credentials, source.Credentials = nil, nil
+		}
+		if !proto.Equal(prevSource, source) || prev.GetOutput() != req.GetOutput() || (!req.GetOutput() && prev.GetReadOnly() != req.GetReadOnly()) {
 			return nil, status.Errorf(codes.FailedPrecondition, "Dataset %s is mounted with another source or read-only flag: unmount it first", req.GetUid())
 		}
+		s.mounted[req.GetUid()] = proto.Clone(req).(*workerpb.MountDatasetRequest)
 		return &workerpb.MountDatasetResponse{Path: s.Path(req.GetUid())}, nil
 	}
 	dir := s.Path(req.GetUid())
