@@ -231,9 +231,9 @@ var _ = Describe("The Dataset reconciler", func() {
 				reason:  ReasonSourceEmpty,
 				message: "there are no objects under s3://datasets/nothing-here/",
 			},
-			"no Secret at all": {
+			"no Secret for a bucket that is not public": {
 				change:  func(src *datav1alpha1.DatasetSource) { src.SecretRef = nil },
-				reason:  ReasonSecretIncomplete,
+				reason:  ReasonSourceAccessDenied,
 				message: "set spec.source.secretRef",
 			},
 		}

@@ -511,10 +511,17 @@ func lineageOf(namespace, name string) *datav1alpha1.Lineage {
 }
 
 // finishJob ends a Job as the Job controller would, which envtest does not run.
+// finishJob ends job as the Job controller would. The reconciler may change the Job meanwhile
+// (it patches a recomputation's priority), so the status goes onto the Job as it is now.
 func finishJob(job *batchv1.Job, succeeded bool) {
 	GinkgoHelper()
-	endJob(job, succeeded)
-	Expect(k8sClient.Status().Update(ctx, job)).To(Succeed())
+	Eventually(func() error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(job), job); err != nil {
+			return err
+		}
+		endJob(job, succeeded)
+		return k8sClient.Status().Update(ctx, job)
+	}).Should(Succeed())
 }
 
 // endJob sets the status the Job controller gives a Job that succeeded or failed.

@@ -528,7 +528,7 @@ func storeError(dataset string, err error) error {
 	case errors.Is(err, understore.ErrOutsideRoots):
 		code, hint = codes.FailedPrecondition, "file:// sources must lie under one of the TierPool's fileSourceRoots"
 	case errors.Is(err, understore.ErrAccessDenied):
-		code, hint = codes.FailedPrecondition, "check the credentials in the Secret of spec.source.secretRef, and that they may list and read the bucket or path"
+		code, hint = codes.FailedPrecondition, "check the credentials in the Secret of spec.source.secretRef, and that they may list and read the bucket or path (without a Secret, the bucket is read anonymously, so it must be public)"
 	case errors.Is(err, understore.ErrNotFound):
 		code, hint = codes.FailedPrecondition, "check spec.source.uri: the bucket or path does not exist"
 	case errors.Is(err, understore.ErrUnreachable):

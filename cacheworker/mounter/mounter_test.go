@@ -321,10 +321,15 @@ func TestMountDatasetSaysWhatToFix(t *testing.T) {
 			code:   codes.FailedPrecondition,
 			says:   []string{"access denied", "s3://data/sets/v1/", "spec.source.secretRef"},
 		},
-		"missing credentials name the keys": {
-			change: func(r *workerpb.MountDatasetRequest) { r.Source.Credentials = nil },
+		"a missing key names it": {
+			change: func(r *workerpb.MountDatasetRequest) { delete(r.Source.Credentials, "secretAccessKey") },
 			code:   codes.InvalidArgument,
-			says:   []string{"accessKeyID", "secretAccessKey", "spec.source.secretRef"},
+			says:   []string{"secretAccessKey", "spec.source.secretRef"},
+		},
+		"no credentials read a bucket that is not public anonymously, and are refused": {
+			change: func(r *workerpb.MountDatasetRequest) { r.Source.Credentials = nil },
+			code:   codes.FailedPrecondition,
+			says:   []string{"s3://data/sets/v1/", "access denied", "read anonymously, so it must be public"},
 		},
 		"a missing bucket says so": {
 			change: func(r *workerpb.MountDatasetRequest) { r.Source.Uri = "s3://no-such-bucket/x" },
