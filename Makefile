@@ -96,7 +96,7 @@ vet: ## Run go vet.
 test: manifests generate fmt vet envtest-assets $(MINIO) $(HELM) ## Run unit, envtest, MinIO-backed and chart suites (not e2e), and count them.
 	@# hack/testsummary prints go test's package lines and failures, then how many tests ran and
 	@# which were skipped, and fails when a package did (a pipe would otherwise lose the verdict).
-	KUBEBUILDER_ASSETS="$(K8S_BIN)" STRATA_MINIO="$(MINIO)" HELM="$(HELM)" \
+	KUBEBUILDER_ASSETS="$(K8S_BIN)" STRATA_MINIO="$(MINIO)" HELM="$(HELM)" CONTROLLER_GEN="$(CONTROLLER_GEN)" \
 		go test -json $(GO_TEST_FLAGS) $$(go list ./... | grep -v /e2e) -coverprofile cover.out 2>&1 | go run ./hack/testsummary
 
 # BENCH_FILES is the namespace size of the failover benchmark; 1000000 for the seeds' figure.

@@ -97,6 +97,7 @@ func NewLineageDepthGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, erro
 
 // +kubebuilder:rbac:groups=data.strata.dev,resources=lineages,verbs=get;list;watch
 // +kubebuilder:rbac:groups=data.strata.dev,resources=lineages/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=data.strata.dev,resources=lineages/finalizers,verbs=update
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
 
 // Reconcile brings one Lineage's Job and status up to date.

@@ -419,6 +419,9 @@ func pullPolicy(flagName, value string) (corev1.PullPolicy, error) {
 	}
 }
 
+// The operator reads its own Deployment, to own what it makes in its namespace.
+// +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=deployments,verbs=get,resourceNames=strata-operator
+
 // ownerReference points at the operator's Deployment, read once at start-up.
 func ownerReference(ctx context.Context, reader client.Reader, namespace, name string) (*metav1.OwnerReference, error) {
 	deploy := &appsv1.Deployment{}
