@@ -121,6 +121,25 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "extract-features"}, &lineage)).To(Succeed())
 		Expect(lineage.Spec.Outputs).To(Equal([]string{"imagenet-features"}))
 		Expect(lineage.Spec.Template.Spec.Template.Spec.Containers).To(HaveLen(1))
+
+		By("the sample Job mounting the claims of its inputs, read-only, and of its outputs: a Job copied from it sees its data")
+		pod := lineage.Spec.Template.Spec.Template.Spec
+		claims := map[string]bool{} // claim name: read-only
+		for _, v := range pod.Volumes {
+			if c := v.PersistentVolumeClaim; c != nil {
+				for _, m := range pod.Containers[0].VolumeMounts {
+					if m.Name == v.Name {
+						claims[c.ClaimName] = m.ReadOnly
+					}
+				}
+			}
+		}
+		for _, in := range lineage.Spec.Inputs {
+			Expect(claims).To(HaveKeyWithValue(in, true), "input %s is mounted read-only", in)
+		}
+		for _, out := range lineage.Spec.Outputs {
+			Expect(claims).To(HaveKeyWithValue(out, false), "output %s is mounted writable", out)
+		}
 	})
 
 	It("fills in defaults a user may leave out", func() {
