@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"slices"
 	"strings"
@@ -346,19 +345,14 @@ func (r *DatasetReconciler) claimCertificateRenewal(secret *corev1.Secret, leaf 
 	if !bytes.Equal(secret.Data[caCertKey], r.ClaimServerTLS.CA.CertPEM) {
 		return time.Time{}, "Strata's CA is not the one the Secret holds"
 	}
-	block, _ := pem.Decode(secret.Data[corev1.TLSCertKey])
-	if block == nil {
-		return time.Time{}, "the Secret holds no certificate"
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
+	// The pair is parsed once: its key must go with its certificate, which must be the CA's.
+	pair, err := tls.X509KeyPair(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey])
 	if err != nil {
-		return time.Time{}, fmt.Sprintf("the Secret's certificate cannot be read: %v", err)
+		return time.Time{}, fmt.Sprintf("the Secret's key does not go with its certificate: %v", err)
 	}
+	cert := pair.Leaf
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: r.ClaimServerTLS.CA.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, CurrentTime: now}); err != nil {
 		return time.Time{}, fmt.Sprintf("the Secret's certificate is not valid from Strata's CA: %v", err)
-	}
-	if _, err := tls.X509KeyPair(secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey]); err != nil {
-		return time.Time{}, fmt.Sprintf("the Secret's key does not go with its certificate: %v", err)
 	}
 	if id, err := pki.FromCertificate(cert); err != nil || id != leaf.Identity || !slices.Equal(cert.DNSNames, leaf.DNSNames) {
 		return time.Time{}, "the Secret's certificate is not for the claim server's Service"

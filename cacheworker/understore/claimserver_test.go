@@ -47,6 +47,12 @@ func startClaimServer(t *testing.T, tlsConfig *tls.Config, store Store) *httptes
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startTLS(t, tlsConfig, h)
+}
+
+// startTLS serves h over tlsConfig until the test ends.
+func startTLS(t *testing.T, tlsConfig *tls.Config, h http.Handler) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
 	srv.TLS = tlsConfig
 	srv.StartTLS()
@@ -256,12 +262,9 @@ func TestAClaimListingThatFailsOrBreaksOffIsAnError(t *testing.T) {
 	g.Expect(err).To(MatchError(ErrAccessDenied), "the kind crosses the wire")
 	g.Expect(err.Error()).To(ContainSubstring("boom"))
 
-	cut := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	cut := startTLS(t, ClaimServerTLS(ca.Credentials(t, claimServerIdentity)), http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, `{"path":"a","size":1}`+"\n")
 	}))
-	cut.TLS = ClaimServerTLS(ca.Credentials(t, claimServerIdentity))
-	cut.StartTLS()
-	t.Cleanup(cut.Close)
 	broken, err := Open(ctx, claimSource(cut.URL, claimToken, ClaimClientTLS(ca.Credentials(t, pki.Worker("pool", "node-a")))))
 	g.Expect(err).NotTo(HaveOccurred())
 	got, err = collect(broken.List(ctx, ""))

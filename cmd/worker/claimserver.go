@@ -153,22 +153,14 @@ const (
 
 // claimServerCredentials are the certificate in dir, trusting the CA beside it.
 func claimServerCredentials(dir string) (*pki.Credentials, error) {
-	bundle, err := os.ReadFile(filepath.Join(dir, claimTLSCA))
-	if err != nil {
-		return nil, fmt.Errorf("reading Strata's CA: %w", err)
+	files := pki.Flags{
+		CAFile:   filepath.Join(dir, claimTLSCA),
+		CertFile: filepath.Join(dir, claimTLSCert),
+		KeyFile:  filepath.Join(dir, claimTLSKey),
 	}
-	trust, err := pki.PoolFromPEM(bundle)
+	creds, _, err := files.Prepare(logr.Discard())
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, claimTLSCA), err)
-	}
-	raw, err := readKeyPair(dir)(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	creds := pki.NewCredentials(trust)
-	cert, key, _ := bytes.Cut(raw, keyPairSeparator)
-	if err := creds.Set(cert, key); err != nil {
-		return nil, fmt.Errorf("the certificate in %s: %w", dir, err)
+		return nil, fmt.Errorf("reading Strata's CA and the certificate in %s: %w", dir, err)
 	}
 	if id := creds.Identity(); id.Role != pki.RoleClaimServer {
 		return nil, fmt.Errorf("the certificate in %s is for %s, not a claim server", dir, id)
