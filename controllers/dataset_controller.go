@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	appsv1 "k8s.io/api/apps/v1"
@@ -91,6 +92,11 @@ type DatasetReconciler struct {
 	// OpenSource, if set, replaces understore.Open for the probe of a source: tests list keys
 	// that S3 allows and their MinIO cannot hold (an object beside a folder of its name).
 	OpenSource func(context.Context, understore.Source) (understore.Store, error)
+	// Syncer syncs the workers' mounts of a Dataset with its source (spec.sync, or the
+	// sync-requested annotation); nil, with no master, fails every sync and says why.
+	Syncer DatasetSyncer
+	// SyncCounter, if set, counts the syncs by result.
+	SyncCounter *prometheus.CounterVec
 
 	// probes remembers the last successful probe of each Dataset's source (see probeSource),
 	// targetProbes of each output's checkpoint target (see checkpointTargetCondition).
@@ -159,6 +165,14 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, err
 		}
 	}
+	// A sync runs before the probe, so that the status counts the tree the mounts now show.
+	var syncRequeue time.Duration
+	if problem == nil && ds.Spec.Source != nil {
+		var synced bool
+		if syncRequeue, synced = r.syncMounts(ctx, ds); synced {
+			r.probes.forget(ds.UID)
+		}
+	}
 	var summary *sourceSummary
 	if problem == nil {
 		if problem, summary, err = r.probeSource(ctx, ds, access); err != nil {
@@ -217,11 +231,9 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		result.RequeueAfter = usageRefresh
 	}
 	if access != nil && !access.renewAt.IsZero() {
-		renewIn := max(time.Until(access.renewAt), time.Second)
-		if result.RequeueAfter == 0 || renewIn < result.RequeueAfter {
-			result.RequeueAfter = renewIn
-		}
+		result.RequeueAfter = sooner(result.RequeueAfter, max(time.Until(access.renewAt), time.Second))
 	}
+	result.RequeueAfter = sooner(result.RequeueAfter, syncRequeue)
 	if apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
 		return result, nil
 	}
@@ -230,6 +242,14 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	r.recordTransitions(before, ds)
 	return result, nil
+}
+
+// sooner is the sooner of two requeue delays, 0 meaning none.
+func sooner(a, b time.Duration) time.Duration {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // secretProblem says whether a reason is fixed in the Dataset's Secret (keys missing, or

@@ -14,6 +14,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -61,6 +62,9 @@ var (
 	// lineageMaster is a real master the Lineage reconciler reads outputs' state from; specs
 	// lose blocks in it to make outputs Lost.
 	lineageMaster *masterclient.Client
+	// syncWorkers are the workers the Dataset reconciler's syncs find at "the master": specs
+	// add the data-plane servers they run (see dataset_sync_test.go).
+	syncWorkers = &testWorkerList{}
 )
 
 type testClaimServers struct {
@@ -204,6 +208,9 @@ var _ = BeforeSuite(func() {
 		APIReader:           mgr.GetAPIReader(),
 		ClaimServerEndpoint: claimServers.endpoint,
 		OpenSource:          openSourceWithHiddenKeys,
+		Syncer: &WorkerSyncs{Workers: syncWorkers, DialOptions: []grpc.DialOption{
+			testCA.Credentials(GinkgoT(), pki.Operator()).DialOption(pki.RoleWorker),
+		}},
 		ClaimServerTLS: &ClaimServerTLS{
 			CA: testCA.CA, Client: understore.ClaimClientTLS(testCA.Credentials(GinkgoT(), pki.Operator())),
 		},

@@ -702,7 +702,7 @@ func waitSucceeded(ctx context.Context, pod *corev1.Pod) {
 func runLogs(ctx context.Context, pod *corev1.Pod) []object {
 	var out []object
 	for _, line := range strings.Split(strings.TrimSpace(podLogs(ctx, pod)), "\n") {
-		if line == "" || strings.HasPrefix(line, "testkit: not there yet:") {
+		if line == "" || strings.HasPrefix(line, "testkit: ") {
 			continue // a waiting reader's progress, on standard error (logs hold both streams)
 		}
 		var o object

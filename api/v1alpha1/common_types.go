@@ -23,7 +23,16 @@ const (
 	// ConditionCheckpointTargetReachable is True when an output Dataset's spec.checkpoint
 	// answers with the credentials given: its files can be checkpointed there.
 	ConditionCheckpointTargetReachable = "CheckpointTargetReachable"
+
+	// ConditionSynced is True when the last sync of a Dataset's mounts with its source (see
+	// DatasetSync) reached every node that mounts it; False says which failed and why, while
+	// the mounts keep the tree they had.
+	ConditionSynced = "Synced"
 )
+
+// AnnotationSyncRequested is the annotation that asks for a sync of a Dataset's mounts with its
+// source now, whenever it is set to a new value (a timestamp, say).
+const AnnotationSyncRequested = "data.strata.dev/sync-requested"
 
 // Watermarks bound how full a tier may get. When the used share of a tier's quota passes High,
 // blocks are moved down (or, from the last tier, dropped when that is safe) until it falls to Low.

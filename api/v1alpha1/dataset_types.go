@@ -8,6 +8,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="has(self.source) != has(self.lineage)",message="set exactly one of spec.source (data that already exists in an under-store) and spec.lineage (data that a Lineage writes)"
 // +kubebuilder:validation:XValidation:rule="!has(self.checkpoint) || has(self.lineage)",message="spec.checkpoint only applies to a Lineage's output (spec.lineage): a Dataset with spec.source is in its under-store already"
+// +kubebuilder:validation:XValidation:rule="!has(self.sync) || has(self.source)",message="spec.sync only applies to a Dataset with spec.source: a Lineage's output changes only through its Lineage"
 type DatasetSpec struct {
 	// Source is the under-store that already holds the data. Mutually exclusive with Lineage.
 	// +optional
@@ -53,6 +54,56 @@ type DatasetSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.checkpoint is immutable once set: the files checkpointed so far are read back from it; create a new Dataset to checkpoint elsewhere"
 	Checkpoint *CheckpointTarget `json:"checkpoint,omitempty"`
+
+	// Sync keeps the mounts of a Dataset with a source in line with it: at each sync every
+	// node's mount lists the source again and shows new files, drops removed ones and serves
+	// changed ones at their new size and bytes, live, without a remount (files open at the
+	// time read on the version they opened). Besides the interval, a sync runs whenever the
+	// annotation data.strata.dev/sync-requested takes a new value:
+	//
+	//	kubectl annotate dataset NAME data.strata.dev/sync-requested="$(date +%s)" --overwrite
+	//
+	// Without spec.sync, mounts show the source as it was listed when each node mounted it,
+	// until such a request.
+	// +optional
+	Sync *DatasetSync `json:"sync,omitempty"`
+}
+
+// DatasetSync says how often a Dataset's mounts list its source again.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.interval) || duration(self.interval) >= duration('30s')",message="spec.sync.interval must be at least 30s: each sync lists the whole source on every node that mounts it"
+type DatasetSync struct {
+	// Interval between syncs, such as 10m. Omitted, syncs run only when requested (the
+	// annotation): listing a large bucket on every node costs requests and time, and a sync
+	// changes what running pods see, so it is off unless asked for.
+	// +optional
+	Interval *metav1.Duration `json:"interval,omitempty"`
+}
+
+// DatasetSyncStatus is what the last sync of a Dataset's mounts found.
+type DatasetSyncStatus struct {
+	// LastSyncTime is when the last sync that reached every node's mount ended.
+	// +optional
+	LastSyncTime *metav1.Time `json:"lastSyncTime,omitempty"`
+
+	// Request is the value of the data.strata.dev/sync-requested annotation that the last
+	// sync answered.
+	// +optional
+	Request string `json:"request,omitempty"`
+
+	// Mounts is how many nodes' mounts the last sync updated. A node that mounts the Dataset
+	// later lists the source then.
+	// +optional
+	Mounts int32 `json:"mounts,omitempty"`
+
+	// Added, Removed and Changed count the files the last sync found new, gone and changed
+	// (another size, version or modification time), as the mounts saw them.
+	// +optional
+	Added int64 `json:"added,omitempty"`
+	// +optional
+	Removed int64 `json:"removed,omitempty"`
+	// +optional
+	Changed int64 `json:"changed,omitempty"`
 }
 
 // CheckpointTarget is the S3 bucket and prefix an output's files are checkpointed to, each
@@ -176,7 +227,7 @@ type DatasetStatus struct {
 	// +optional
 	Phase DatasetPhase `json:"phase,omitempty"`
 
-	// Conditions: Ready, SourceReachable, Cached.
+	// Conditions: Ready, SourceReachable, Cached, Synced.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -239,6 +290,11 @@ type DatasetStatus struct {
 	// PersistentVolumeClaimName is the claim, in the Dataset's namespace, that pods mount.
 	// +optional
 	PersistentVolumeClaimName string `json:"persistentVolumeClaimName,omitempty"`
+
+	// Sync is what the last sync of the mounts with the source found (spec.sync, or a
+	// request); the Synced condition says whether the last one failed, and why.
+	// +optional
+	Sync *DatasetSyncStatus `json:"sync,omitempty"`
 }
 
 // Dataset is data that Strata caches near the pods that read it: existing data in an
@@ -253,6 +309,7 @@ type DatasetStatus struct {
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.source.uri`,priority=1
 // +kubebuilder:printcolumn:name="Lineage",type=string,JSONPath=`.spec.lineage.name`,priority=1
 // +kubebuilder:printcolumn:name="PVC",type=string,JSONPath=`.status.persistentVolumeClaimName`,priority=1
+// +kubebuilder:printcolumn:name="Synced",type=date,JSONPath=`.status.sync.lastSyncTime`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Dataset struct {
 	metav1.TypeMeta   `json:",inline"`

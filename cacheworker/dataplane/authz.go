@@ -6,9 +6,11 @@ import (
 	"github.com/strata-cache/strata/internal/pki"
 )
 
-// Policy says which component may call each method of the data plane: workers, which read and
-// copy each other's blocks. A tenant's pod holds no certificate and reads through its mount.
+// Policy says which component may call each method of the worker's network port: workers,
+// which read and copy each other's blocks, and the operator, which asks for syncs of mounted
+// Datasets. A tenant's pod holds no certificate and reads through its mount.
 var Policy = authz.Policy{
-	workerpb.Worker_ReadBlock_FullMethodName:  authz.Allow(pki.RoleWorker),
-	workerpb.Worker_WriteBlock_FullMethodName: authz.Allow(pki.RoleWorker),
+	workerpb.Worker_ReadBlock_FullMethodName:        authz.Allow(pki.RoleWorker),
+	workerpb.Worker_WriteBlock_FullMethodName:       authz.Allow(pki.RoleWorker),
+	workerpb.DatasetSync_SyncDataset_FullMethodName: authz.Allow(pki.RoleOperator),
 }

@@ -8,7 +8,7 @@ import (
 )
 
 func TestPolicyNamesEveryMethodOfTheDataPlane(t *testing.T) {
-	if err := dataplane.Policy.Check(workerpb.Worker_ServiceDesc); err != nil {
+	if err := dataplane.Policy.Check(workerpb.Worker_ServiceDesc, workerpb.DatasetSync_ServiceDesc); err != nil {
 		t.Fatal(err)
 	}
 }

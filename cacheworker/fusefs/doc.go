@@ -5,12 +5,13 @@
 //
 // # The tree
 //
-// The objects are listed once, at mount (Store.List("")), and their keys split on "/" into
+// The objects are listed at mount (Store.List("")), and again at each Refresh, and their keys split on "/" into
 // folders; a key ending in "/" is a folder marker, so empty folders show. Sizes and mtimes
 // come from the listing (a folder's mtime is the newest of its content), modes are 0444 for
 // files and 0555 for folders, owned by root, so that pods running as any user can read and
 // none can write. Every node is numbered at mount, depth first in name order, and its number
-// is both its inode number and its FUSE node id; nodes are never forgotten. Keys that cannot be
+// is both its inode number and its FUSE node id; nodes are never forgotten (a refresh numbers
+// its new nodes after the last). Keys that cannot be
 // paths ("a//b", "..", longer than NAME_MAX) are left out and logged, and so is an object
 // whose key is also a folder of other objects ("a" next to "a/b"), which S3 allows and a
 // file system cannot show. The rules are package objtree's, which the operator applies to its
@@ -27,13 +28,21 @@
 // listing reads on from the blocks of its version that are cached anywhere in the cluster, and
 // a block that is not fails with EIO and a log line naming the object and the version listed;
 // a block shorter than the listing said fails the same way rather than returning short data. A
-// mount made later lists again and reads the new version whole.
+// refresh, or a mount made later, lists again and reads the new version whole.
 //
-// The tree does not follow later changes in the under-store. A refresh would list again,
-// compare with the tree by key, size and ETag, add nodes under new ids and retire removed
-// ones, and tell the kernel what changed (INVAL_ENTRY and DELETE notifications for names,
-// INVAL_INODE for files whose bytes changed, written to the FUSE device as fuseconn writes its
-// resends), so that the long entry and attribute timeouts stay correct.
+// # Refreshing
+//
+// Refresh (sync.go) lists again and compares with the tree by key, kind, size, ETag and
+// modification time. Unchanged files and folders keep their nodes; new ones get new node ids;
+// a removed file is retired, and so is a changed one, whose new version gets a node of its
+// own: a node never changes, so a file opened before the refresh reads on the version it
+// opened (whole, or EIO where a block of it is no longer to be had), never a mix of two. The
+// kernel is told what changed, after the tree is swapped: FUSE_NOTIFY_INVAL_ENTRY for every
+// name that appeared, vanished or leads to a new node (dropping negative entries too), and
+// FUSE_NOTIFY_INVAL_INODE for every folder whose listing or time changed (dropping its cached
+// listing and attributes). So the long timeouts below stay right. A listing that fails changes
+// nothing. Retired nodes stay in the node list for the ids the kernel may hold; a mount that
+// lives through many refreshes grows by one node per new or changed object.
 //
 // # Reads
 //
@@ -48,10 +57,11 @@
 //
 // # Kernel caching
 //
-// The tree cannot change while mounted, so the kernel may trust names, attributes and
-// missing names for a long time (24 hours) without asking, and opens return FOPEN_KEEP_CACHE
-// so that the file's pages stay in the page cache from one open to the next: re-reads by any
-// pod of the node never reach the worker.
+// The tree changes only by refreshes, which tell the kernel, so the kernel may trust names,
+// attributes and missing names for a long time (24 hours) without asking, and opens return
+// FOPEN_KEEP_CACHE so that the file's pages stay in the page cache from one open to the next:
+// re-reads by any pod of the node never reach the worker. A node's bytes never change (a new
+// version is a new node), so its pages never need dropping.
 //
 // # Passthrough
 //
@@ -80,7 +90,8 @@
 // A FUSE mount stays up as long as some process holds its /dev/fuse descriptor; its requests
 // wait in the kernel while none reads them. Handover gives a process what another needs to go
 // on serving the mount: the connection, the state (mount point, node list, and the INIT
-// request the kernel sent at mount) and the table of open files (opens.go), all as files that
+// request the kernel sent at mount, made anew after a refresh) and the table of open files
+// (opens.go, grown by refreshes that add nodes), all as files that
 // can cross a Unix socket and outlive their maker. Resume, in the other process, rebuilds the
 // node list, so that the kernel's node ids name the same files; replays the INIT through its
 // own protocol server, so that both agree on what was negotiated; and asks the kernel

@@ -82,7 +82,9 @@ type Server struct {
 	m       *Metrics
 
 	mu    sync.Mutex
-	state *os.File // the encoded state, made at the first Handover
+	state *os.File // the encoded state, made at the first Handover after a change of the tree
+
+	refreshMu sync.Mutex // refreshes take turns
 }
 
 // Mount lists the Dataset's objects and mounts them read-only at dir, an existing empty
@@ -182,10 +184,10 @@ func (s *Server) Dir() string { return s.dir }
 func (s *Server) Passthrough() bool { return s.fsys.passthrough }
 
 // Files is the number of files mounted.
-func (s *Server) Files() int { return s.fsys.files }
+func (s *Server) Files() int { files, _ := s.fsys.counts(); return files }
 
 // Bytes is the total size of the files mounted.
-func (s *Server) Bytes() int64 { return s.fsys.bytes }
+func (s *Server) Bytes() int64 { _, bytes := s.fsys.counts(); return bytes }
 
 // Done is closed once the kernel has ended the file system: every mount of it is gone. It is
 // not closed by Suspend.

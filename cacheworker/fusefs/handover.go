@@ -46,7 +46,7 @@ func (h Handover) Close() error {
 	return errors.Join(errs...)
 }
 
-// state is the part of a handover that does not change while mounted.
+// state is the part of a handover that only a refresh changes (a refresh makes it anew).
 type state struct {
 	Dir, Name string
 	Init      []byte
@@ -57,12 +57,16 @@ type state struct {
 
 // Handover returns new descriptors of the file system's connection, state and open-file
 // table, for another process to take it over (Resume) once this one stops (Suspend) or dies.
-// The caller closes them. The state is encoded at the first call and kept.
+// The caller closes them. The state is encoded at the first call and kept until a refresh
+// changes the tree: a handover made before a refresh does not know its new nodes.
 func (s *Server) Handover() (Handover, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state == nil {
-		f, err := encodeState(state{Dir: s.dir, Name: s.name, Init: s.conn.Init(), Agreed: s.conn.Agreed(), Nodes: snapshotNodes(s.fsys.nodes)})
+		s.fsys.treeMu.RLock()
+		nodes := snapshotNodes(s.fsys.nodes)
+		s.fsys.treeMu.RUnlock()
+		f, err := encodeState(state{Dir: s.dir, Name: s.name, Init: s.conn.Init(), Agreed: s.conn.Agreed(), Nodes: nodes})
 		if err != nil {
 			return Handover{}, err
 		}

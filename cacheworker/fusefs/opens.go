@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -34,9 +35,13 @@ const (
 // opensTable holds every file's openCounts in shared memory (a memfd), so that they outlive
 // the process: the kernel keeps a file's mode and backing file across a worker restart, and
 // the process taking over must answer the next open of that file the same way. The memfd
-// travels with the FUSE connection in a handover.
+// travels with the FUSE connection in a handover. A refresh that adds nodes grows it (grow);
+// the file is never shorter than the node list its process serves.
 type opensTable struct {
-	file   *os.File
+	file *os.File
+
+	// mu guards the mapping, which grow replaces: held for reading while a count is used.
+	mu     sync.RWMutex
 	mem    []byte
 	header *opensHeader
 	counts []openCounts // by node id
@@ -70,25 +75,62 @@ func mapOpensTable(f *os.File, nodes int) (*opensTable, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the table of open files: %w", err)
 	}
-	if want := opensTableSize(nodes); st.Size() != int64(want) {
-		return nil, fmt.Errorf("the table of open files has %d bytes, want %d for %d nodes", st.Size(), want, nodes)
+	// Larger is fine: the process that handed over may have grown it for a refresh whose
+	// state it did not hand over yet.
+	if want := opensTableSize(nodes); st.Size() < int64(want) {
+		return nil, fmt.Errorf("the table of open files has %d bytes, want at least %d for %d nodes", st.Size(), want, nodes)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("mapping the table of open files: %w", err)
-	}
-	t := &opensTable{file: f, mem: mem, header: (*opensHeader)(unsafe.Pointer(&mem[0]))}
-	if nodes > 0 {
-		t.counts = unsafe.Slice((*openCounts)(unsafe.Pointer(&mem[opensHeaderSize])), nodes)
+	t := &opensTable{file: f}
+	if err := t.mapFile(int(st.Size())); err != nil {
+		return nil, err
 	}
 	return t, nil
 }
 
+// mapFile maps the first size bytes of the file; t.mu is held or t not yet shared.
+func (t *opensTable) mapFile(size int) error {
+	mem, err := unix.Mmap(int(t.file.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping the table of open files: %w", err)
+	}
+	if t.mem != nil {
+		_ = unix.Munmap(t.mem) // nothing refers to it: every user holds t.mu
+	}
+	t.mem = mem
+	t.header = (*opensHeader)(unsafe.Pointer(&mem[0]))
+	t.counts = unsafe.Slice((*openCounts)(unsafe.Pointer(&mem[opensHeaderSize])), (size-opensHeaderSize)/openCountsSize)
+	return nil
+}
+
+// at returns node id's counts, valid until unlock is called.
+func (t *opensTable) at(id uint64) (c *openCounts, unlock func()) {
+	t.mu.RLock()
+	return &t.counts[id], t.mu.RUnlock
+}
+
+// grow makes room for nodes node ids; the counts already there stay as they are.
+func (t *opensTable) grow(nodes int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if nodes <= len(t.counts) {
+		return nil
+	}
+	size := opensTableSize(nodes)
+	if err := t.file.Truncate(int64(size)); err != nil {
+		return fmt.Errorf("growing the table of open files to %d nodes: %w", nodes, err)
+	}
+	return t.mapFile(size)
+}
+
 // nextGeneration starts a new server generation and returns it.
 func (t *opensTable) nextGeneration() uint32 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	return atomic.AddUint32(&t.header.generation, 1)
 }
 
 func (t *opensTable) close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return errors.Join(unix.Munmap(t.mem), t.file.Close())
 }

@@ -23,15 +23,17 @@ import (
 
 // openMode decides the mode of a new open of file id, filling out, and counts it. It reports
 // whether the open is passed through.
-func (fsys *fileSystem) openMode(id uint64, out *fuse.OpenOut) bool {
+func (fsys *fileSystem) openMode(id uint64, n *node, out *fuse.OpenOut) bool {
 	if !fsys.passthrough {
 		return false
 	}
-	fsys.locks[id].Lock()
-	defer fsys.locks[id].Unlock()
-	c := &fsys.opens.counts[id]
+	lock := &fsys.locks[id%uint64(len(fsys.locks))]
+	lock.Lock()
+	defer lock.Unlock()
+	c, unlock := fsys.opens.at(id)
+	defer unlock()
 	if c.backingID == 0 && c.cached == 0 {
-		c.backingID = fsys.register(&fsys.nodes[id])
+		c.backingID = fsys.register(n)
 	}
 	if c.backingID == 0 {
 		c.cached++
@@ -48,13 +50,15 @@ func (fsys *fileSystem) openMode(id uint64, out *fuse.OpenOut) bool {
 
 // released counts the release of an open of file id in the given mode, giving the backing id
 // back with the last passthrough open.
-func (fsys *fileSystem) released(id uint64, passthrough bool) {
-	if fsys.opens == nil || fsys.nodes[id].dir {
+func (fsys *fileSystem) released(id uint64, n *node, passthrough bool) {
+	if fsys.opens == nil || n.dir {
 		return
 	}
-	fsys.locks[id].Lock()
-	defer fsys.locks[id].Unlock()
-	c := &fsys.opens.counts[id]
+	lock := &fsys.locks[id%uint64(len(fsys.locks))]
+	lock.Lock()
+	defer lock.Unlock()
+	c, unlock := fsys.opens.at(id)
+	defer unlock()
 	switch {
 	case !passthrough:
 		if c.cached > 0 {
@@ -65,7 +69,7 @@ func (fsys *fileSystem) released(id uint64, passthrough bool) {
 		if c.passthrough == 0 {
 			// Files still open keep their reference in the kernel; the id only goes.
 			if errno := fsys.conn.CloseBacking(c.backingID); errno != 0 && errno != syscall.EBADF {
-				fsys.log.Error(errno, "releasing a passthrough backing file", "file", fsys.nodes[id].path)
+				fsys.log.Error(errno, "releasing a passthrough backing file", "file", n.path)
 			}
 			c.backingID = 0
 		}

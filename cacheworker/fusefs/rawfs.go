@@ -46,14 +46,18 @@ const (
 type fileSystem struct {
 	fuse.RawFileSystem // ENOSYS for everything not answered here; the mount is read-only anyway
 
-	nodes     []node
 	blocks    BlockReader
 	local     LocalBlocks
 	blockSize int64
 	m         *Metrics
 	log       logr.Logger
-	files     int
-	bytes     int64
+
+	// treeMu guards the tree, which a refresh replaces (sync.go): the node list, in which a
+	// node is never changed in place, and the totals.
+	treeMu sync.RWMutex
+	nodes  []*node
+	files  int
+	bytes  int64
 
 	// dev registers backing files for passthrough; set once the kernel agreed to it.
 	conn        *fuseconn.Conn
@@ -67,8 +71,8 @@ type fileSystem struct {
 	// logged holds the (file, block) pairs whose failure was logged, so a reader retrying a
 	// failing block does not flood the log.
 	logged map[blockKey]bool
-	// locks guard each file's openCounts.
-	locks []sync.Mutex
+	// locks guard the files' openCounts, a file's being locks[id%len(locks)].
+	locks [64]sync.Mutex
 	// warned is set once a failed passthrough registration has been logged.
 	warned atomic.Bool
 }
@@ -78,33 +82,53 @@ type blockKey struct {
 	index int64
 }
 
-func newFileSystem(nodes []node, cfg Config, m *Metrics, log logr.Logger) *fileSystem {
+func newFileSystem(nodes []*node, cfg Config, m *Metrics, log logr.Logger) *fileSystem {
 	fsys := &fileSystem{
 		RawFileSystem: fuse.NewDefaultRawFileSystem(),
 		nodes:         nodes, blocks: cfg.Blocks, local: cfg.Local, blockSize: cfg.BlockSize, m: m, log: log,
-		handles: map[uint64]*handle{}, logged: map[blockKey]bool{}, locks: make([]sync.Mutex, len(nodes)),
+		handles: map[uint64]*handle{}, logged: map[blockKey]bool{},
 	}
+	fsys.files, fsys.bytes = totals(nodes)
+	return fsys
+}
+
+// totals counts the files of a node list that are in the tree, and their bytes.
+func totals(nodes []*node) (files int, bytes int64) {
 	for _, n := range nodes[1:] {
-		if !n.dir {
-			fsys.files++
-			fsys.bytes += n.size
+		if !n.dir && !n.retired {
+			files++
+			bytes += n.size
 		}
 	}
-	return fsys
+	return files, bytes
 }
 
 func (fsys *fileSystem) String() string { return "strata" }
 
-// node returns the node of a FUSE node id, or nil for an id this tree never gave out.
+// node returns the node of a FUSE node id, or nil for an id this tree never gave out. The
+// node does not change (see node), so it can be used without holding the tree's lock.
 func (fsys *fileSystem) node(id uint64) *node {
+	fsys.treeMu.RLock()
+	defer fsys.treeMu.RUnlock()
+	return fsys.nodeLocked(id)
+}
+
+// nodeLocked is node with treeMu held.
+func (fsys *fileSystem) nodeLocked(id uint64) *node {
 	if id == 0 || id >= uint64(len(fsys.nodes)) {
 		return nil
 	}
-	return &fsys.nodes[id]
+	return fsys.nodes[id]
 }
 
-func (fsys *fileSystem) fillAttr(id uint64, a *fuse.Attr) {
-	n := &fsys.nodes[id]
+// counts returns the tree's file count and bytes.
+func (fsys *fileSystem) counts() (files int, bytes int64) {
+	fsys.treeMu.RLock()
+	defer fsys.treeMu.RUnlock()
+	return fsys.files, fsys.bytes
+}
+
+func fillAttr(id uint64, n *node, a *fuse.Attr) {
 	*a = fuse.Attr{Ino: id, Blksize: ioSize}
 	if n.dir {
 		a.Mode = syscall.S_IFDIR | dirMode
@@ -118,19 +142,21 @@ func (fsys *fileSystem) fillAttr(id uint64, a *fuse.Attr) {
 	a.SetTimes(&n.mtime, &n.mtime, &n.mtime)
 }
 
-// fillEntry answers a lookup of id. The tree cannot change while mounted, so the kernel may
-// trust names and attributes for a long time (see doc.go).
-func (fsys *fileSystem) fillEntry(id uint64, out *fuse.EntryOut) {
+// fillEntry answers a lookup of node id. A refresh tells the kernel what it changed, so the
+// kernel may trust names and attributes for a long time (see doc.go).
+func fillEntry(id uint64, n *node, out *fuse.EntryOut) {
 	out.NodeId = id
 	out.Generation = 1
 	out.SetEntryTimeout(cacheTimeout)
 	out.SetAttrTimeout(cacheTimeout)
-	fsys.fillAttr(id, &out.Attr)
+	fillAttr(id, n, &out.Attr)
 }
 
 // Lookup implements fuse.RawFileSystem.
 func (fsys *fileSystem) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	dir := fsys.node(h.NodeId)
+	fsys.treeMu.RLock()
+	defer fsys.treeMu.RUnlock()
+	dir := fsys.nodeLocked(h.NodeId)
 	if dir == nil || !dir.dir {
 		return fuse.ENOTDIR
 	}
@@ -138,12 +164,14 @@ func (fsys *fileSystem) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string,
 		return strings.Compare(fsys.nodes[id].name, name)
 	})
 	if !found {
-		// A negative entry with a timeout: the kernel stops asking for a name that is not there.
+		// A negative entry with a timeout: the kernel stops asking for a name that is not there
+		// (a refresh that adds it says so).
 		out.NodeId = 0
 		out.SetEntryTimeout(cacheTimeout)
 		return fuse.OK
 	}
-	fsys.fillEntry(dir.children[i], out)
+	id := dir.children[i]
+	fillEntry(id, fsys.nodes[id], out)
 	return fuse.OK
 }
 
@@ -153,11 +181,12 @@ func (fsys *fileSystem) Forget(uint64, uint64) {}
 
 // GetAttr implements fuse.RawFileSystem.
 func (fsys *fileSystem) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
-	if fsys.node(in.NodeId) == nil {
+	n := fsys.node(in.NodeId)
+	if n == nil {
 		return fuse.ENOENT
 	}
 	out.SetTimeout(cacheTimeout)
-	fsys.fillAttr(in.NodeId, &out.Attr)
+	fillAttr(in.NodeId, n, &out.Attr)
 	return fuse.OK
 }
 
@@ -171,10 +200,11 @@ func (fsys *fileSystem) SetAttr(<-chan struct{}, *fuse.SetAttrIn, *fuse.AttrOut)
 // StatFs implements fuse.RawFileSystem: the Dataset's size and file count, nothing free.
 func (fsys *fileSystem) StatFs(_ <-chan struct{}, _ *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
 	const bsize = 4096
+	files, bytes := fsys.counts()
 	*out = fuse.StatfsOut{}
 	out.Bsize, out.Frsize = bsize, bsize
-	out.Blocks = uint64((fsys.bytes + bsize - 1) / bsize)
-	out.Files = uint64(fsys.files)
+	out.Blocks = uint64((bytes + bsize - 1) / bsize)
+	out.Files = uint64(files)
 	out.NameLen = objtree.MaxNameLen
 	return fuse.OK
 }
@@ -209,17 +239,19 @@ func (fsys *fileSystem) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fus
 // readDir lists a folder from position in.Offset: "." and ".." first, then the children in
 // name order. With plus, each entry carries its lookup answer.
 func (fsys *fileSystem) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.Status {
-	dir := fsys.node(in.NodeId)
+	fsys.treeMu.RLock()
+	defer fsys.treeMu.RUnlock()
+	dir := fsys.nodeLocked(in.NodeId)
 	if dir == nil || !dir.dir {
 		return fuse.ENOTDIR
 	}
 	var fill func(uint64, *fuse.EntryOut)
 	if plus {
-		fill = fsys.fillEntry
+		fill = func(id uint64, out *fuse.EntryOut) { fillEntry(id, fsys.nodes[id], out) }
 	}
 	fuseconn.ListDir(out, in.Offset, in.NodeId, dir.parent, len(dir.children), func(i int) fuseconn.Entry {
 		id := dir.children[i]
-		n := &fsys.nodes[id]
+		n := fsys.nodes[id]
 		return fuseconn.Entry{Name: n.name, ID: id, Dir: n.dir}
 	}, fill)
 	return fuse.OK
@@ -244,7 +276,7 @@ func (fsys *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenO
 		return fuse.EROFS
 	}
 	out.OpenFlags = fuse.FOPEN_KEEP_CACHE
-	passthrough := fsys.openMode(in.NodeId, out)
+	passthrough := fsys.openMode(in.NodeId, n, out)
 	out.Fh = fsys.newHandleNumber(passthrough)
 	if !passthrough {
 		fsys.mu.Lock()
@@ -271,8 +303,8 @@ func (fsys *fileSystem) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	if h != nil {
 		h.release()
 	}
-	if fsys.node(in.NodeId) != nil {
-		fsys.released(in.NodeId, in.Fh&fhPassthrough != 0)
+	if n := fsys.node(in.NodeId); n != nil {
+		fsys.released(in.NodeId, n, in.Fh&fhPassthrough != 0)
 	}
 }
 
@@ -353,7 +385,7 @@ func (fsys *fileSystem) fail(ctx context.Context, id uint64, index int64, err er
 	fsys.logged[key] = true
 	fsys.mu.Unlock()
 	if first {
-		n := &fsys.nodes[id]
+		n := fsys.node(id)
 		if errors.Is(err, understore.ErrChanged) {
 			// Its blocks of the version listed are not all cached, and the store has another:
 			// the reader gets EIO rather than bytes of two versions.

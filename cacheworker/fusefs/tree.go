@@ -36,6 +36,10 @@ func buildTree(ctx context.Context, objects Lister, log logr.Logger) (*objtree.T
 // node is a folder or file of a mounted tree. Its index in the tree's node list is both its
 // inode number and its FUSE node id, so that a process taking over a mounted file system
 // (Resume) answers the kernel's node ids exactly as the process that mounted it did.
+//
+// A node is never changed once in the list: a refresh (sync.go) that changes a folder puts a
+// copy in its place, and a file whose object changed gets a new node, so that a reader holding
+// a node reads one version of one file, whatever refreshes happen meanwhile.
 type node struct {
 	parent uint64
 	name   string
@@ -48,29 +52,39 @@ type node struct {
 	path string
 	// etag is the version of a file the listing gave: every block of it is of that version.
 	etag string
+	// retired nodes are no longer in the tree (a refresh removed or replaced them) but keep
+	// their id, since the kernel may still hold them: files opened before go on reading the
+	// version they opened.
+	retired bool
 }
 
 // flatten numbers the tree's folders and files depth first in name order, the root being
 // fuse.FUSE_ROOT_ID (1); index 0 is unused, as node id 0 means none to the kernel.
-func flatten(t *objtree.Tree, rootTime time.Time) []node {
-	nodes := []node{{}, {dir: true, mtime: rootTime, parent: 1}}
-	var add func(id uint64, dir *objtree.Entry, prefix string)
-	add = func(id uint64, dir *objtree.Entry, prefix string) {
-		for _, name := range dir.SortedNames() {
-			e := dir.Children[name]
-			child := uint64(len(nodes))
-			nodes[id].children = append(nodes[id].children, child)
-			n := node{parent: id, name: name, dir: e.IsDir(), size: e.Size, mtime: e.MTime, etag: e.ETag}
-			if !n.dir {
-				n.path = prefix + name
-			}
-			nodes = append(nodes, n)
-			if n.dir {
-				add(child, e, prefix+name+"/")
-			}
+func flatten(t *objtree.Tree, rootTime time.Time) []*node {
+	nodes := []*node{{}, {dir: true, mtime: rootTime, parent: 1}}
+	for _, name := range t.Root.SortedNames() {
+		nodes = appendEntry(nodes, 1, name, t.Root.Children[name], "")
+	}
+	return nodes
+}
+
+// appendEntry appends a node for entry e, named name in folder parent whose key prefix is
+// prefix, and nodes for everything below it, depth first in name order, and adds it to the
+// parent's children. The parent must be a node of its own (not shared with a list readers use),
+// and a child's name must sort after its siblings already there.
+func appendEntry(nodes []*node, parent uint64, name string, e *objtree.Entry, prefix string) []*node {
+	id := uint64(len(nodes))
+	nodes[parent].children = append(nodes[parent].children, id)
+	n := &node{parent: parent, name: name, dir: e.IsDir(), size: e.Size, mtime: e.MTime, etag: e.ETag}
+	if !n.dir {
+		n.path = prefix + name
+	}
+	nodes = append(nodes, n)
+	if n.dir {
+		for _, child := range e.SortedNames() {
+			nodes = appendEntry(nodes, id, child, e.Children[child], prefix+name+"/")
 		}
 	}
-	add(1, t.Root, "")
 	return nodes
 }
 
@@ -84,43 +98,52 @@ type snapNode struct {
 	// ETag is empty in the state (gob) of a worker from before block ids had versions: its blocks
 	// are named without one, as before.
 	ETag string
+	// Retired nodes are kept for their id only (see node); false in the state of a worker
+	// from before refreshes.
+	Retired bool
 }
 
-func snapshotNodes(nodes []node) []snapNode {
+func snapshotNodes(nodes []*node) []snapNode {
 	out := make([]snapNode, len(nodes))
 	for i, n := range nodes[1:] {
-		out[i+1] = snapNode{Parent: n.parent, Name: n.name, Dir: n.dir, Size: n.size, MTime: n.mtime.UnixNano(), ETag: n.etag}
+		out[i+1] = snapNode{Parent: n.parent, Name: n.name, Dir: n.dir, Size: n.size, MTime: n.mtime.UnixNano(), ETag: n.etag, Retired: n.retired}
 	}
 	return out
 }
 
 // restoreNodes rebuilds the node list of a snapshot, checking that it is one: every node's
 // parent is a folder listed before it, so that ids, paths and children come out as they were.
-func restoreNodes(snap []snapNode) ([]node, error) {
+// A folder's children are in name order whatever their ids (a refresh appends new ones).
+func restoreNodes(snap []snapNode) ([]*node, error) {
 	if len(snap) < 2 || !snap[1].Dir {
 		return nil, errors.New("the snapshot has no root folder")
 	}
-	nodes := make([]node, len(snap))
+	nodes := make([]*node, len(snap))
+	nodes[0] = &node{}
 	for i := 1; i < len(snap); i++ {
 		s := snap[i]
-		n := node{parent: s.Parent, name: s.Name, dir: s.Dir, size: s.Size, mtime: time.Unix(0, s.MTime), etag: s.ETag}
+		n := &node{parent: s.Parent, name: s.Name, dir: s.Dir, size: s.Size, mtime: time.Unix(0, s.MTime), etag: s.ETag, retired: s.Retired}
 		if i > 1 {
 			if s.Parent == 0 || s.Parent >= uint64(i) || !nodes[s.Parent].dir {
 				return nil, fmt.Errorf("node %d of the snapshot has parent %d, not a folder before it", i, s.Parent)
 			}
-			p := &nodes[s.Parent]
-			p.children = append(p.children, uint64(i))
+			if p := nodes[s.Parent]; !n.retired {
+				p.children = append(p.children, uint64(i))
+			}
 			if !n.dir {
 				n.path = folderPath(nodes, s.Parent) + s.Name
 			}
 		}
 		nodes[i] = n
 	}
+	for _, n := range nodes {
+		slices.SortFunc(n.children, func(a, b uint64) int { return strings.Compare(nodes[a].name, nodes[b].name) })
+	}
 	return nodes, nil
 }
 
 // folderPath is the key prefix of folder id: "" for the root, "a/b/" below it.
-func folderPath(nodes []node, id uint64) string {
+func folderPath(nodes []*node, id uint64) string {
 	var parts []string
 	for ; id > 1; id = nodes[id].parent {
 		parts = append(parts, nodes[id].name)

@@ -122,6 +122,7 @@ type Mounter struct {
 	wg       sync.WaitGroup
 	// rotations counts the sources given rotated credentials while mounted.
 	rotations prometheus.Counter
+	syncs     *syncMetrics
 }
 
 // fileSystem is a mounted Dataset: an input's read-only tree (*fusefs.Server) or an output's
@@ -192,14 +193,17 @@ func New(cfg Config) (*Mounter, error) {
 		rotations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "strata_worker_credential_rotations_total",
 			Help: "Mounted Datasets whose source the worker went on reading with rotated credentials from their Secret, without a remount.",
-		})}
+		}),
+		syncs: newSyncMetrics()}
 	if cfg.Registerer != nil {
 		var err error
 		if m.fm, err = fusefs.NewMetrics(cfg.Registerer); err != nil {
 			return nil, err
 		}
-		if err := cfg.Registerer.Register(m.rotations); err != nil {
-			return nil, fmt.Errorf("registering the mounter's metrics: %w", err)
+		for _, c := range append(m.syncs.collectors(), m.rotations) {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("registering the mounter's metrics: %w", err)
+			}
 		}
 	}
 	return m, nil
@@ -395,7 +399,7 @@ func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) 
 	if err != nil {
 		var uerr *understore.Error
 		if errors.As(err, &uerr) {
-			return nil, storeError(mnt.dataset(), err)
+			return nil, storeError("mounting", mnt.dataset(), err)
 		}
 		return nil, status.Errorf(codes.Internal, "mounting Dataset %s: %v", mnt.dataset(), err)
 	}
@@ -465,7 +469,7 @@ func (m *Mounter) rotate(ctx context.Context, old *mount, req *workerpb.MountDat
 	}
 	store, err := m.openSource(ctx, req.GetSource())
 	if err != nil {
-		return storeError(old.dataset(), err)
+		return storeError("mounting", old.dataset(), err)
 	}
 	old.store.Replace(store)
 	old.req = proto.Clone(old.req).(*workerpb.MountDatasetRequest)
@@ -481,7 +485,7 @@ func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.Mount
 	src := req.GetSource()
 	store, err := m.openSource(ctx, src)
 	if err != nil {
-		return storeError(mnt.dataset(), err)
+		return storeError("mounting", mnt.dataset(), err)
 	}
 	mnt.store = understore.NewReplaceable(store)
 	cfg := cache.Config{
@@ -517,8 +521,9 @@ func (m *Mounter) fsConfig(mnt *mount, log logr.Logger) fusefs.Config {
 	}
 }
 
-// storeError turns an under-store failure into a status that says what to fix.
-func storeError(dataset string, err error) error {
+// storeError turns an under-store failure in doing something ("mounting") to a Dataset
+// into a status that says what to fix.
+func storeError(doing, dataset string, err error) error {
 	code, hint := codes.Unavailable, "try again later"
 	switch {
 	case errors.Is(err, understore.ErrMissingCredentials):
@@ -540,7 +545,7 @@ func storeError(dataset string, err error) error {
 	case errors.Is(err, context.Canceled):
 		code, hint = codes.Canceled, "the request was cancelled"
 	}
-	return status.Errorf(code, "mounting Dataset %s: %v; %s", dataset, err, hint)
+	return status.Errorf(code, "%s Dataset %s: %v; %s", doing, dataset, err, hint)
 }
 
 // localBlocks opens the blocks of one Dataset that the tiers hold.

@@ -799,6 +799,146 @@ func (*UnmountDatasetResponse) Descriptor() ([]byte, []int) {
 	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{11}
 }
 
+type SyncDatasetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncDatasetRequest) Reset() {
+	*x = SyncDatasetRequest{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncDatasetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncDatasetRequest) ProtoMessage() {}
+
+func (x *SyncDatasetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncDatasetRequest.ProtoReflect.Descriptor instead.
+func (*SyncDatasetRequest) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SyncDatasetRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+type SyncDatasetResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Mounted bool                   `protobuf:"varint,1,opt,name=mounted,proto3" json:"mounted,omitempty"`
+	// added, removed and changed count files of the tree.
+	Added   int64 `protobuf:"varint,2,opt,name=added,proto3" json:"added,omitempty"`
+	Removed int64 `protobuf:"varint,3,opt,name=removed,proto3" json:"removed,omitempty"`
+	Changed int64 `protobuf:"varint,4,opt,name=changed,proto3" json:"changed,omitempty"`
+	// files and bytes are the tree's totals after the sync.
+	Files int64 `protobuf:"varint,5,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes int64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// blocks_dropped counts the blocks of replaced versions removed from the node's tiers
+	// (those of files open at the time are left to eviction, for their readers).
+	BlocksDropped int64 `protobuf:"varint,7,opt,name=blocks_dropped,json=blocksDropped,proto3" json:"blocks_dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncDatasetResponse) Reset() {
+	*x = SyncDatasetResponse{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncDatasetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncDatasetResponse) ProtoMessage() {}
+
+func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncDatasetResponse.ProtoReflect.Descriptor instead.
+func (*SyncDatasetResponse) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SyncDatasetResponse) GetMounted() bool {
+	if x != nil {
+		return x.Mounted
+	}
+	return false
+}
+
+func (x *SyncDatasetResponse) GetAdded() int64 {
+	if x != nil {
+		return x.Added
+	}
+	return 0
+}
+
+func (x *SyncDatasetResponse) GetRemoved() int64 {
+	if x != nil {
+		return x.Removed
+	}
+	return 0
+}
+
+func (x *SyncDatasetResponse) GetChanged() int64 {
+	if x != nil {
+		return x.Changed
+	}
+	return 0
+}
+
+func (x *SyncDatasetResponse) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *SyncDatasetResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *SyncDatasetResponse) GetBlocksDropped() int64 {
+	if x != nil {
+		return x.BlocksDropped
+	}
+	return 0
+}
+
 var File_cacheworker_workerpb_worker_proto protoreflect.FileDescriptor
 
 const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
@@ -855,14 +995,26 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\")\n" +
 	"\x15UnmountDatasetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\"\x18\n" +
-	"\x16UnmountDatasetResponse2\xbb\x01\n" +
+	"\x16UnmountDatasetResponse\"&\n" +
+	"\x12SyncDatasetRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\"\xcc\x01\n" +
+	"\x13SyncDatasetResponse\x12\x18\n" +
+	"\amounted\x18\x01 \x01(\bR\amounted\x12\x14\n" +
+	"\x05added\x18\x02 \x01(\x03R\x05added\x12\x18\n" +
+	"\aremoved\x18\x03 \x01(\x03R\aremoved\x12\x18\n" +
+	"\achanged\x18\x04 \x01(\x03R\achanged\x12\x14\n" +
+	"\x05files\x18\x05 \x01(\x03R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x12%\n" +
+	"\x0eblocks_dropped\x18\a \x01(\x03R\rblocksDropped2\xbb\x01\n" +
 	"\x06Worker\x12V\n" +
 	"\tReadBlock\x12\".strata.worker.v1.ReadBlockRequest\x1a#.strata.worker.v1.ReadBlockResponse0\x01\x12Y\n" +
 	"\n" +
 	"WriteBlock\x12#.strata.worker.v1.WriteBlockRequest\x1a$.strata.worker.v1.WriteBlockResponse(\x012\xcd\x01\n" +
 	"\aMounter\x12]\n" +
 	"\fMountDataset\x12%.strata.worker.v1.MountDatasetRequest\x1a&.strata.worker.v1.MountDatasetResponse\x12c\n" +
-	"\x0eUnmountDataset\x12'.strata.worker.v1.UnmountDatasetRequest\x1a(.strata.worker.v1.UnmountDatasetResponseB5Z3github.com/strata-cache/strata/cacheworker/workerpbb\x06proto3"
+	"\x0eUnmountDataset\x12'.strata.worker.v1.UnmountDatasetRequest\x1a(.strata.worker.v1.UnmountDatasetResponse2i\n" +
+	"\vDatasetSync\x12Z\n" +
+	"\vSyncDataset\x12$.strata.worker.v1.SyncDatasetRequest\x1a%.strata.worker.v1.SyncDatasetResponseB5Z3github.com/strata-cache/strata/cacheworker/workerpbb\x06proto3"
 
 var (
 	file_cacheworker_workerpb_worker_proto_rawDescOnce sync.Once
@@ -876,7 +1028,7 @@ func file_cacheworker_workerpb_worker_proto_rawDescGZIP() []byte {
 	return file_cacheworker_workerpb_worker_proto_rawDescData
 }
 
-var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_cacheworker_workerpb_worker_proto_goTypes = []any{
 	(*BlockOrigin)(nil),            // 0: strata.worker.v1.BlockOrigin
 	(*BlockHeader)(nil),            // 1: strata.worker.v1.BlockHeader
@@ -890,25 +1042,29 @@ var file_cacheworker_workerpb_worker_proto_goTypes = []any{
 	(*MountDatasetResponse)(nil),   // 9: strata.worker.v1.MountDatasetResponse
 	(*UnmountDatasetRequest)(nil),  // 10: strata.worker.v1.UnmountDatasetRequest
 	(*UnmountDatasetResponse)(nil), // 11: strata.worker.v1.UnmountDatasetResponse
-	nil,                            // 12: strata.worker.v1.DatasetSource.CredentialsEntry
+	(*SyncDatasetRequest)(nil),     // 12: strata.worker.v1.SyncDatasetRequest
+	(*SyncDatasetResponse)(nil),    // 13: strata.worker.v1.SyncDatasetResponse
+	nil,                            // 14: strata.worker.v1.DatasetSource.CredentialsEntry
 }
 var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	1,  // 0: strata.worker.v1.ReadBlockResponse.header:type_name -> strata.worker.v1.BlockHeader
 	0,  // 1: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
 	4,  // 2: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
 	1,  // 3: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
-	12, // 4: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
+	14, // 4: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
 	7,  // 5: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
 	2,  // 6: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
 	5,  // 7: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
 	8,  // 8: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
 	10, // 9: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
-	3,  // 10: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
-	6,  // 11: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
-	9,  // 12: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
-	11, // 13: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
+	12, // 10: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
+	3,  // 11: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
+	6,  // 12: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
+	9,  // 13: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
+	11, // 14: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
+	13, // 15: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
+	11, // [11:16] is the sub-list for method output_type
+	6,  // [6:11] is the sub-list for method input_type
 	6,  // [6:6] is the sub-list for extension type_name
 	6,  // [6:6] is the sub-list for extension extendee
 	0,  // [0:6] is the sub-list for field type_name
@@ -929,9 +1085,9 @@ func file_cacheworker_workerpb_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cacheworker_workerpb_worker_proto_rawDesc), len(file_cacheworker_workerpb_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_cacheworker_workerpb_worker_proto_goTypes,
 		DependencyIndexes: file_cacheworker_workerpb_worker_proto_depIdxs,

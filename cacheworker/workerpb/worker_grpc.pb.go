@@ -331,3 +331,121 @@ var Mounter_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "cacheworker/workerpb/worker.proto",
 }
+
+const (
+	DatasetSync_SyncDataset_FullMethodName = "/strata.worker.v1.DatasetSync/SyncDataset"
+)
+
+// DatasetSyncClient is the client API for DatasetSync service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// DatasetSync brings the trees a worker's mounts serve in line with their under-stores. Only
+// the operator calls it, when a Dataset's sync is due (spec.sync, or a user's request).
+type DatasetSyncClient interface {
+	// SyncDataset lists the Dataset's source again and updates the node's mount of it live (see
+	// fusefs.Server.Refresh), and drops from the node's tiers the blocks of versions it replaced.
+	// A Dataset the worker does not mount is answered with mounted false: its next mount lists
+	// the source afresh anyway. A listing that fails changes nothing and fails the call, with
+	// the code the mount would fail with.
+	SyncDataset(ctx context.Context, in *SyncDatasetRequest, opts ...grpc.CallOption) (*SyncDatasetResponse, error)
+}
+
+type datasetSyncClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewDatasetSyncClient(cc grpc.ClientConnInterface) DatasetSyncClient {
+	return &datasetSyncClient{cc}
+}
+
+func (c *datasetSyncClient) SyncDataset(ctx context.Context, in *SyncDatasetRequest, opts ...grpc.CallOption) (*SyncDatasetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncDatasetResponse)
+	err := c.cc.Invoke(ctx, DatasetSync_SyncDataset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// DatasetSyncServer is the server API for DatasetSync service.
+// All implementations must embed UnimplementedDatasetSyncServer
+// for forward compatibility.
+//
+// DatasetSync brings the trees a worker's mounts serve in line with their under-stores. Only
+// the operator calls it, when a Dataset's sync is due (spec.sync, or a user's request).
+type DatasetSyncServer interface {
+	// SyncDataset lists the Dataset's source again and updates the node's mount of it live (see
+	// fusefs.Server.Refresh), and drops from the node's tiers the blocks of versions it replaced.
+	// A Dataset the worker does not mount is answered with mounted false: its next mount lists
+	// the source afresh anyway. A listing that fails changes nothing and fails the call, with
+	// the code the mount would fail with.
+	SyncDataset(context.Context, *SyncDatasetRequest) (*SyncDatasetResponse, error)
+	mustEmbedUnimplementedDatasetSyncServer()
+}
+
+// UnimplementedDatasetSyncServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedDatasetSyncServer struct{}
+
+func (UnimplementedDatasetSyncServer) SyncDataset(context.Context, *SyncDatasetRequest) (*SyncDatasetResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SyncDataset not implemented")
+}
+func (UnimplementedDatasetSyncServer) mustEmbedUnimplementedDatasetSyncServer() {}
+func (UnimplementedDatasetSyncServer) testEmbeddedByValue()                     {}
+
+// UnsafeDatasetSyncServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to DatasetSyncServer will
+// result in compilation errors.
+type UnsafeDatasetSyncServer interface {
+	mustEmbedUnimplementedDatasetSyncServer()
+}
+
+func RegisterDatasetSyncServer(s grpc.ServiceRegistrar, srv DatasetSyncServer) {
+	// If the following call pancis, it indicates UnimplementedDatasetSyncServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&DatasetSync_ServiceDesc, srv)
+}
+
+func _DatasetSync_SyncDataset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncDatasetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DatasetSyncServer).SyncDataset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DatasetSync_SyncDataset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DatasetSyncServer).SyncDataset(ctx, req.(*SyncDatasetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// DatasetSync_ServiceDesc is the grpc.ServiceDesc for DatasetSync service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var DatasetSync_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "strata.worker.v1.DatasetSync",
+	HandlerType: (*DatasetSyncServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "SyncDataset",
+			Handler:    _DatasetSync_SyncDataset_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "cacheworker/workerpb/worker.proto",
+}

@@ -257,9 +257,14 @@ func run(opts options) error {
 		return err
 	}
 
+	syncCounter, err := controllers.NewDatasetSyncCounter(crmetrics.Registry)
+	if err != nil {
+		return err
+	}
 	datasets := &controllers.DatasetReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorderFor(eventSource),
+		Client:      mgr.GetClient(),
+		SyncCounter: syncCounter,
+		Recorder:    mgr.GetEventRecorderFor(eventSource),
 		// Preload Jobs and claim servers run the worker binary.
 		WorkerImage:    controllers.WorkerImage{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
 		APIReader:      mgr.GetAPIReader(),
@@ -291,6 +296,11 @@ func run(opts options) error {
 			return fmt.Errorf("setting up the node-loss controller: %w", err)
 		}
 		datasets.Master = masters
+		// Workers are spoken to over their data-plane port, which checks the operator's
+		// certificate as the operator checks theirs.
+		syncs := &controllers.WorkerSyncs{Workers: masters, DialOptions: []grpc.DialOption{ids.creds.DialOption(pki.RoleWorker)}}
+		defer func() { _ = syncs.Close() }()
+		datasets.Syncer = syncs
 		pools.Master = masters
 		pools.Forgetter = masters
 		lineageMaster = masters

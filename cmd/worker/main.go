@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,6 +29,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
@@ -217,6 +220,11 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	}
 	grpcSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()), authorizer.ServerOptions()...)...)
 	workerpb.RegisterWorkerServer(grpcSrv, dataplane.NewServer(store, stored, opts.blockSize, dpMetrics, log.WithName("dataplane")))
+	syncs := &datasetSync{}
+	workerpb.RegisterDatasetSyncServer(grpcSrv, syncs)
+	if opts.mountSocket == "" {
+		syncs.serve(noMounts{})
+	}
 	g.Go(func() error {
 		if err := grpcSrv.Serve(dataLis); err != nil {
 			return fmt.Errorf("serving the data plane: %w", err)
@@ -296,6 +304,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		if err := mounts.Recover(ctx); err != nil {
 			return err
 		}
+		syncs.serve(mounts.SyncServer())
 		g.Go(func() error { mounts.RefillHandovers(gctx, handoverRefillInterval); return nil })
 		defer func() {
 			if err := mounts.Close(); err != nil {
@@ -426,4 +435,32 @@ func preload(args []string) int {
 	}{res, time.Since(start).Seconds()})
 	fmt.Println(string(out))
 	return 0
+}
+
+// datasetSync is the DatasetSync service of the data-plane port, which serves before the
+// mounter has taken over the mounts an earlier worker left: until then a sync is refused as
+// UNAVAILABLE (the operator tries again), not answered with "not mounted".
+type datasetSync struct {
+	workerpb.UnimplementedDatasetSyncServer
+	server atomic.Pointer[workerpb.DatasetSyncServer]
+}
+
+func (d *datasetSync) serve(s workerpb.DatasetSyncServer) { d.server.Store(&s) }
+
+// SyncDataset implements workerpb.DatasetSyncServer.
+func (d *datasetSync) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
+	s := d.server.Load()
+	if s == nil {
+		return nil, status.Error(codes.Unavailable, "the worker is starting: its mounts are not taken over yet")
+	}
+	return (*s).SyncDataset(ctx, req)
+}
+
+// noMounts is the sync service of a worker that serves no mounts (no --mount-socket).
+type noMounts struct {
+	workerpb.UnimplementedDatasetSyncServer
+}
+
+func (noMounts) SyncDataset(context.Context, *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
+	return &workerpb.SyncDatasetResponse{}, nil
 }

@@ -3,9 +3,11 @@
 //
 //	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
+//	testkit s3 rm --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --prefix ns/out-c/
 //	testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] [--wait 5m --expect-files 3] /data/imagenet
 //	testkit copy /data/imagenet /scratch/imagenet
+//	testkit hold --wait-for /data/new.txt /data/train.bin
 //	testkit master soak --addrs m-0:7001,m-1:7001,m-2:7001 --dataset soak --duration 30s
 //	testkit worker put --master m-0:7001 --worker default/node-a --block b1 --size 8388608 --seed 7 --dataset e2e
 //	testkit worker get --master m-0:7001 --worker default/node-a --block b1
@@ -64,8 +66,8 @@ func main() {
 	}
 }
 
-const usage = "usage: testkit s3 put|get --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N]" +
-	" | testkit sum [--rate N] [--summary] DIR | testkit copy [--rate N] SRC DST | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
+const usage = "usage: testkit s3 put|get|rm --endpoint URL --bucket NAME --key KEY[,KEY...] [--size BYTES --seed N]" +
+	" | testkit sum [--rate N] [--summary] DIR | testkit copy [--rate N] SRC DST | testkit hold --wait-for PATH FILE | testkit master soak --addrs ADDRS --dataset NAME [--duration D]" +
 	" | testkit worker put|get --master ADDRS --worker ID --block ID [--size BYTES --seed N --dataset NAME]" +
 	" | testkit attack --master ADDRS --worker ID --worker-addr ADDR --block ID --dataset NAME"
 
@@ -76,6 +78,9 @@ func run(args []string) error {
 	if len(args) >= 3 && args[0] == "copy" {
 		return copyCommand(args[1:])
 	}
+	if len(args) >= 2 && args[0] == "hold" {
+		return holdCommand(args[1:], json.NewEncoder(os.Stdout))
+	}
 	if len(args) >= 2 && args[0] == "master" && args[1] == "soak" {
 		return masterSoak(args[2:], json.NewEncoder(os.Stdout))
 	}
@@ -85,7 +90,7 @@ func run(args []string) error {
 	if len(args) >= 2 && args[0] == "worker" && (args[1] == "put" || args[1] == "get") {
 		return workerBlock(args[1], args[2:], json.NewEncoder(os.Stdout))
 	}
-	if len(args) < 2 || args[0] != "s3" || (args[1] != "put" && args[1] != "get") {
+	if len(args) < 2 || args[0] != "s3" || (args[1] != "put" && args[1] != "get" && args[1] != "rm") {
 		return errors.New(usage)
 	}
 	flags := flag.NewFlagSet("s3 "+args[1], flag.ContinueOnError)
@@ -121,10 +126,14 @@ func run(args []string) error {
 	for i, key := range strings.Split(*keys, ",") {
 		var res result
 		start := time.Now()
-		if args[1] == "put" {
+		switch args[1] {
+		case "put":
 			// Each object gets its own content, reproducible from the seed and its position.
 			res, err = put(ctx, client, *bucket, key, *size, *seed+uint64(i))
-		} else {
+		case "rm":
+			res = result{Bucket: *bucket, Key: key}
+			err = client.RemoveObject(ctx, *bucket, key, minio.RemoveObjectOptions{})
+		default:
 			res, err = get(ctx, client, *bucket, key)
 		}
 		if err != nil {
@@ -154,8 +163,12 @@ func sumCommand(args []string, out *json.Encoder) error {
 	uncached := flags.Bool("uncached", false, "drop each file's pages from the page cache before reading it, so that every byte comes through the file system")
 	expect := flags.Int("expect-files", 0, "with --wait: read again until the folder holds at least this many files, all readable")
 	wait := flags.Duration("wait", 0, "keep reading again, every two seconds, for this long while a read fails or fewer than --expect-files files are there")
+	until := flags.String("until", "", "read the folder again and again, printing every file of every round and each failed read on standard error, until this path exists")
 	if err := flags.Parse(args); err != nil {
 		return err
+	}
+	if *until != "" && flags.NArg() == 1 {
+		return sumUntil(flags.Arg(0), *until, *uncached, out)
 	}
 	if flags.NArg() != 1 {
 		return errors.New("usage: testkit sum [--rate BYTES_PER_SECOND] [--summary] [--uncached] [--wait D --expect-files N] DIR")
@@ -196,6 +209,25 @@ func sumCommand(args []string, out *json.Encoder) error {
 }
 
 // sum reports the size, SHA-256 and read time of every regular file below dir, in walk order.
+// sumUntil reads dir round after round until the path until exists, printing what each round
+// read; a failed read (EIO for a file replaced in the under-store) is said on standard error
+// and ends only that round.
+func sumUntil(dir, until string, uncached bool, out *json.Encoder) error {
+	// A round at most every half second: enough reads to meet every version, few enough lines
+	// for the kubelet's log of the pod.
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for round := 1; ; round++ {
+		if err := sum(dir, 0, uncached, func(r result) error { return out.Encode(r) }); err != nil {
+			fmt.Fprintf(os.Stderr, "testkit: round %d: %v\n", round, err)
+		}
+		if _, err := os.Stat(until); err == nil {
+			return nil
+		}
+		<-tick.C
+	}
+}
+
 func sum(dir string, rate int64, uncached bool, report func(result) error) error {
 	return filepath.WalkDir(dir, func(path string, entry fs.DirEntry, err error) error {
 		if err != nil {
@@ -394,4 +426,53 @@ func seedBytes(seed uint64) [32]byte {
 		}
 	}
 	return b
+}
+
+// holdCommand opens a file, reads its first bytes, and keeps it open until another path
+// appears (a sync of the Dataset adds it to the mount, live), then reads the rest of the file
+// through the same descriptor and prints what it read in all: a file replaced meanwhile must
+// read as the version opened, whole, never as a mix. It says on standard error when it holds
+// the file, for the test to go on.
+func holdCommand(args []string, out *json.Encoder) error {
+	flags := flag.NewFlagSet("hold", flag.ContinueOnError)
+	waitFor := flags.String("wait-for", "", "the path whose appearance ends the hold")
+	first := flags.Int64("first", 1<<20, "bytes read before holding")
+	timeout := flags.Duration("timeout", 5*time.Minute, "how long to wait for --wait-for")
+	if err := flags.Parse(args); err != nil {
+		return err
+	}
+	if flags.NArg() != 1 || *waitFor == "" {
+		return errors.New("usage: testkit hold --wait-for PATH [--first BYTES] [--timeout D] FILE")
+	}
+	name := flags.Arg(0)
+	f, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	h := sha256.New()
+	start := time.Now()
+	n, err := io.CopyN(h, f, *first)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("reading the first bytes of %s: %w", name, err)
+	}
+	fmt.Fprintf(os.Stderr, "testkit: holding %s open after %d bytes\n", name, n)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(*timeout)
+	for {
+		if _, err := os.Stat(*waitFor); err == nil {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			return fmt.Errorf("%s did not appear within %s", *waitFor, *timeout)
+		}
+	}
+	rest, err := io.Copy(h, f)
+	if err != nil {
+		return fmt.Errorf("reading %s on after %s appeared: %w", name, *waitFor, err)
+	}
+	return out.Encode(result{Key: filepath.Base(name), Bytes: n + rest, SHA256: hex.EncodeToString(h.Sum(nil)), Seconds: time.Since(start).Seconds()})
 }

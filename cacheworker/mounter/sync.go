@@ -1,0 +1,154 @@
+package mounter
+
+import (
+	"context"
+	"errors"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/fusefs"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+)
+
+// syncMetrics count the syncs of mounted Datasets (the operator asks for them).
+type syncMetrics struct {
+	syncs   *prometheus.CounterVec
+	changes *prometheus.CounterVec
+	dropped prometheus.Counter
+}
+
+// Results of a sync, the syncs counter's label.
+const (
+	syncChanged    = "changed"
+	syncUnchanged  = "unchanged"
+	syncNotMounted = "not_mounted"
+	syncFailed     = "failed"
+)
+
+func newSyncMetrics() *syncMetrics {
+	return &syncMetrics{
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "strata_worker_dataset_syncs_total",
+			Help: "Syncs of a Dataset the operator asked this worker for, by result: changed, unchanged, not_mounted (nothing to do here) or failed (the tree was kept).",
+		}, []string{"result"}),
+		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "strata_worker_dataset_sync_changes_total",
+			Help: "Files the syncs of this worker's mounts found added, removed or changed in their under-stores.",
+		}, []string{"change"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "strata_worker_dataset_sync_dropped_blocks_total",
+			Help: "Blocks of replaced object versions that syncs removed from this worker's tiers.",
+		}),
+	}
+}
+
+func (s *syncMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.syncs, s.changes, s.dropped}
+}
+
+// SyncServer is the worker's DatasetSync service over this mounter's mounts.
+func (m *Mounter) SyncServer() workerpb.DatasetSyncServer { return syncServer{m: m} }
+
+type syncServer struct {
+	workerpb.UnimplementedDatasetSyncServer
+	m *Mounter
+}
+
+// SyncDataset implements workerpb.DatasetSyncServer.
+func (s syncServer) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
+	resp, err := s.m.sync(ctx, req.GetUid())
+	switch {
+	case err != nil:
+		s.m.syncs.syncs.WithLabelValues(syncFailed).Inc()
+	case !resp.GetMounted():
+		s.m.syncs.syncs.WithLabelValues(syncNotMounted).Inc()
+	case resp.GetAdded()+resp.GetRemoved()+resp.GetChanged() == 0:
+		s.m.syncs.syncs.WithLabelValues(syncUnchanged).Inc()
+	default:
+		s.m.syncs.syncs.WithLabelValues(syncChanged).Inc()
+	}
+	return resp, err
+}
+
+// sync refreshes the mount of uid, if this worker serves one, holding the UID's lock so that
+// no mount, unmount or other sync of it runs meanwhile.
+func (m *Mounter) sync(ctx context.Context, uid string) (*workerpb.SyncDatasetResponse, error) {
+	if err := validUID(uid); err != nil {
+		return nil, err
+	}
+	unlock, err := m.lock(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	m.mu.Lock()
+	mnt := m.mounts[uid]
+	m.mu.Unlock()
+	if mnt == nil {
+		return &workerpb.SyncDatasetResponse{}, nil
+	}
+	input, ok := mnt.fs.(*fusefs.Server)
+	if !ok {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"Dataset %s is a Lineage's output, written by pods: it has no under-store to sync with", mnt.dataset())
+	}
+	log := m.log.WithValues("dataset", mnt.dataset(), "uid", uid)
+	changes, err := input.Refresh(ctx, mnt.store)
+	if err != nil {
+		if changes.None() {
+			log.Error(err, "sync failed; the mount keeps serving the tree it had")
+			return nil, storeError("syncing", mnt.dataset(), err)
+		}
+		// Changed, but the kernel may show some of the old tree until its timeouts: said, and
+		// the blocks are dropped all the same.
+		log.Error(err, "synced, but the kernel was not told of every change")
+	}
+	// The next worker must take over the new tree, not the one the store holds.
+	m.hold(ctx, mnt)
+	dropped := m.dropReplaced(ctx, uid, changes.Replaced, log)
+	m.syncs.changes.WithLabelValues("added").Add(float64(changes.Added))
+	m.syncs.changes.WithLabelValues("removed").Add(float64(changes.Removed))
+	m.syncs.changes.WithLabelValues("changed").Add(float64(changes.Changed))
+	m.syncs.dropped.Add(float64(dropped))
+	if !changes.None() {
+		log.Info("synced the Dataset with its source", "added", changes.Added, "removed", changes.Removed, "changed", changes.Changed,
+			"files", changes.Files, "bytes", changes.Bytes, "droppedBlocks", dropped)
+	}
+	resp := &workerpb.SyncDatasetResponse{
+		Mounted: true, Added: int64(changes.Added), Removed: int64(changes.Removed), Changed: int64(changes.Changed),
+		Files: int64(changes.Files), Bytes: changes.Bytes, BlocksDropped: int64(dropped),
+	}
+	if err != nil {
+		return resp, status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)
+	}
+	return resp, nil
+}
+
+// dropReplaced removes from the tiers the blocks of versions a sync replaced, except those of
+// files still open (their readers go on with them; eviction takes them later). It returns how
+// many it removed. The tier store tells the master of each.
+func (m *Mounter) dropReplaced(ctx context.Context, uid string, replaced []fusefs.FileVersion, log logr.Logger) int {
+	dropped := 0
+	for _, v := range replaced {
+		if v.Open {
+			continue
+		}
+		blocks := (v.Size + m.cfg.BlockSize - 1) / m.cfg.BlockSize
+		for i := range max(blocks, 1) {
+			err := m.cfg.Store.Delete(ctx, cache.BlockID(uid, v.Path, v.ETag, i))
+			switch {
+			case err == nil:
+				dropped++
+			case errors.Is(err, tierstore.ErrNotFound):
+			default:
+				log.Error(err, "removing a block of a replaced version", "file", v.Path, "version", v.ETag, "block", i)
+			}
+		}
+	}
+	return dropped
+}

@@ -1,0 +1,95 @@
+package mounter
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/minio/minio-go/v7"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+)
+
+func TestSyncDatasetUpdatesTheMountAndDropsReplacedBlocks(t *testing.T) {
+	g := NewWithT(t)
+	reg := prometheus.NewRegistry()
+	f := newFixture(t, func(c *Config) { c.Registerer = reg })
+	ctx := context.Background()
+	const uid = "sync-uid"
+	dir := f.mount(t, f.request(uid))
+	for p, want := range f.files {
+		got, err := os.ReadFile(filepath.Join(dir, p))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(got).To(Equal(want), "%s before the sync", p)
+	}
+	old, err := f.srv.Client.StatObject(ctx, bucket, "sets/v1/dir/b.bin", minio.StatObjectOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	oldBlock := cache.BlockID(uid, "dir/b.bin", old.ETag, 0)
+	_, err = f.cfg.Store.(*tierstore.Store).Info(oldBlock)
+	g.Expect(err).NotTo(HaveOccurred(), "the first version's blocks are cached")
+
+	newB := randomBytes(blockSize+5, 2)
+	f.srv.Put(t, bucket, "sets/v1/dir/b.bin", newB)
+	f.srv.Put(t, bucket, "sets/v1/c.txt", []byte("new"))
+	g.Expect(f.srv.Client.RemoveObject(ctx, bucket, "sets/v1/a.txt", minio.RemoveObjectOptions{})).To(Succeed())
+
+	sync := f.m.SyncServer()
+	resp, err := sync.SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetMounted()).To(BeTrue())
+	g.Expect([]int64{resp.GetAdded(), resp.GetRemoved(), resp.GetChanged()}).To(Equal([]int64{1, 1, 1}))
+	g.Expect(resp.GetFiles()).To(Equal(int64(3)))
+	g.Expect(resp.GetBlocksDropped()).To(Equal(int64(4+1)), "the old b.bin's 4 blocks and a.txt's one leave the tier")
+	_, err = f.cfg.Store.(*tierstore.Store).Info(oldBlock)
+	g.Expect(err).To(MatchError(tierstore.ErrNotFound))
+
+	got, err := os.ReadFile(filepath.Join(dir, "dir/b.bin"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(newB), "the mount reads the new version")
+	got, err = os.ReadFile(filepath.Join(dir, "c.txt"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(got)).To(Equal("new"))
+	_, err = os.Stat(filepath.Join(dir, "a.txt"))
+	g.Expect(os.IsNotExist(err)).To(BeTrue(), "a removed object vanishes")
+
+	g.Expect(testutil.ToFloat64(f.m.syncs.syncs.WithLabelValues(syncChanged))).To(Equal(1.0))
+	g.Expect(testutil.ToFloat64(f.m.syncs.changes.WithLabelValues("added"))).To(Equal(1.0))
+	g.Expect(testutil.ToFloat64(f.m.syncs.dropped)).To(Equal(5.0))
+
+	t.Run("a Dataset this worker does not mount has nothing to sync", func(t *testing.T) {
+		g := NewWithT(t)
+		resp, err := sync.SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: "not-here"})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(resp.GetMounted()).To(BeFalse())
+		g.Expect(testutil.ToFloat64(f.m.syncs.syncs.WithLabelValues(syncNotMounted))).To(Equal(1.0))
+	})
+
+	t.Run("a source that cannot be listed keeps the tree and says why", func(t *testing.T) {
+		g := NewWithT(t)
+		for _, key := range []string{"sets/v1/c.txt", "sets/v1/dir/b.bin", "sets/v1/données/été 2024.csv"} {
+			g.Expect(f.srv.Client.RemoveObject(ctx, bucket, key, minio.RemoveObjectOptions{})).To(Succeed())
+		}
+		g.Expect(f.srv.Client.RemoveBucket(ctx, bucket)).To(Succeed())
+		_, err := sync.SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid})
+		g.Expect(status.Code(err)).To(Equal(codes.FailedPrecondition))
+		g.Expect(err).To(MatchError(ContainSubstring("syncing Dataset team-a/images")))
+		g.Expect(err).To(MatchError(ContainSubstring("spec.source.uri")))
+		got, err := os.ReadFile(filepath.Join(dir, "dir/b.bin"))
+		g.Expect(err).NotTo(HaveOccurred(), "the cached file is still served")
+		g.Expect(got).To(Equal(newB))
+		g.Expect(testutil.ToFloat64(f.m.syncs.syncs.WithLabelValues(syncFailed))).To(Equal(1.0))
+	})
+
+	t.Run("a bad UID is refused", func(t *testing.T) {
+		_, err := sync.SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: "../x"})
+		NewWithT(t).Expect(status.Code(err)).To(Equal(codes.InvalidArgument))
+	})
+}
