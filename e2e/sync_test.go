@@ -99,7 +99,7 @@ var _ = Describe("A Dataset synced with its source", Ordered, Label("smoke", "sy
 		By("reading the whole Dataset on " + nodes[1] + " round after round until the object stop appears")
 		reader := claimPod(namespace, nodes[1], "shared", "sum", "--until", "/data/stop", "/data")
 		Expect(k8sClient.Create(ctx, reader)).To(Succeed())
-		Eventually(func() string { return podLogs(ctx, reader) }).WithContext(ctx).WithTimeout(2*minute).Should(ContainSubstring(`"key":"keep.txt"`))
+		Eventually(func() string { return podLogs(ctx, reader) }).WithContext(ctx).WithTimeout(2 * minute).Should(ContainSubstring(`"key":"keep.txt"`))
 
 		for round := range 3 {
 			By(fmt.Sprintf("round %d: overwriting train.bin and keep.txt, then syncing", round+1))
