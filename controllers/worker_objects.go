@@ -41,6 +41,9 @@ const (
 	workerContainerName = "worker"
 	workerConfigDir     = "/etc/strata"
 	workerIndexDir      = "/var/lib/strata-worker/index"
+	// workerListingsDir keeps the last good listing of every Dataset the node mounted, for
+	// mounts while a source is unreachable; on the host beside the index, so that it survives.
+	workerListingsDir = "/var/lib/strata-worker/listings"
 	// workerHostIndexRoot holds, on each node, one index directory per pool. It must survive the
 	// pod: the index is how a restarted worker finds the blocks still on its non-volatile tiers.
 	workerHostIndexRoot = "/var/lib/strata-worker"
@@ -168,6 +171,7 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		// workers alone, over mutual TLS, rather than keep them in a Secret.
 		"--checkpoints-url="+s.TLS.CheckpointsURL(name),
 		"--index-dir="+workerIndexDir,
+		"--listings-dir="+workerListingsDir,
 		fmt.Sprintf("--data-addr=:%d", WorkerDataPort),
 		fmt.Sprintf("--advertise-addr=$(POD_IP):%d", WorkerDataPort),
 		fmt.Sprintf("--metrics-addr=:%d", WorkerMetricsPort),
@@ -188,6 +192,7 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 			DefaultMode:          ptr.To(corev1.ConfigMapVolumeSourceDefaultMode),
 		}}},
 		hostPathVolume("index", workerHostIndexRoot+"/"+name+"/index"),
+		hostPathVolume("listings", workerHostIndexRoot+"/"+name+"/listings"),
 		hostPathVolume("socket", socketDir),
 		hostPathVolume("fdstore", filepath.Dir(fdstore.SocketPath(workerSocketRoot))),
 		hostPathVolume("mounts", mountsDir),
@@ -197,6 +202,7 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		s.TLS.volumeMount(),
 		{Name: "tiers", MountPath: workerConfigDir, ReadOnly: true},
 		{Name: "index", MountPath: workerIndexDir},
+		{Name: "listings", MountPath: workerListingsDir},
 		{Name: "socket", MountPath: socketDir},
 		// The CSI node plugin's file descriptor store, which keeps the worker's FUSE mounts up
 		// across its restarts.

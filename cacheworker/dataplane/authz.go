@@ -12,5 +12,6 @@ import (
 var Policy = authz.Policy{
 	workerpb.Worker_ReadBlock_FullMethodName:        authz.Allow(pki.RoleWorker),
 	workerpb.Worker_WriteBlock_FullMethodName:       authz.Allow(pki.RoleWorker),
+	workerpb.Worker_GetListing_FullMethodName:       authz.Allow(pki.RoleWorker),
 	workerpb.DatasetSync_SyncDataset_FullMethodName: authz.Allow(pki.RoleOperator),
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/cacheworker/blockindex"
+	"github.com/strata-cache/strata/cacheworker/listings"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
@@ -51,6 +52,8 @@ type Server struct {
 	writes   keyedMutex
 	m        *Metrics
 	log      logr.Logger
+	// listings, if set, are the listings this worker keeps, which GetListing serves.
+	listings *listings.Store
 }
 
 // NewServer returns a server over store that takes blocks of up to maxBlock bytes (the pool's

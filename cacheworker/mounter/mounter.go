@@ -24,6 +24,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
+	"github.com/strata-cache/strata/cacheworker/listings"
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
@@ -82,6 +83,11 @@ type Config struct {
 	ClaimServerTLS *tls.Config
 	// DisablePassthrough keeps every read going through the worker (see fusefs).
 	DisablePassthrough bool
+	// Listings, if set, keeps the last good listing of every source mounted, so that a Dataset
+	// can be mounted while its source is unreachable; ListingPeers, if set, finds one another
+	// node keeps when this node keeps none (see cacheworker/listings).
+	Listings     *listings.Store
+	ListingPeers listings.Peers
 	// Outputs, when set, lets the mounter serve output Datasets; without it, mounting one fails.
 	Outputs *Outputs
 	// Handovers, when set, holds every mount's FUSE connection for the worker that comes next
@@ -510,7 +516,7 @@ func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.Mount
 // fsConfig is the file system's configuration for mnt, whose cache is open.
 func (m *Mounter) fsConfig(mnt *mount, log logr.Logger) fusefs.Config {
 	return fusefs.Config{
-		Objects:            mnt.store,
+		Objects:            m.lister(mnt, true, log),
 		Blocks:             mnt.cache,
 		BlockSize:          m.cfg.BlockSize,
 		Local:              localBlocks{store: m.cfg.Store, sourceID: mnt.uid},
@@ -519,6 +525,12 @@ func (m *Mounter) fsConfig(mnt *mount, log logr.Logger) fusefs.Config {
 		Metrics:            m.fm,
 		Log:                log,
 	}
+}
+
+// lister lists mnt's source, keeping each good listing; with fallback (a mount, not a sync), a
+// source that cannot be reached is answered with the last good listing.
+func (m *Mounter) lister(mnt *mount, fallback bool, log logr.Logger) *listings.Lister {
+	return &listings.Lister{Source: mnt.store, UID: mnt.uid, Store: m.cfg.Listings, Peers: m.cfg.ListingPeers, Fallback: fallback, Log: log}
 }
 
 // storeError turns an under-store failure in doing something ("mounting") to a Dataset

@@ -98,7 +98,7 @@ func (m *Mounter) sync(ctx context.Context, uid string) (*workerpb.SyncDatasetRe
 			"Dataset %s is a Lineage's output, written by pods: it has no under-store to sync with", mnt.dataset())
 	}
 	log := m.log.WithValues("dataset", mnt.dataset(), "uid", uid)
-	changes, err := input.Refresh(ctx, mnt.store)
+	changes, err := input.Refresh(ctx, m.lister(mnt, false, log))
 	if err != nil {
 		if changes.None() {
 			log.Error(err, "sync failed; the mount keeps serving the tree it had")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/minio/minio-go/v7"
@@ -14,8 +15,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/listings"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 func TestSyncDatasetUpdatesTheMountAndDropsReplacedBlocks(t *testing.T) {
@@ -91,5 +94,44 @@ func TestSyncDatasetUpdatesTheMountAndDropsReplacedBlocks(t *testing.T) {
 	t.Run("a bad UID is refused", func(t *testing.T) {
 		_, err := sync.SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: "../x"})
 		NewWithT(t).Expect(status.Code(err)).To(Equal(codes.InvalidArgument))
+	})
+}
+
+func TestAMountWhileTheSourceIsUnreachableServesTheLastGoodListing(t *testing.T) {
+	g := NewWithT(t)
+	kept, err := listings.Open(filepath.Join(t.TempDir(), "listings"))
+	g.Expect(err).NotTo(HaveOccurred())
+	f := newFixture(t, func(c *Config) { c.Listings = kept })
+	ctx := context.Background()
+	const uid = "outage-uid"
+
+	dir := f.mount(t, f.request(uid))
+	got, err := os.ReadFile(filepath.Join(dir, "dir/b.bin"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(f.files["dir/b.bin"]))
+	_, err = f.client.UnmountDataset(ctx, &workerpb.UnmountDatasetRequest{Uid: uid})
+	g.Expect(err).NotTo(HaveOccurred())
+
+	down := f.request(uid)
+	down.Source.Endpoint = "http://" + miniotest.ClosedAddr(t)
+	dir = f.mount(t, down)
+	got, err = os.ReadFile(filepath.Join(dir, "dir/b.bin"))
+	g.Expect(err).NotTo(HaveOccurred(), "a file cached before the outage reads")
+	g.Expect(got).To(Equal(f.files["dir/b.bin"]))
+	_, err = os.ReadFile(filepath.Join(dir, "a.txt"))
+	g.Expect(err).To(MatchError(syscall.EIO), "a file never cached cannot be read while the source is down")
+
+	t.Run("a sync does not take the kept listing for the source's", func(t *testing.T) {
+		_, err := f.m.SyncServer().SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid})
+		NewWithT(t).Expect(status.Code(err)).To(Equal(codes.Unavailable))
+	})
+
+	t.Run("without a kept listing, the mount says the source is unreachable", func(t *testing.T) {
+		other := f.request("never-listed")
+		other.Source.Endpoint = down.Source.Endpoint
+		_, err := f.client.MountDataset(ctx, other)
+		g := NewWithT(t)
+		g.Expect(status.Code(err)).To(Equal(codes.Unavailable))
+		g.Expect(err).To(MatchError(ContainSubstring("no node keeps an earlier listing")))
 	})
 }

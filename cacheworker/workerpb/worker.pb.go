@@ -25,6 +25,172 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type GetListingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetListingRequest) Reset() {
+	*x = GetListingRequest{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetListingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetListingRequest) ProtoMessage() {}
+
+func (x *GetListingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetListingRequest.ProtoReflect.Descriptor instead.
+func (*GetListingRequest) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *GetListingRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+// GetListingResponse is a part of a listing: the first carries when it was taken, every one
+// some of its objects.
+type GetListingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TakenUnixNano int64                  `protobuf:"varint,1,opt,name=taken_unix_nano,json=takenUnixNano,proto3" json:"taken_unix_nano,omitempty"`
+	Objects       []*ListedObject        `protobuf:"bytes,2,rep,name=objects,proto3" json:"objects,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetListingResponse) Reset() {
+	*x = GetListingResponse{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetListingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetListingResponse) ProtoMessage() {}
+
+func (x *GetListingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetListingResponse.ProtoReflect.Descriptor instead.
+func (*GetListingResponse) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetListingResponse) GetTakenUnixNano() int64 {
+	if x != nil {
+		return x.TakenUnixNano
+	}
+	return 0
+}
+
+func (x *GetListingResponse) GetObjects() []*ListedObject {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+type ListedObject struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Path            string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size            int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	ModTimeUnixNano int64                  `protobuf:"varint,3,opt,name=mod_time_unix_nano,json=modTimeUnixNano,proto3" json:"mod_time_unix_nano,omitempty"`
+	Etag            string                 `protobuf:"bytes,4,opt,name=etag,proto3" json:"etag,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ListedObject) Reset() {
+	*x = ListedObject{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListedObject) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListedObject) ProtoMessage() {}
+
+func (x *ListedObject) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListedObject.ProtoReflect.Descriptor instead.
+func (*ListedObject) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListedObject) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ListedObject) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ListedObject) GetModTimeUnixNano() int64 {
+	if x != nil {
+		return x.ModTimeUnixNano
+	}
+	return 0
+}
+
+func (x *ListedObject) GetEtag() string {
+	if x != nil {
+		return x.Etag
+	}
+	return ""
+}
+
 // BlockOrigin says which file a block belongs to, so that a worker can report its blocks to the
 // master, again after the master declared it lost. Opaque to the tier store.
 type BlockOrigin struct {
@@ -54,7 +220,7 @@ type BlockOrigin struct {
 
 func (x *BlockOrigin) Reset() {
 	*x = BlockOrigin{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[0]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -66,7 +232,7 @@ func (x *BlockOrigin) String() string {
 func (*BlockOrigin) ProtoMessage() {}
 
 func (x *BlockOrigin) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[0]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -79,7 +245,7 @@ func (x *BlockOrigin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockOrigin.ProtoReflect.Descriptor instead.
 func (*BlockOrigin) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{0}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *BlockOrigin) GetPath() string {
@@ -146,7 +312,7 @@ type BlockHeader struct {
 
 func (x *BlockHeader) Reset() {
 	*x = BlockHeader{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[1]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -158,7 +324,7 @@ func (x *BlockHeader) String() string {
 func (*BlockHeader) ProtoMessage() {}
 
 func (x *BlockHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[1]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -171,7 +337,7 @@ func (x *BlockHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockHeader.ProtoReflect.Descriptor instead.
 func (*BlockHeader) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{1}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *BlockHeader) GetBlockId() string {
@@ -213,7 +379,7 @@ type ReadBlockRequest struct {
 
 func (x *ReadBlockRequest) Reset() {
 	*x = ReadBlockRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[2]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +391,7 @@ func (x *ReadBlockRequest) String() string {
 func (*ReadBlockRequest) ProtoMessage() {}
 
 func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[2]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +404,7 @@ func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlockRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{2}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReadBlockRequest) GetBlockId() string {
@@ -273,7 +439,7 @@ type ReadBlockResponse struct {
 
 func (x *ReadBlockResponse) Reset() {
 	*x = ReadBlockResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[3]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -285,7 +451,7 @@ func (x *ReadBlockResponse) String() string {
 func (*ReadBlockResponse) ProtoMessage() {}
 
 func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[3]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -298,7 +464,7 @@ func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlockResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{3}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReadBlockResponse) GetHeader() *BlockHeader {
@@ -327,7 +493,7 @@ type WriteBlockHeader struct {
 
 func (x *WriteBlockHeader) Reset() {
 	*x = WriteBlockHeader{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[4]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +505,7 @@ func (x *WriteBlockHeader) String() string {
 func (*WriteBlockHeader) ProtoMessage() {}
 
 func (x *WriteBlockHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[4]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +518,7 @@ func (x *WriteBlockHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteBlockHeader.ProtoReflect.Descriptor instead.
 func (*WriteBlockHeader) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{4}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WriteBlockHeader) GetBlockId() string {
@@ -396,7 +562,7 @@ type WriteBlockRequest struct {
 
 func (x *WriteBlockRequest) Reset() {
 	*x = WriteBlockRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[5]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +574,7 @@ func (x *WriteBlockRequest) String() string {
 func (*WriteBlockRequest) ProtoMessage() {}
 
 func (x *WriteBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[5]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +587,7 @@ func (x *WriteBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteBlockRequest.ProtoReflect.Descriptor instead.
 func (*WriteBlockRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{5}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WriteBlockRequest) GetPart() isWriteBlockRequest_Part {
@@ -476,7 +642,7 @@ type WriteBlockResponse struct {
 
 func (x *WriteBlockResponse) Reset() {
 	*x = WriteBlockResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[6]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +654,7 @@ func (x *WriteBlockResponse) String() string {
 func (*WriteBlockResponse) ProtoMessage() {}
 
 func (x *WriteBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[6]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +667,7 @@ func (x *WriteBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteBlockResponse.ProtoReflect.Descriptor instead.
 func (*WriteBlockResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{6}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WriteBlockResponse) GetBlock() *BlockHeader {
@@ -529,7 +695,7 @@ type DatasetSource struct {
 
 func (x *DatasetSource) Reset() {
 	*x = DatasetSource{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[7]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +707,7 @@ func (x *DatasetSource) String() string {
 func (*DatasetSource) ProtoMessage() {}
 
 func (x *DatasetSource) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[7]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +720,7 @@ func (x *DatasetSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetSource.ProtoReflect.Descriptor instead.
 func (*DatasetSource) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{7}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DatasetSource) GetUri() string {
@@ -604,7 +770,7 @@ type MountDatasetRequest struct {
 
 func (x *MountDatasetRequest) Reset() {
 	*x = MountDatasetRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[8]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +782,7 @@ func (x *MountDatasetRequest) String() string {
 func (*MountDatasetRequest) ProtoMessage() {}
 
 func (x *MountDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[8]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +795,7 @@ func (x *MountDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountDatasetRequest.ProtoReflect.Descriptor instead.
 func (*MountDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{8}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MountDatasetRequest) GetNamespace() string {
@@ -684,7 +850,7 @@ type MountDatasetResponse struct {
 
 func (x *MountDatasetResponse) Reset() {
 	*x = MountDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[9]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +862,7 @@ func (x *MountDatasetResponse) String() string {
 func (*MountDatasetResponse) ProtoMessage() {}
 
 func (x *MountDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[9]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +875,7 @@ func (x *MountDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountDatasetResponse.ProtoReflect.Descriptor instead.
 func (*MountDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{9}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MountDatasetResponse) GetPath() string {
@@ -728,7 +894,7 @@ type UnmountDatasetRequest struct {
 
 func (x *UnmountDatasetRequest) Reset() {
 	*x = UnmountDatasetRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[10]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +906,7 @@ func (x *UnmountDatasetRequest) String() string {
 func (*UnmountDatasetRequest) ProtoMessage() {}
 
 func (x *UnmountDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[10]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +919,7 @@ func (x *UnmountDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountDatasetRequest.ProtoReflect.Descriptor instead.
 func (*UnmountDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{10}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UnmountDatasetRequest) GetUid() string {
@@ -771,7 +937,7 @@ type UnmountDatasetResponse struct {
 
 func (x *UnmountDatasetResponse) Reset() {
 	*x = UnmountDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +949,7 @@ func (x *UnmountDatasetResponse) String() string {
 func (*UnmountDatasetResponse) ProtoMessage() {}
 
 func (x *UnmountDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +962,7 @@ func (x *UnmountDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountDatasetResponse.ProtoReflect.Descriptor instead.
 func (*UnmountDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{11}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{14}
 }
 
 type SyncDatasetRequest struct {
@@ -808,7 +974,7 @@ type SyncDatasetRequest struct {
 
 func (x *SyncDatasetRequest) Reset() {
 	*x = SyncDatasetRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +986,7 @@ func (x *SyncDatasetRequest) String() string {
 func (*SyncDatasetRequest) ProtoMessage() {}
 
 func (x *SyncDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +999,7 @@ func (x *SyncDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncDatasetRequest.ProtoReflect.Descriptor instead.
 func (*SyncDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{12}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SyncDatasetRequest) GetUid() string {
@@ -862,7 +1028,7 @@ type SyncDatasetResponse struct {
 
 func (x *SyncDatasetResponse) Reset() {
 	*x = SyncDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1040,7 @@ func (x *SyncDatasetResponse) String() string {
 func (*SyncDatasetResponse) ProtoMessage() {}
 
 func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1053,7 @@ func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncDatasetResponse.ProtoReflect.Descriptor instead.
 func (*SyncDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{13}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SyncDatasetResponse) GetMounted() bool {
@@ -943,7 +1109,17 @@ var File_cacheworker_workerpb_worker_proto protoreflect.FileDescriptor
 
 const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\n" +
-	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"\xc3\x01\n" +
+	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"%\n" +
+	"\x11GetListingRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\"v\n" +
+	"\x12GetListingResponse\x12&\n" +
+	"\x0ftaken_unix_nano\x18\x01 \x01(\x03R\rtakenUnixNano\x128\n" +
+	"\aobjects\x18\x02 \x03(\v2\x1e.strata.worker.v1.ListedObjectR\aobjects\"w\n" +
+	"\fListedObject\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12+\n" +
+	"\x12mod_time_unix_nano\x18\x03 \x01(\x03R\x0fmodTimeUnixNano\x12\x12\n" +
+	"\x04etag\x18\x04 \x01(\tR\x04etag\"\xc3\x01\n" +
 	"\vBlockOrigin\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x14\n" +
@@ -1005,11 +1181,13 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\achanged\x18\x04 \x01(\x03R\achanged\x12\x14\n" +
 	"\x05files\x18\x05 \x01(\x03R\x05files\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x12%\n" +
-	"\x0eblocks_dropped\x18\a \x01(\x03R\rblocksDropped2\xbb\x01\n" +
+	"\x0eblocks_dropped\x18\a \x01(\x03R\rblocksDropped2\x96\x02\n" +
 	"\x06Worker\x12V\n" +
 	"\tReadBlock\x12\".strata.worker.v1.ReadBlockRequest\x1a#.strata.worker.v1.ReadBlockResponse0\x01\x12Y\n" +
 	"\n" +
-	"WriteBlock\x12#.strata.worker.v1.WriteBlockRequest\x1a$.strata.worker.v1.WriteBlockResponse(\x012\xcd\x01\n" +
+	"WriteBlock\x12#.strata.worker.v1.WriteBlockRequest\x1a$.strata.worker.v1.WriteBlockResponse(\x01\x12Y\n" +
+	"\n" +
+	"GetListing\x12#.strata.worker.v1.GetListingRequest\x1a$.strata.worker.v1.GetListingResponse0\x012\xcd\x01\n" +
 	"\aMounter\x12]\n" +
 	"\fMountDataset\x12%.strata.worker.v1.MountDatasetRequest\x1a&.strata.worker.v1.MountDatasetResponse\x12c\n" +
 	"\x0eUnmountDataset\x12'.strata.worker.v1.UnmountDatasetRequest\x1a(.strata.worker.v1.UnmountDatasetResponse2i\n" +
@@ -1028,46 +1206,52 @@ func file_cacheworker_workerpb_worker_proto_rawDescGZIP() []byte {
 	return file_cacheworker_workerpb_worker_proto_rawDescData
 }
 
-var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_cacheworker_workerpb_worker_proto_goTypes = []any{
-	(*BlockOrigin)(nil),            // 0: strata.worker.v1.BlockOrigin
-	(*BlockHeader)(nil),            // 1: strata.worker.v1.BlockHeader
-	(*ReadBlockRequest)(nil),       // 2: strata.worker.v1.ReadBlockRequest
-	(*ReadBlockResponse)(nil),      // 3: strata.worker.v1.ReadBlockResponse
-	(*WriteBlockHeader)(nil),       // 4: strata.worker.v1.WriteBlockHeader
-	(*WriteBlockRequest)(nil),      // 5: strata.worker.v1.WriteBlockRequest
-	(*WriteBlockResponse)(nil),     // 6: strata.worker.v1.WriteBlockResponse
-	(*DatasetSource)(nil),          // 7: strata.worker.v1.DatasetSource
-	(*MountDatasetRequest)(nil),    // 8: strata.worker.v1.MountDatasetRequest
-	(*MountDatasetResponse)(nil),   // 9: strata.worker.v1.MountDatasetResponse
-	(*UnmountDatasetRequest)(nil),  // 10: strata.worker.v1.UnmountDatasetRequest
-	(*UnmountDatasetResponse)(nil), // 11: strata.worker.v1.UnmountDatasetResponse
-	(*SyncDatasetRequest)(nil),     // 12: strata.worker.v1.SyncDatasetRequest
-	(*SyncDatasetResponse)(nil),    // 13: strata.worker.v1.SyncDatasetResponse
-	nil,                            // 14: strata.worker.v1.DatasetSource.CredentialsEntry
+	(*GetListingRequest)(nil),      // 0: strata.worker.v1.GetListingRequest
+	(*GetListingResponse)(nil),     // 1: strata.worker.v1.GetListingResponse
+	(*ListedObject)(nil),           // 2: strata.worker.v1.ListedObject
+	(*BlockOrigin)(nil),            // 3: strata.worker.v1.BlockOrigin
+	(*BlockHeader)(nil),            // 4: strata.worker.v1.BlockHeader
+	(*ReadBlockRequest)(nil),       // 5: strata.worker.v1.ReadBlockRequest
+	(*ReadBlockResponse)(nil),      // 6: strata.worker.v1.ReadBlockResponse
+	(*WriteBlockHeader)(nil),       // 7: strata.worker.v1.WriteBlockHeader
+	(*WriteBlockRequest)(nil),      // 8: strata.worker.v1.WriteBlockRequest
+	(*WriteBlockResponse)(nil),     // 9: strata.worker.v1.WriteBlockResponse
+	(*DatasetSource)(nil),          // 10: strata.worker.v1.DatasetSource
+	(*MountDatasetRequest)(nil),    // 11: strata.worker.v1.MountDatasetRequest
+	(*MountDatasetResponse)(nil),   // 12: strata.worker.v1.MountDatasetResponse
+	(*UnmountDatasetRequest)(nil),  // 13: strata.worker.v1.UnmountDatasetRequest
+	(*UnmountDatasetResponse)(nil), // 14: strata.worker.v1.UnmountDatasetResponse
+	(*SyncDatasetRequest)(nil),     // 15: strata.worker.v1.SyncDatasetRequest
+	(*SyncDatasetResponse)(nil),    // 16: strata.worker.v1.SyncDatasetResponse
+	nil,                            // 17: strata.worker.v1.DatasetSource.CredentialsEntry
 }
 var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
-	1,  // 0: strata.worker.v1.ReadBlockResponse.header:type_name -> strata.worker.v1.BlockHeader
-	0,  // 1: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
-	4,  // 2: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
-	1,  // 3: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
-	14, // 4: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
-	7,  // 5: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
-	2,  // 6: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
-	5,  // 7: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
-	8,  // 8: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
-	10, // 9: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
-	12, // 10: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
-	3,  // 11: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
-	6,  // 12: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
-	9,  // 13: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
-	11, // 14: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
-	13, // 15: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	2,  // 0: strata.worker.v1.GetListingResponse.objects:type_name -> strata.worker.v1.ListedObject
+	4,  // 1: strata.worker.v1.ReadBlockResponse.header:type_name -> strata.worker.v1.BlockHeader
+	3,  // 2: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
+	7,  // 3: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
+	4,  // 4: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
+	17, // 5: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
+	10, // 6: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
+	5,  // 7: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
+	8,  // 8: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
+	0,  // 9: strata.worker.v1.Worker.GetListing:input_type -> strata.worker.v1.GetListingRequest
+	11, // 10: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
+	13, // 11: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
+	15, // 12: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
+	6,  // 13: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
+	9,  // 14: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
+	1,  // 15: strata.worker.v1.Worker.GetListing:output_type -> strata.worker.v1.GetListingResponse
+	12, // 16: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
+	14, // 17: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
+	16, // 18: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_cacheworker_workerpb_worker_proto_init() }
@@ -1075,7 +1259,7 @@ func file_cacheworker_workerpb_worker_proto_init() {
 	if File_cacheworker_workerpb_worker_proto != nil {
 		return
 	}
-	file_cacheworker_workerpb_worker_proto_msgTypes[5].OneofWrappers = []any{
+	file_cacheworker_workerpb_worker_proto_msgTypes[8].OneofWrappers = []any{
 		(*WriteBlockRequest_Header)(nil),
 		(*WriteBlockRequest_Data)(nil),
 	}
@@ -1085,7 +1269,7 @@ func file_cacheworker_workerpb_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cacheworker_workerpb_worker_proto_rawDesc), len(file_cacheworker_workerpb_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Worker_ReadBlock_FullMethodName  = "/strata.worker.v1.Worker/ReadBlock"
 	Worker_WriteBlock_FullMethodName = "/strata.worker.v1.Worker/WriteBlock"
+	Worker_GetListing_FullMethodName = "/strata.worker.v1.Worker/GetListing"
 )
 
 // WorkerClient is the client API for Worker service.
@@ -42,6 +43,10 @@ type WorkerClient interface {
 	// against the header's size and CRC-32C before it is committed, so a torn stream stores
 	// nothing. Writing a block that is already here with the same checksum succeeds.
 	WriteBlock(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteBlockRequest, WriteBlockResponse], error)
+	// GetListing streams the last good listing of a Dataset's source that this worker keeps
+	// (cacheworker/listings), for a worker whose node never mounted the Dataset and cannot list
+	// the source while it is unreachable. NOT_FOUND if it keeps none.
+	GetListing(ctx context.Context, in *GetListingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetListingResponse], error)
 }
 
 type workerClient struct {
@@ -84,6 +89,25 @@ func (c *workerClient) WriteBlock(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_WriteBlockClient = grpc.ClientStreamingClient[WriteBlockRequest, WriteBlockResponse]
 
+func (c *workerClient) GetListing(ctx context.Context, in *GetListingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetListingResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Worker_ServiceDesc.Streams[2], Worker_GetListing_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetListingRequest, GetListingResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_GetListingClient = grpc.ServerStreamingClient[GetListingResponse]
+
 // WorkerServer is the server API for Worker service.
 // All implementations must embed UnimplementedWorkerServer
 // for forward compatibility.
@@ -99,6 +123,10 @@ type WorkerServer interface {
 	// against the header's size and CRC-32C before it is committed, so a torn stream stores
 	// nothing. Writing a block that is already here with the same checksum succeeds.
 	WriteBlock(grpc.ClientStreamingServer[WriteBlockRequest, WriteBlockResponse]) error
+	// GetListing streams the last good listing of a Dataset's source that this worker keeps
+	// (cacheworker/listings), for a worker whose node never mounted the Dataset and cannot list
+	// the source while it is unreachable. NOT_FOUND if it keeps none.
+	GetListing(*GetListingRequest, grpc.ServerStreamingServer[GetListingResponse]) error
 	mustEmbedUnimplementedWorkerServer()
 }
 
@@ -114,6 +142,9 @@ func (UnimplementedWorkerServer) ReadBlock(*ReadBlockRequest, grpc.ServerStreami
 }
 func (UnimplementedWorkerServer) WriteBlock(grpc.ClientStreamingServer[WriteBlockRequest, WriteBlockResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method WriteBlock not implemented")
+}
+func (UnimplementedWorkerServer) GetListing(*GetListingRequest, grpc.ServerStreamingServer[GetListingResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method GetListing not implemented")
 }
 func (UnimplementedWorkerServer) mustEmbedUnimplementedWorkerServer() {}
 func (UnimplementedWorkerServer) testEmbeddedByValue()                {}
@@ -154,6 +185,17 @@ func _Worker_WriteBlock_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Worker_WriteBlockServer = grpc.ClientStreamingServer[WriteBlockRequest, WriteBlockResponse]
 
+func _Worker_GetListing_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetListingRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(WorkerServer).GetListing(m, &grpc.GenericServerStream[GetListingRequest, GetListingResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Worker_GetListingServer = grpc.ServerStreamingServer[GetListingResponse]
+
 // Worker_ServiceDesc is the grpc.ServiceDesc for Worker service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -171,6 +213,11 @@ var Worker_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WriteBlock",
 			Handler:       _Worker_WriteBlock_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "GetListing",
+			Handler:       _Worker_GetListing_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "cacheworker/workerpb/worker.proto",

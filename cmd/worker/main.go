@@ -35,6 +35,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/listings"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/membership"
 	"github.com/strata-cache/strata/cacheworker/mounter"
@@ -53,6 +54,7 @@ import (
 	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/internal/unixsock"
 	masterclient "github.com/strata-cache/strata/master/client"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 func main() {
@@ -130,6 +132,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	// store can tell it of every block that leaves.
 	var dir *locations.Directory
 	var masters *masterclient.Client
+	var peers *dataplane.Peers
 	if len(id.masters) > 0 {
 		if masters, err = masterclient.New(id.masters, masterclient.Options{
 			Logger: log.WithName("master-client"), DialOptions: []grpc.DialOption{creds.DialOption(pki.RoleMaster)},
@@ -137,7 +140,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			return fmt.Errorf("creating the master client: %w", err)
 		}
 		defer func() { _ = masters.Close() }()
-		peers := dataplane.NewPeers(creds.DialOption(pki.RoleWorker))
+		peers = dataplane.NewPeers(creds.DialOption(pki.RoleWorker))
 		defer func() { _ = peers.Close() }()
 		dir = locations.NewDirectory(masters, peers, id.id, log.WithName("locations"))
 		cfg.OnRemove = func(info tierstore.BlockInfo) {
@@ -219,7 +222,15 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		return fmt.Errorf("listening on %s for the data plane: %w", opts.dataAddr, err)
 	}
 	grpcSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()), authorizer.ServerOptions()...)...)
-	workerpb.RegisterWorkerServer(grpcSrv, dataplane.NewServer(store, stored, opts.blockSize, dpMetrics, log.WithName("dataplane")))
+	dataServer := dataplane.NewServer(store, stored, opts.blockSize, dpMetrics, log.WithName("dataplane"))
+	var kept *listings.Store
+	if opts.listingsDir != "" {
+		if kept, err = listings.Open(opts.listingsDir); err != nil {
+			return err
+		}
+		dataServer.ServeListings(kept)
+	}
+	workerpb.RegisterWorkerServer(grpcSrv, dataServer)
 	syncs := &datasetSync{}
 	workerpb.RegisterDatasetSyncServer(grpcSrv, syncs)
 	if opts.mountSocket == "" {
@@ -278,6 +289,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			MountsDir: opts.mountsDir, Store: store, BlockSize: opts.blockSize, CacheMetrics: cacheMetrics,
 			Peers: peerReader, Stored: stored, Pinned: policies.Pinned, FileRoots: splitList(opts.fileRoots),
 			ClaimServerTLS: understore.ClaimClientTLS(creds),
+			Listings:       kept,
 			Log:            log.WithName("mounter"), Registerer: reg,
 		}
 		if dir != nil {
@@ -289,6 +301,9 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 			// the tier store's start-up check leaves alone (it only looks at block files).
 			mcfg.Outputs = &mounter.Outputs{Master: masters, Locations: dir, Metrics: outMetrics, Checkpoints: checkpoints,
 				StagingDir: filepath.Join(cfg.Tiers[0].Dirs[0], ".staging")}
+		}
+		if kept != nil && masters != nil {
+			mcfg.ListingPeers = dataplane.PoolListings{Peers: peers, Workers: poolPeers(masters, id.id)}
 		}
 		if opts.fdStoreSocket != "" {
 			if mcfg.Handovers, err = fdstore.NewClient(opts.fdStoreSocket, opts.pool); err != nil {
@@ -463,4 +478,23 @@ type noMounts struct {
 
 func (noMounts) SyncDataset(context.Context, *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
 	return &workerpb.SyncDatasetResponse{}, nil
+}
+
+// poolPeers returns the data-plane addresses of the other live workers of this worker's pool
+// (worker ids are "<pool>/<node>"), as the master knows them.
+func poolPeers(masters *masterclient.Client, self string) func(ctx context.Context) (map[string]string, error) {
+	pool, _, _ := strings.Cut(self, "/")
+	return func(ctx context.Context) (map[string]string, error) {
+		resp, err := masters.ListWorkers(ctx, &masterpb.ListWorkersRequest{})
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]string{}
+		for _, w := range resp.GetWorkers() {
+			if w.GetId() != self && strings.HasPrefix(w.GetId(), pool+"/") && w.GetState() == masterpb.WorkerState_WORKER_STATE_ALIVE {
+				out[w.GetId()] = w.GetAddress()
+			}
+		}
+		return out, nil
+	}
 }

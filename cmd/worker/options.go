@@ -43,6 +43,7 @@ type options struct {
 
 	tiersFile          string
 	indexDir           string
+	listingsDir        string
 	eviction           string
 	lambda             float64
 	promotionThreshold int
@@ -82,6 +83,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Mount a tmpfs of the quota's size on each MEM tier directory that is not already on tmpfs (needs CAP_SYS_ADMIN).")
 	fs.StringVar(&o.tiersFile, "tiers", "/etc/strata/tiers.yaml",
 		"YAML or JSON file with the TierPool's spec.tiers: a list of {name, medium, paths, quota, watermarks}.")
+	fs.StringVar(&o.listingsDir, "listings-dir", "",
+		"folder that keeps the last good listing of every Dataset mounted here, so that a Dataset can be mounted while its source is unreachable; it must survive the pod (empty: none kept)")
 	fs.StringVar(&o.indexDir, "index-dir", "/var/lib/strata-worker/index",
 		"Directory of the block index; keep it on a non-volatile disk so that blocks on PMEM/NVMe/SSD/HDD survive restarts.")
 	fs.StringVar(&o.eviction, "eviction", string(eviction.LRU), "Eviction policy of every tier: LRU, LFU or LRFU.")

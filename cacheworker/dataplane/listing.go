@@ -1,0 +1,140 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/strata-cache/strata/cacheworker/listings"
+	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
+)
+
+// listingChunk is how many objects one message of a listing carries: about 100 KiB.
+const listingChunk = 1000
+
+// ServeListings makes the server answer GetListing with the listings kept in store.
+func (s *Server) ServeListings(store *listings.Store) { s.listings = store }
+
+// GetListing streams the listing this worker keeps of a Dataset's source.
+func (s *Server) GetListing(req *workerpb.GetListingRequest, stream workerpb.Worker_GetListingServer) error {
+	if s.listings == nil {
+		return status.Error(codes.NotFound, "this worker keeps no listings")
+	}
+	l, err := s.listings.Load(req.GetUid())
+	switch {
+	case errors.Is(err, listings.ErrNotFound):
+		return status.Errorf(codes.NotFound, "no listing of Dataset %s kept here", req.GetUid())
+	case err != nil:
+		return status.Error(codes.Internal, err.Error())
+	}
+	first := true
+	for chunk := range slices.Chunk(l.Objects, listingChunk) {
+		msg := &workerpb.GetListingResponse{Objects: make([]*workerpb.ListedObject, len(chunk))}
+		if first {
+			msg.TakenUnixNano, first = l.Taken.UnixNano(), false
+		}
+		for i, o := range chunk {
+			msg.Objects[i] = &workerpb.ListedObject{Path: o.Path, Size: o.Size, ModTimeUnixNano: o.ModTime.UnixNano(), Etag: o.ETag}
+		}
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+	}
+	if first { // no object at all: the time alone
+		return stream.Send(&workerpb.GetListingResponse{TakenUnixNano: l.Taken.UnixNano()})
+	}
+	return nil
+}
+
+// GetListing fetches the listing the worker at addr keeps of Dataset uid; listings.ErrNotFound
+// if it keeps none.
+func (p *Peers) GetListing(ctx context.Context, addr, uid string) (listings.Listing, error) {
+	stub, err := p.stub(addr)
+	if err != nil {
+		return listings.Listing{}, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := stub.GetListing(ctx, &workerpb.GetListingRequest{Uid: uid})
+	if err != nil {
+		return listings.Listing{}, listingError(uid, addr, err)
+	}
+	var l listings.Listing
+	for first := true; ; first = false {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			if first {
+				return listings.Listing{}, fmt.Errorf("the listing of %s from %s is empty, not even its time", uid, addr)
+			}
+			return l, nil
+		}
+		if err != nil {
+			return listings.Listing{}, listingError(uid, addr, err)
+		}
+		if first {
+			l.Taken = time.Unix(0, msg.GetTakenUnixNano())
+		}
+		for _, o := range msg.GetObjects() {
+			l.Objects = append(l.Objects, understore.ObjectInfo{Path: o.GetPath(), Size: o.GetSize(), ModTime: time.Unix(0, o.GetModTimeUnixNano()), ETag: o.GetEtag()})
+		}
+	}
+}
+
+func listingError(uid, addr string, err error) error {
+	if status.Code(err) == codes.NotFound {
+		return fmt.Errorf("worker %s: Dataset %s: %w", addr, uid, listings.ErrNotFound)
+	}
+	return fmt.Errorf("fetching the listing of %s from %s: %w", uid, addr, err)
+}
+
+// PoolListings finds a Dataset's listing at the other workers of a pool (listings.Peers).
+type PoolListings struct {
+	Peers *Peers
+	// Workers returns the data-plane addresses of the pool's other live workers, by id.
+	Workers func(ctx context.Context) (map[string]string, error)
+}
+
+// Listing implements listings.Peers: the newest listing any of the workers keeps.
+func (p PoolListings) Listing(ctx context.Context, uid string) (listings.Listing, string, error) {
+	workers, err := p.Workers(ctx)
+	if err != nil {
+		return listings.Listing{}, "", fmt.Errorf("finding the pool's other workers: %w", err)
+	}
+	ids := make([]string, 0, len(workers))
+	for id := range workers {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var (
+		best     listings.Listing
+		bestFrom string
+		errs     []error
+	)
+	for _, id := range ids {
+		l, err := p.Peers.GetListing(ctx, workers[id], uid)
+		if err != nil {
+			if !errors.Is(err, listings.ErrNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if bestFrom == "" || l.Taken.After(best.Taken) {
+			best, bestFrom = l, id
+		}
+	}
+	if bestFrom != "" {
+		return best, bestFrom, nil
+	}
+	if len(errs) > 0 {
+		return listings.Listing{}, "", errors.Join(errs...)
+	}
+	return listings.Listing{}, "", fmt.Errorf("none of the pool's %d other live worker(s) keeps a listing of Dataset %s: %w", len(ids), uid, listings.ErrNotFound)
+}
