@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -97,6 +98,9 @@ type DatasetReconciler struct {
 	Syncer DatasetSyncer
 	// SyncCounter, if set, counts the syncs by result.
 	SyncCounter *prometheus.CounterVec
+	// ReachCheck is how often a source whose listing stands is checked to answer at all
+	// (0: every minute), so that an outage shows in the status.
+	ReachCheck time.Duration
 
 	// probes remembers the last successful probe of each Dataset's source (see probeSource),
 	// targetProbes of each output's checkpoint target (see checkpointTargetCondition).
@@ -154,7 +158,33 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 
+	// Whatever this pass found is recorded, even when a later step fails: a sync that ran is
+	// not run again, a condition computed is not lost.
 	before := ds.DeepCopy()
+	result, err := r.reconcileServing(ctx, ds)
+	if _, perr := r.patchStatus(ctx, before, ds); perr != nil {
+		return ctrl.Result{}, errors.Join(err, perr)
+	}
+	r.recordTransitions(before, ds)
+	return result, err
+}
+
+// patchStatus writes ds's status if it differs from before's, and reports whether it did.
+func (r *DatasetReconciler) patchStatus(ctx context.Context, before, ds *datav1alpha1.Dataset) (bool, error) {
+	if apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
+		return false, nil
+	}
+	if err := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); err != nil {
+		return false, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
+	}
+	return true, nil
+}
+
+// reconcileServing checks a Dataset that is not being deleted, gives it what it needs to be
+// served and computes its status in ds; the caller writes the status.
+func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alpha1.Dataset) (ctrl.Result, error) {
+	// outage is a source unreachable after the Dataset was served: not a problem of its own.
+	var outage *problem
 	pool, problem, err := r.checkReferences(ctx, ds)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -177,6 +207,11 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if problem == nil {
 		if problem, summary, err = r.probeSource(ctx, ds, access); err != nil {
 			return ctrl.Result{}, err
+		}
+		if problem != nil && problem.reason == ReasonSourceUnreachable && ds.Status.PersistentVolumeClaimName != "" {
+			// Served before: what the nodes cache is served still (see cacheworker/listings),
+			// so the Dataset stays Ready and SourceReachable says what is wrong.
+			outage, problem = problem, nil
 		}
 	}
 	var ready *metav1.Condition
@@ -207,6 +242,7 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	setCheckpointTarget(ds, target)
 	setSourceSummary(ds, summary)
+	setSourceReachable(ds, summary, outage, problem)
 	var result ctrl.Result
 	switch {
 	case target != nil && target.Status != metav1.ConditionTrue:
@@ -234,13 +270,10 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		result.RequeueAfter = sooner(result.RequeueAfter, max(time.Until(access.renewAt), time.Second))
 	}
 	result.RequeueAfter = sooner(result.RequeueAfter, syncRequeue)
-	if apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
-		return result, nil
+	if outage != nil {
+		// Look again soon: the source coming back is news.
+		result.RequeueAfter = sooner(result.RequeueAfter, r.reachCheck())
 	}
-	if err := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); err != nil {
-		return ctrl.Result{}, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
-	}
-	r.recordTransitions(before, ds)
 	return result, nil
 }
 
@@ -567,10 +600,9 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 	} else if blocker != "" {
 		before := ds.DeepCopy()
 		setDeletionBlocked(ds, blocker)
-		if !apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
-			if err := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); err != nil {
-				return ctrl.Result{}, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
-			}
+		if patched, err := r.patchStatus(ctx, before, ds); err != nil {
+			return ctrl.Result{}, err
+		} else if patched {
 			r.Recorder.Event(ds, corev1.EventTypeWarning, ReasonDeletionBlocked, blocker)
 		}
 		return ctrl.Result{RequeueAfter: dependentsRecheck}, nil
@@ -581,10 +613,9 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 		// listed there for good. The condition says what the deletion waits for.
 		before := ds.DeepCopy()
 		setDeletionBlocked(ds, err.Error())
-		if !apiequality.Semantic.DeepEqual(before.Status, ds.Status) {
-			if perr := r.Client.Status().Patch(ctx, ds, client.MergeFrom(before)); perr != nil {
-				return ctrl.Result{}, fmt.Errorf("patching status of Dataset %s/%s: %w", ds.Namespace, ds.Name, perr)
-			}
+		if patched, perr := r.patchStatus(ctx, before, ds); perr != nil {
+			return ctrl.Result{}, errors.Join(err, perr)
+		} else if patched {
 			r.Recorder.Event(ds, corev1.EventTypeWarning, ReasonDeletionBlocked, err.Error())
 		}
 		return ctrl.Result{}, err

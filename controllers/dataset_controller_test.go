@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -94,6 +95,53 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(cond.Message).To(ContainSubstring(`TierPool "` + poolName + `" does not exist`))
 		Expect(ds.Status.Phase).To(Equal(datav1alpha1.DatasetPending))
 		Expect(ds.Finalizers).To(ContainElement(DatasetFinalizer))
+	})
+
+	It("stays Ready while a source it served is unreachable, and says since when and what pods get meanwhile", func() {
+		createPool()
+		createCredentials(miniotest.SecretKey)
+		ds := s3Dataset("outage")
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		readyCondition(ds, ReasonNoCSIDriver)
+		Expect(ds.Status.PersistentVolumeClaimName).NotTo(BeEmpty())
+		Expect(meta.IsStatusConditionTrue(ds.Status.Conditions, datav1alpha1.ConditionSourceReachable)).To(BeTrue())
+		files := ds.Status.Files
+
+		poke := func(value string) { // a reconcile now: the sync annotation triggers one
+			patch := client.MergeFrom(ds.DeepCopy())
+			ds.Annotations = map[string]string{datav1alpha1.AnnotationSyncRequested: value}
+			Expect(k8sClient.Patch(ctx, ds, patch)).To(Succeed())
+		}
+		unreachableSources.Store(ds.Spec.Source.URI, true)
+		DeferCleanup(func() { unreachableSources.Delete(ds.Spec.Source.URI) })
+		poke("down")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionSourceReachable)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(ReasonSourceUnreachable))
+			g.Expect(c.Message).To(And(ContainSubstring("unreachable since "+c.LastTransitionTime.UTC().Format(time.RFC3339)),
+				ContainSubstring("connection refused"), ContainSubstring("last good listing"), ContainSubstring("EIO")))
+		}).Should(Succeed())
+		ready := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
+		Expect(ready.Reason).To(Equal(ReasonNoCSIDriver), "the outage does not make the Dataset unservable: %s", ready.Message)
+		Expect(ds.Status.Files).To(Equal(files), "the last listing's counts stay")
+
+		unreachableSources.Delete(ds.Spec.Source.URI)
+		poke("up")
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(ds.Status.Conditions, datav1alpha1.ConditionSourceReachable)).To(BeTrue())
+		}).Should(Succeed())
+
+		By("a Dataset never served with an unreachable source is not Ready, and says why")
+		never := s3Dataset("never-served")
+		unreachableSources.Store(never.Spec.Source.URI, true)
+		DeferCleanup(func() { unreachableSources.Delete(never.Spec.Source.URI) })
+		Expect(k8sClient.Create(ctx, never)).To(Succeed())
+		readyCondition(never, ReasonSourceUnreachable)
+		Expect(meta.FindStatusCondition(never.Status.Conditions, datav1alpha1.ConditionSourceReachable)).To(HaveField("Status", metav1.ConditionFalse))
 	})
 
 	It("counts and names the objects its tree cannot show, with a Warning event", func() {

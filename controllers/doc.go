@@ -6,7 +6,12 @@
 // ready workers, capacity per tier, readiness) from the cluster's Nodes and that DaemonSet.
 //
 // The Dataset reconciler checks what a Dataset names, gives it a PersistentVolume and a claim
-// of its name, and reports what the workers hold of it. The provisioner gives a claim of a
+// of its name, and reports what the workers hold of it. It syncs the workers' mounts of a
+// Dataset with its source when spec.sync.interval has passed or the sync-requested annotation
+// changed (dataset_sync.go, worker_sync.go: each worker of the pool is called over its data
+// plane), and checks every minute that a source still answers: a Dataset served before stays
+// Ready while its source is down, its SourceReachable condition saying since when (the workers
+// mount it with the last good listing, see cacheworker/listings). The provisioner gives a claim of a
 // Strata StorageClass an output volume, and deletes the volume with the claim when its policy
 // says so.
 //

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -57,6 +59,47 @@ type probeRecord struct {
 	secretVersion string
 	at            time.Time
 	summary       *sourceSummary
+	// reachedAt is when the source last answered, its listing or a reachability check.
+	reachedAt time.Time
+}
+
+// reachCheck is how often a source whose probe stands is checked to answer at all, so that an
+// outage shows in the Dataset's status within about that long.
+const reachCheck = time.Minute
+
+func (r *DatasetReconciler) reachCheck() time.Duration {
+	if r.ReachCheck > 0 {
+		return r.ReachCheck
+	}
+	return reachCheck
+}
+
+// reachCheckDue says whether the source of a Dataset whose probe stands is due a check.
+func (m *probeMemo) reachCheckDue(uid types.UID, now time.Time, every time.Duration) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.last[uid]
+	return ok && now.Sub(r.reachedAt) >= every
+}
+
+// reached records that the source of a Dataset answered.
+func (m *probeMemo) reached(uid types.UID, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r, ok := m.last[uid]; ok {
+		r.reachedAt = now
+		m.last[uid] = r
+	}
+}
+
+// firstObject lists the source until its first object: whether it answers at all.
+func firstObject(ctx context.Context, store understore.Store) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, err := range store.List(ctx, "") {
+		return err
+	}
+	return nil
 }
 
 func (m *probeMemo) get(uid types.UID, generation int64, secretVersion string, now time.Time) (*sourceSummary, bool) {
@@ -106,14 +149,26 @@ func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Da
 		return nil, nil, nil
 	}
 	now := time.Now()
-	if sum, ok := r.probes.get(ds.UID, ds.Generation, access.secretVersion, now); ok {
-		return nil, sum, nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	open := understore.Open
 	if r.OpenSource != nil {
 		open = r.OpenSource
+	}
+	if sum, ok := r.probes.get(ds.UID, ds.Generation, access.secretVersion, now); ok {
+		if !r.probes.reachCheckDue(ds.UID, now, r.reachCheck()) {
+			return nil, sum, nil
+		}
+		// The full listing stands, but an outage must show within a minute: one request.
+		store, err := open(ctx, access.source)
+		if err == nil {
+			err = firstObject(ctx, store)
+		}
+		if err != nil {
+			return sourceProblem(ds, err), nil, nil
+		}
+		r.probes.reached(ds.UID, now)
+		return nil, sum, nil
 	}
 	store, err := open(ctx, access.source)
 	if err != nil {
@@ -141,7 +196,7 @@ func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Da
 		return &problem{ReasonSourceEmpty, fmt.Sprintf(
 			"there are no objects under %s: check spec.source.uri (a prefix is a folder: it ends with /)", store)}, nil, nil
 	}
-	r.probes.put(ds.UID, probeRecord{generation: ds.Generation, secretVersion: access.secretVersion, at: now, summary: sum})
+	r.probes.put(ds.UID, probeRecord{generation: ds.Generation, secretVersion: access.secretVersion, at: now, summary: sum, reachedAt: now})
 	return nil, sum, nil
 }
 
@@ -195,6 +250,39 @@ func setSourceSummary(ds *datav1alpha1.Dataset, sum *sourceSummary) {
 	ds.Status.LeftOut = nil
 	for _, o := range sum.leftOut[:min(len(sum.leftOut), maxLeftOutNamed)] {
 		ds.Status.LeftOut = append(ds.Status.LeftOut, datav1alpha1.LeftOutObject{Key: o.Key, Reason: o.Reason})
+	}
+}
+
+// ReasonSourceReachable is the reason of a SourceReachable condition that is True.
+const ReasonSourceReachable = "SourceReachable"
+
+// setSourceReachable records whether a Dataset's source answered its last probe. While a
+// source that served before is unreachable (outage), the condition says since when and what
+// pods get meanwhile; the Ready condition stays as it was, since the cache serves on.
+func setSourceReachable(ds *datav1alpha1.Dataset, probed *sourceSummary, outage, p *problem) {
+	if outage == nil && p != nil && p.reason == ReasonSourceUnreachable {
+		outage = p
+	}
+	switch {
+	case outage != nil:
+		since := time.Now().UTC()
+		if c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionSourceReachable); c != nil && c.Status == metav1.ConditionFalse {
+			since = c.LastTransitionTime.UTC()
+		}
+		msg := fmt.Sprintf("unreachable since %s: %s", since.Format(time.RFC3339), outage.message)
+		if p == nil {
+			msg += "; meanwhile pods read what the nodes cache: a node mounts the Dataset with the last good listing it or another node keeps, " +
+				"and a file that is not cached fails with EIO until the source answers again"
+		}
+		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
+			Type: datav1alpha1.ConditionSourceReachable, Status: metav1.ConditionFalse, Reason: ReasonSourceUnreachable,
+			Message: msg, ObservedGeneration: ds.Generation,
+		})
+	case probed != nil:
+		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
+			Type: datav1alpha1.ConditionSourceReachable, Status: metav1.ConditionTrue, Reason: ReasonSourceReachable,
+			Message: "the source answers its listing", ObservedGeneration: ds.Generation,
+		})
 	}
 }
 

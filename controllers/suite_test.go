@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"iter"
 	"net/http/httptest"
 	"path/filepath"
@@ -113,13 +114,29 @@ func (c *testClaimServers) serve(ns, name, dir, token string) string {
 const hiddenKeysMarker = "/with-hidden/"
 
 // openSourceWithHiddenKeys opens a source as the operator does, adding those keys to the
-// listing of one whose URI has hiddenKeysMarker.
+// listing of one whose URI has hiddenKeysMarker, and failing the listing of one a spec made
+// unreachable (unreachableSources) as a store that does not answer does.
 func openSourceWithHiddenKeys(ctx context.Context, src understore.Source) (understore.Store, error) {
 	store, err := understore.Open(ctx, src)
+	if _, down := unreachableSources.Load(src.URI); err == nil && down {
+		return unreachable{store}, nil
+	}
 	if err != nil || !strings.Contains(src.URI, hiddenKeysMarker) {
 		return store, err
 	}
 	return withHiddenKeys{store}, nil
+}
+
+// unreachableSources are the source URIs whose store the specs have "stopped".
+var unreachableSources sync.Map
+
+type unreachable struct{ understore.Store }
+
+func (u unreachable) List(context.Context, string) iter.Seq2[understore.ObjectInfo, error] {
+	return func(yield func(understore.ObjectInfo, error) bool) {
+		yield(understore.ObjectInfo{}, &understore.Error{Op: "list", Store: u.String(), Kind: understore.ErrUnreachable,
+			Err: errors.New("dial tcp: connection refused")})
+	}
 }
 
 type withHiddenKeys struct{ understore.Store }
@@ -208,6 +225,8 @@ var _ = BeforeSuite(func() {
 		APIReader:           mgr.GetAPIReader(),
 		ClaimServerEndpoint: claimServers.endpoint,
 		OpenSource:          openSourceWithHiddenKeys,
+		// Every reconcile checks that a source answers: specs make sources unreachable.
+		ReachCheck: time.Nanosecond,
 		Syncer: &WorkerSyncs{Workers: syncWorkers, DialOptions: []grpc.DialOption{
 			testCA.Credentials(GinkgoT(), pki.Operator()).DialOption(pki.RoleWorker),
 		}},
