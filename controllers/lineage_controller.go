@@ -3,6 +3,7 @@ package controllers
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -100,7 +101,8 @@ func NewLineageDepthGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, erro
 // +kubebuilder:rbac:groups=data.strata.dev,resources=lineages/finalizers,verbs=update
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
 
-// Reconcile brings one Lineage's Job and status up to date.
+// Reconcile brings one Lineage's Job and status up to date. The status this pass computed is
+// written on every way out, even when a step fails after it.
 func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	l := &datav1alpha1.Lineage{}
 	if err := r.Client.Get(ctx, req.NamespacedName, l); err != nil {
@@ -110,13 +112,30 @@ func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	before := l.DeepCopy()
+	result, err := r.reconcileLineage(ctx, l)
+	if !apiequality.Semantic.DeepEqual(before.Status, l.Status) {
+		if perr := r.Client.Status().Patch(ctx, l, client.MergeFrom(before)); perr != nil {
+			return ctrl.Result{}, errors.Join(err, fmt.Errorf("patching status of Lineage %s/%s: %w", l.Namespace, l.Name, perr))
+		}
+		r.recordTransition(before, l)
+	}
+	return result, err
+}
+
+// reconcileLineage runs l's Job when it can, follows its outputs, recomputes what is lost, and
+// computes l's status; the caller writes it.
+func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha1.Lineage) (ctrl.Result, error) {
 	ns, err := r.namespaceGraph(ctx, l.Namespace)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	ready, err := r.readyCondition(ctx, l, ns)
-	if err != nil {
-		return ctrl.Result{}, err
+	ready := checkLineage(l, ns)
+	if ready == nil {
+		job, waiting, err := r.ensureRunJob(ctx, l, ns)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		ready = runCondition(l, job, waiting)
 	}
 	ready.ObservedGeneration = l.Generation
 	meta.SetStatusCondition(&l.Status.Conditions, *ready)
@@ -149,13 +168,6 @@ func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		// Outputs may be lost or checkpointed meanwhile.
 		result.RequeueAfter = cmp.Or(r.Refresh, usageRefresh)
 	}
-	if apiequality.Semantic.DeepEqual(before.Status, l.Status) {
-		return result, nil
-	}
-	if err := r.Client.Status().Patch(ctx, l, client.MergeFrom(before)); err != nil {
-		return ctrl.Result{}, fmt.Errorf("patching status of Lineage %s/%s: %w", l.Namespace, l.Name, err)
-	}
-	r.recordTransition(before, l)
 	return result, nil
 }
 
@@ -214,13 +226,15 @@ func (ns *namespace) depth(l *datav1alpha1.Lineage) int {
 	return deepest
 }
 
-// readyCondition checks l and runs its Job when it can: Ready is True once the Job wrote the
-// outputs.
-func (r *LineageReconciler) readyCondition(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) (*metav1.Condition, error) {
-	notReady := func(reason, format string, args ...any) (*metav1.Condition, error) {
-		return &metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
-			Message: fmt.Sprintf(format, args...)}, nil
-	}
+// notReady is a Ready condition that is False.
+func notReady(reason, format string, args ...any) *metav1.Condition {
+	return &metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message: fmt.Sprintf(format, args...)}
+}
+
+// checkLineage checks l against its namespace: its inputs exist, its outputs name it, and it is
+// on no cycle. It returns the Ready condition that says what is wrong, or nil.
+func checkLineage(l *datav1alpha1.Lineage, ns *namespace) *metav1.Condition {
 	for _, in := range l.Spec.Inputs {
 		if _, ok := ns.datasets[in]; !ok {
 			return notReady(ReasonInputNotFound, "input Dataset %q does not exist in namespace %s: create it, or remove it from spec.inputs", in, l.Namespace)
@@ -237,19 +251,34 @@ func (r *LineageReconciler) readyCondition(ctx context.Context, l *datav1alpha1.
 	if c := ns.cycle(l); c != "" {
 		return notReady(ReasonCycle, "the Lineages form a cycle, %s: each reads an output of the one before, so none can run first; remove one of the inputs", c)
 	}
+	return nil
+}
 
+// ensureRunJob returns the Job that writes l's outputs the first time, creating it once every
+// input is available; until then it returns no Job and the inputs it waits for. A Job of that
+// name that l does not own is returned as it is, for runCondition to name.
+func (r *LineageReconciler) ensureRunJob(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) (*batchv1.Job, []string, error) {
 	job := &batchv1.Job{}
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: runJobName(l)}, job)
 	switch {
 	case apierrors.IsNotFound(err):
 		if waiting := r.missingInputs(ctx, l, ns); len(waiting) > 0 {
-			return notReady(ReasonWaitingForInputs, "waiting for inputs %s before running the Job", strings.Join(waiting, ", "))
+			return nil, waiting, nil
 		}
-		if job, err = r.createRunJob(ctx, l); err != nil {
-			return nil, err
-		}
+		job, err = r.createRunJob(ctx, l)
+		return job, nil, err
 	case err != nil:
-		return nil, fmt.Errorf("reading Job %s/%s: %w", l.Namespace, runJobName(l), err)
+		return nil, nil, fmt.Errorf("reading Job %s/%s: %w", l.Namespace, runJobName(l), err)
+	}
+	return job, nil, nil
+}
+
+// runCondition is l's Ready condition from its Job (nil while it waits for inputs): True once
+// the Job wrote the outputs.
+func runCondition(l *datav1alpha1.Lineage, job *batchv1.Job, waiting []string) *metav1.Condition {
+	switch {
+	case job == nil:
+		return notReady(ReasonWaitingForInputs, "waiting for inputs %s before running the Job", strings.Join(waiting, ", "))
 	case !metav1.IsControlledBy(job, l):
 		return notReady(ReasonJobFailed, "a Job %s that this Lineage does not own is in the way: delete it or rename the Lineage", job.Name)
 	}
@@ -260,7 +289,7 @@ func (r *LineageReconciler) readyCondition(ctx context.Context, l *datav1alpha1.
 		switch c.Type {
 		case batchv1.JobComplete:
 			return &metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonWritten,
-				Message: fmt.Sprintf("Job %s wrote %s", job.Name, strings.Join(l.Spec.Outputs, ", "))}, nil
+				Message: fmt.Sprintf("Job %s wrote %s", job.Name, strings.Join(l.Spec.Outputs, ", "))}
 		case batchv1.JobFailed:
 			return notReady(ReasonJobFailed, "Job %s failed (%s: %s); it is not retried: see `kubectl logs job/%s`, fix the template, and recreate the Lineage",
 				job.Name, c.Reason, c.Message, job.Name)

@@ -4,9 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
+	"iter"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -122,5 +126,79 @@ func BenchmarkColdReadFromMinIO(b *testing.B) {
 		c.Close()
 		_ = store.Close()
 		b.StartTimer()
+	}
+}
+
+// manyObjects lists n objects of a training set's shape (a thousand files per folder, keys of
+// about 35 bytes, 32-character ETags), made as they are listed.
+type manyObjects int
+
+func (n manyObjects) List(context.Context, string) iter.Seq2[understore.ObjectInfo, error] {
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	return func(yield func(understore.ObjectInfo, error) bool) {
+		for i := range int(n) {
+			o := understore.ObjectInfo{
+				Path: fmt.Sprintf("train/shard-%04d/sample-%07d.jpg", i/1000, i), Size: int64(100<<10 + i%4096),
+				ModTime: t0.Add(time.Duration(i) * time.Millisecond), ETag: fmt.Sprintf("%032x", uint64(i)*0x9e3779b97f4a7c15),
+			}
+			if !yield(o, nil) {
+				return
+			}
+		}
+	}
+}
+
+// BenchmarkMountAMillionObjects mounts a Dataset of a million objects (STRATA_BENCH_OBJECTS
+// changes how many) and reports how long the mount took, the memory the mounted tree keeps per
+// object (heap after a collection, less the heap before), and how long a walk of every name and
+// size through the kernel takes.
+//
+//	go test -run '^$' -bench MountAMillionObjects -benchtime 1x ./cacheworker/fusefs/
+func BenchmarkMountAMillionObjects(b *testing.B) {
+	fusetest.Require(b)
+	n := 1_000_000
+	if v := os.Getenv("STRATA_BENCH_OBJECTS"); v != "" {
+		if _, err := fmt.Sscan(v, &n); err != nil {
+			b.Fatalf("STRATA_BENCH_OBJECTS=%q: %v", v, err)
+		}
+	}
+	for b.Loop() {
+		dir := filepath.Join(b.TempDir(), "mnt")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		start := time.Now()
+		s, err := Mount(context.Background(), dir, Config{Objects: manyObjects(n), Blocks: memoryBlocks{}, BlockSize: 8 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		mounted := time.Since(start)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		start = time.Now()
+		files := 0
+		err = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				files++
+			}
+			return err
+		})
+		walked := time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if files != n {
+			b.Fatalf("the walk found %d files of %d", files, n)
+		}
+		b.ReportMetric(mounted.Seconds(), "s/mount")
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "B/object")
+		b.ReportMetric(walked.Seconds(), "s/walk")
+		if err := s.Unmount(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		runtime.KeepAlive(s)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -139,7 +140,8 @@ func fillAttr(id uint64, n *node, a *fuse.Attr) {
 		a.Size = uint64(n.size)
 		a.Blocks = uint64((n.size + 511) / 512)
 	}
-	a.SetTimes(&n.mtime, &n.mtime, &n.mtime)
+	mtime := time.Unix(0, n.mtime)
+	a.SetTimes(&mtime, &mtime, &mtime)
 }
 
 // fillEntry answers a lookup of node id. A refresh tells the kernel what it changed, so the

@@ -179,11 +179,11 @@ func (u *treeUpdate) mergeFolder(id uint64, e *objtree.Entry, prefix string) {
 			j++
 		}
 	}
-	mtime := e.MTime
-	if mtime.IsZero() {
+	mtime := e.MTime.UnixNano()
+	if e.MTime.IsZero() {
 		mtime = old.mtime // an empty root has no time of its own
 	}
-	if !changed && mtime.Equal(old.mtime) {
+	if !changed && mtime == old.mtime {
 		return
 	}
 	folder := *old
@@ -208,7 +208,7 @@ func (u *treeUpdate) mergeFolder(id uint64, e *objtree.Entry, prefix string) {
 
 // sameVersion reports whether a file node and a listed file are one version of one object.
 func sameVersion(n *node, e *objtree.Entry) bool {
-	return n.size == e.Size && n.etag == e.ETag && n.mtime.Equal(e.MTime)
+	return n.size == e.Size && n.etag == e.ETag && n.mtime == e.MTime.UnixNano()
 }
 
 // retire takes node id and everything below it out of the tree, counting the files it held

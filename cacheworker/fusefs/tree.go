@@ -45,7 +45,7 @@ type node struct {
 	name   string
 	dir    bool
 	size   int64
-	mtime  time.Time
+	mtime  int64 // Unix nanoseconds: a third of a time.Time, for trees of millions of files
 	// children are a folder's node ids, in name order.
 	children []uint64
 	// path is a file's key relative to the Dataset, as the cache names its blocks.
@@ -61,7 +61,7 @@ type node struct {
 // flatten numbers the tree's folders and files depth first in name order, the root being
 // fuse.FUSE_ROOT_ID (1); index 0 is unused, as node id 0 means none to the kernel.
 func flatten(t *objtree.Tree, rootTime time.Time) []*node {
-	nodes := []*node{{}, {dir: true, mtime: rootTime, parent: 1}}
+	nodes := []*node{{}, {dir: true, mtime: rootTime.UnixNano(), parent: 1}}
 	for _, name := range t.Root.SortedNames() {
 		nodes = appendEntry(nodes, 1, name, t.Root.Children[name], "")
 	}
@@ -75,9 +75,11 @@ func flatten(t *objtree.Tree, rootTime time.Time) []*node {
 func appendEntry(nodes []*node, parent uint64, name string, e *objtree.Entry, prefix string) []*node {
 	id := uint64(len(nodes))
 	nodes[parent].children = append(nodes[parent].children, id)
-	n := &node{parent: parent, name: name, dir: e.IsDir(), size: e.Size, mtime: e.MTime, etag: e.ETag}
+	n := &node{parent: parent, name: name, dir: e.IsDir(), size: e.Size, mtime: e.MTime.UnixNano(), etag: e.ETag}
 	if !n.dir {
+		// The name is the end of the path, sharing its bytes.
 		n.path = prefix + name
+		n.name = n.path[len(prefix):]
 	}
 	nodes = append(nodes, n)
 	if n.dir {
@@ -106,7 +108,7 @@ type snapNode struct {
 func snapshotNodes(nodes []*node) []snapNode {
 	out := make([]snapNode, len(nodes))
 	for i, n := range nodes[1:] {
-		out[i+1] = snapNode{Parent: n.parent, Name: n.name, Dir: n.dir, Size: n.size, MTime: n.mtime.UnixNano(), ETag: n.etag, Retired: n.retired}
+		out[i+1] = snapNode{Parent: n.parent, Name: n.name, Dir: n.dir, Size: n.size, MTime: n.mtime, ETag: n.etag, Retired: n.retired}
 	}
 	return out
 }
@@ -122,7 +124,7 @@ func restoreNodes(snap []snapNode) ([]*node, error) {
 	nodes[0] = &node{}
 	for i := 1; i < len(snap); i++ {
 		s := snap[i]
-		n := &node{parent: s.Parent, name: s.Name, dir: s.Dir, size: s.Size, mtime: time.Unix(0, s.MTime), etag: s.ETag, retired: s.Retired}
+		n := &node{parent: s.Parent, name: s.Name, dir: s.Dir, size: s.Size, mtime: s.MTime, etag: s.ETag, retired: s.Retired}
 		if i > 1 {
 			if s.Parent == 0 || s.Parent >= uint64(i) || !nodes[s.Parent].dir {
 				return nil, fmt.Errorf("node %d of the snapshot has parent %d, not a folder before it", i, s.Parent)
@@ -131,7 +133,9 @@ func restoreNodes(snap []snapNode) ([]*node, error) {
 				p.children = append(p.children, uint64(i))
 			}
 			if !n.dir {
-				n.path = folderPath(nodes, s.Parent) + s.Name
+				prefix := folderPath(nodes, s.Parent)
+				n.path = prefix + s.Name
+				n.name = n.path[len(prefix):]
 			}
 		}
 		nodes[i] = n

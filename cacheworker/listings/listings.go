@@ -102,7 +102,7 @@ func (s *Store) Load(uid string) (Listing, error) {
 	}
 	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
-		return Listing{}, fmt.Errorf("Dataset %s: %w", uid, ErrNotFound)
+		return Listing{}, fmt.Errorf("%w of Dataset %s", ErrNotFound, uid)
 	}
 	if err != nil {
 		return Listing{}, fmt.Errorf("reading the listing of %s: %w", uid, err)
@@ -192,7 +192,7 @@ func (l *Lister) list(ctx context.Context) ([]understore.ObjectInfo, error) {
 	}
 	kept, from, err := l.lastGood(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w; and no node keeps an earlier listing of it: %v", listErr, err)
+		return nil, fmt.Errorf("%w; and no node keeps an earlier listing of it: %w", listErr, err)
 	}
 	l.Log.Info("the source is unreachable: serving the last good listing, whose files read as far as they are cached",
 		"error", listErr.Error(), "listingFrom", from, "listingTaken", kept.Taken, "objects", len(kept.Objects))
@@ -211,7 +211,7 @@ func (l *Lister) lastGood(ctx context.Context) (Listing, string, error) {
 		}
 	}
 	if l.Peers == nil {
-		return Listing{}, "", fmt.Errorf("Dataset %s: %w", l.UID, ErrNotFound)
+		return Listing{}, "", fmt.Errorf("%w of Dataset %s on this node, and no peer to ask", ErrNotFound, l.UID)
 	}
 	kept, from, err := l.Peers.Listing(ctx, l.UID)
 	if err != nil {

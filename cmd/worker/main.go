@@ -96,7 +96,7 @@ const (
 // of a node at about the same time.
 const handoverRefillInterval = time.Second
 
-func run(ctx context.Context, opts options, log logr.Logger) error {
+func run(ctx context.Context, opts options, log logr.Logger) (err error) {
 	cfg, err := opts.resolve()
 	if err != nil {
 		return err
@@ -166,9 +166,23 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer func() {
+	// From here on, every goroutine runs in g and everything opened is closed once g is done,
+	// in the reverse order of opening, whichever way run returns: a goroutine never outlives
+	// what it uses.
+	ctx, cancel := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(ctx)
+	closers := []func(){func() {
 		if err := store.Close(); err != nil {
 			log.Error(err, "closing the tier store")
+		}
+	}}
+	defer func() {
+		cancel()
+		if werr := g.Wait(); err == nil {
+			err = werr
+		}
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
 		}
 	}()
 
@@ -184,7 +198,6 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		return err
 	}
 
-	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return store.Run(gctx) })
 	if renewer != nil {
 		g.Go(func() error { renewer.Run(gctx); return nil })
@@ -236,12 +249,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	if opts.mountSocket == "" {
 		syncs.serve(noMounts{})
 	}
-	g.Go(func() error {
-		if err := grpcSrv.Serve(dataLis); err != nil {
-			return fmt.Errorf("serving the data plane: %w", err)
-		}
-		return nil
-	})
+	serveGRPC(g, gctx, grpcSrv, dataLis, "the data plane", opts.shutdownTimeout)
 
 	if opts.shortCircuit != "" {
 		scMetrics, err := shortcircuit.NewMetrics(reg)
@@ -319,13 +327,13 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		if err := mounts.Recover(ctx); err != nil {
 			return err
 		}
-		syncs.serve(mounts.SyncServer())
-		g.Go(func() error { mounts.RefillHandovers(gctx, handoverRefillInterval); return nil })
-		defer func() {
+		closers = append(closers, func() {
 			if err := mounts.Close(); err != nil {
 				log.Error(err, "unmounting the Datasets")
 			}
-		}()
+		})
+		syncs.serve(mounts.SyncServer())
+		g.Go(func() error { mounts.RefillHandovers(gctx, handoverRefillInterval); return nil })
 		mountLis, err := unixsock.Listen(opts.mountSocket)
 		if err != nil {
 			return fmt.Errorf("listening for the CSI plugin's mount requests: %w", err)
@@ -334,19 +342,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		mountSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()),
 			authorizer.For(mounter.Policy).ServerOptions()...)...)
 		workerpb.RegisterMounterServer(mountSrv, mounts)
-		g.Go(func() error {
-			if err := mountSrv.Serve(mountLis); err != nil {
-				return fmt.Errorf("serving the mount socket: %w", err)
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), opts.shutdownTimeout)
-			defer cancel()
-			daemon.StopGRPC(sctx, mountSrv)
-			return nil
-		})
+		serveGRPC(g, gctx, mountSrv, mountLis, "the mount socket", opts.shutdownTimeout)
 	}
 
 	mux := http.NewServeMux()
@@ -376,12 +372,29 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), opts.shutdownTimeout)
 		defer cancel()
-		daemon.StopGRPC(sctx, grpcSrv)
 		return srv.Shutdown(sctx)
 	})
 	log.Info("worker running", "tiers", store.Tiers(), "data", dataLis.Addr().String(), "metrics", lis.Addr().String(),
 		"worker", id.id, "masters", id.masters)
 	return g.Wait()
+}
+
+// serveGRPC serves srv on lis in g, and stops it once gctx ends: gracefully, within timeout.
+// Both are started together, so that whatever makes run return stops the server.
+func serveGRPC(g *errgroup.Group, gctx context.Context, srv *grpc.Server, lis net.Listener, what string, timeout time.Duration) {
+	g.Go(func() error {
+		if err := srv.Serve(lis); err != nil {
+			return fmt.Errorf("serving %s: %w", what, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), timeout)
+		defer cancel()
+		daemon.StopGRPC(sctx, srv)
+		return nil
+	})
 }
 
 // settingsFetcher reads what the operator serves at url to this worker, with its certificate:

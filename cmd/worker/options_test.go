@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -322,4 +323,31 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(mounts).To(BeEmpty(), "a stopping worker unmounts its Datasets")
 	}
+}
+
+// TestRunStopsWhatItStartedWhenItFailsLate: a worker that fails after its data plane serves
+// (here, its metrics port is taken) stops serving it before run returns, so that nothing it
+// started outlives the store it closes.
+func TestRunStopsWhatItStartedWhenItFailsLate(t *testing.T) {
+	g := NewWithT(t)
+	ca := pkitest.New(t)
+	dir := t.TempDir()
+	tiers := "- name: mem\n  medium: MEM\n  paths: [" + filepath.Join(dir, "mem") + "]\n  quota: 64Mi\n"
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = taken.Close() }()
+	o := options{indexDir: filepath.Join(dir, "index"), eviction: "LRU", promotionThreshold: 3, shutdownTimeout: 5 * time.Second,
+		tiersFile: filepath.Join(dir, "tiers.yaml"), metricsAddr: taken.Addr().String(), dataAddr: freeAddr(t),
+		masterAddrs: "127.0.0.1:1", pool: "default", nodeName: "node-a", heartbeat: time.Second}
+	o.advertiseAddr = o.dataAddr
+	o.tls = certificateFiles(t, ca, pki.Worker("default", "node-a"))
+	g.Expect(os.WriteFile(o.tiersFile, []byte(tiers), 0o600)).To(Succeed())
+
+	err = run(context.Background(), o, logr.Discard())
+	g.Expect(err).To(MatchError(ContainSubstring("listening on " + o.metricsAddr)))
+	conn, err := net.Dial("tcp", o.dataAddr)
+	if err == nil {
+		_ = conn.Close()
+	}
+	g.Expect(err).To(MatchError(syscall.ECONNREFUSED), "the data plane stopped with run")
 }

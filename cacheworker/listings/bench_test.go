@@ -1,0 +1,104 @@
+package listings
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/minio/minio-go/v7"
+
+	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/internal/miniotest"
+)
+
+// BenchmarkListAMillionObjectsFromMinIO puts a million small objects (STRATA_BENCH_OBJECTS
+// changes how many) into a real MinIO, then lists them as a mount does (understore's S3 lister
+// through a Lister, which keeps the listing on disk), and reports the listing's time, its rate
+// and the bytes the kept listing takes per object. Putting the objects takes most of the run.
+//
+//	go test -run '^$' -bench ListAMillionObjects -benchtime 1x -timeout 2h ./cacheworker/listings/
+func BenchmarkListAMillionObjectsFromMinIO(b *testing.B) {
+	n := 1_000_000
+	if v := os.Getenv("STRATA_BENCH_OBJECTS"); v != "" {
+		if _, err := fmt.Sscan(v, &n); err != nil {
+			b.Fatalf("STRATA_BENCH_OBJECTS=%q: %v", v, err)
+		}
+	}
+	srv := miniotest.Start(b)
+	srv.MakeBucket(b, "data")
+	start := time.Now()
+	putMany(b, srv.Client, "data", n)
+	b.Logf("put %d objects in %s (%.0f/s)", n, time.Since(start).Round(time.Second), float64(n)/time.Since(start).Seconds())
+	store, err := understore.NewS3(understore.S3Config{Endpoint: srv.Endpoint, Bucket: "data", AccessKey: miniotest.AccessKey, SecretKey: miniotest.SecretKey})
+	if err != nil {
+		b.Fatal(err)
+	}
+	kept, err := Open(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		l := &Lister{Source: store, UID: "bench", Store: kept, Log: logr.Discard()}
+		start := time.Now()
+		listed := 0
+		for _, err := range l.List(context.Background(), "") {
+			if err != nil {
+				b.Fatal(err)
+			}
+			listed++
+		}
+		took := time.Since(start)
+		if listed != n {
+			b.Fatalf("listed %d objects of %d", listed, n)
+		}
+		st, err := os.Stat(filepath.Join(kept.dir, "bench.gob"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(took.Seconds(), "s/list")
+		b.ReportMetric(float64(n)/took.Seconds(), "objects/s")
+		b.ReportMetric(float64(st.Size())/float64(n), "kept-B/object")
+	}
+}
+
+// putMany puts n objects of 100 bytes under keys of a training set's shape, 64 at a time.
+func putMany(b *testing.B, c *minio.Client, bucket string, n int) {
+	var wg sync.WaitGroup
+	keys := make(chan int)
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range keys {
+				key := fmt.Sprintf("train/shard-%04d/sample-%07d.jpg", i/1000, i)
+				if _, err := c.PutObject(context.Background(), bucket, key, bytes.NewReader(make([]byte, 100)), 100, minio.PutObjectOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for i := range n {
+		select {
+		case keys <- i:
+		case err := <-errs:
+			close(keys)
+			wg.Wait()
+			b.Fatal(err)
+		}
+	}
+	close(keys)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		b.Fatal(err)
+	default:
+	}
+}
