@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -83,6 +84,7 @@ var _ = Describe("The Lineage reconciler", func() {
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "extract"}, l)).To(Succeed())
 		Expect(l.Status.Outputs).To(HaveExactElements(And(HaveField("Name", "raw"), HaveField("State", datav1alpha1.OutputInMemory))))
 		Expect(l.Status.UncheckpointedDepth).To(BeEquivalentTo(1))
+		Expect(testutil.ToFloat64(lineageDepth.WithLabelValues(namespace, "extract"))).To(Equal(1.0), "the gauge says what the status says")
 		Expect(meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionCheckpointed)).
 			To(HaveField("Reason", ReasonNotCheckpointed))
 
@@ -92,7 +94,13 @@ var _ = Describe("The Lineage reconciler", func() {
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "featurize"}, l)).To(Succeed())
 			g.Expect(l.Status.UncheckpointedDepth).To(BeEquivalentTo(2))
+			g.Expect(testutil.ToFloat64(lineageDepth.WithLabelValues(namespace, "featurize"))).To(Equal(2.0))
 		}).Should(Succeed())
+
+		By("a deleted Lineage's series goes with it")
+		Expect(k8sClient.Delete(ctx, l)).To(Succeed())
+		Eventually(func() []string { return depthSeries(namespace) }).ShouldNot(ContainElement("featurize"))
+		Expect(depthSeries(namespace)).To(ContainElement("extract"))
 	})
 
 	It("ends a bad Lineage with a condition that says what to fix, and runs nothing", func() {
@@ -542,4 +550,23 @@ func endJob(job *batchv1.Job, succeeded bool) {
 		{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded",
 			Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
 	}
+}
+
+// depthSeries are the Lineages of namespace that the uncheckpointed-depth gauge has a series of.
+func depthSeries(namespace string) []string {
+	families, err := lineageDepthRegistry.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	var out []string
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels["namespace"] == namespace {
+				out = append(out, labels["lineage"])
+			}
+		}
+	}
+	return out
 }

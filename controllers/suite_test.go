@@ -63,6 +63,10 @@ var (
 	// lineageMaster is a real master the Lineage reconciler reads outputs' state from; specs
 	// lose blocks in it to make outputs Lost.
 	lineageMaster *masterclient.Client
+	// lineageDepth is the Lineage reconciler's gauge of uncheckpointed depth, registered alone
+	// on lineageDepthRegistry.
+	lineageDepth         *prometheus.GaugeVec
+	lineageDepthRegistry *prometheus.Registry
 	// syncWorkers are the workers the Dataset reconciler's syncs find at "the master": specs
 	// add the data-plane servers they run (see dataset_sync_test.go).
 	syncWorkers = &testWorkerList{}
@@ -236,10 +240,13 @@ var _ = BeforeSuite(func() {
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&CachePolicyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
+	lineageDepthRegistry = prometheus.NewRegistry()
+	lineageDepth, err = NewLineageDepthGauge(lineageDepthRegistry)
+	Expect(err).NotTo(HaveOccurred())
 	Expect((&LineageReconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Master: lineageMaster, Partitions: lineageMaster,
-		APIReader: mgr.GetAPIReader(),
-		Refresh:   time.Second,
+		APIReader: mgr.GetAPIReader(), Depth: lineageDepth,
+		Refresh: time.Second,
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&ProvisionerReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 
