@@ -202,32 +202,7 @@ func run(opts options) error {
 	}
 
 	claimServers := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/component": controllers.ClaimServerComponent})
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: scheme,
-		// The operator owns StatefulSets, Services, DaemonSets and ConfigMaps in its own
-		// namespace: watch all of them there, and in other namespaces only the objects of the
-		// claim servers it runs for pvc:// Datasets, by label.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&appsv1.StatefulSet{}: {Namespaces: map[string]cache.Config{opts.namespace: {}}},
-			&corev1.Service{}: {Namespaces: map[string]cache.Config{
-				opts.namespace: {}, cache.AllNamespaces: {LabelSelector: claimServers},
-			}},
-			&appsv1.DaemonSet{}:  {Namespaces: map[string]cache.Config{opts.namespace: {}}},
-			&corev1.ConfigMap{}:  {Namespaces: map[string]cache.Config{opts.namespace: {}}},
-			&appsv1.Deployment{}: {Label: claimServers},
-			&corev1.Pod{}:        {Label: claimServers},
-		}},
-		Client:                  client.Options{Cache: controllers.SecretClientOptions()},
-		Metrics:                 metricsserver.Options{BindAddress: opts.metricsAddr},
-		WebhookServer:           webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir}),
-		HealthProbeBindAddress:  opts.probeAddr,
-		LeaderElection:          opts.leaderElect,
-		LeaderElectionID:        leaderElectionID,
-		LeaderElectionNamespace: opts.leaderElectionNamespace,
-		// The process exits as soon as the manager stops, so the Lease can be released at once
-		// and the next replica takes over without waiting for it to expire.
-		LeaderElectionReleaseOnCancel: true,
-	})
+	mgr, err := ctrl.NewManager(cfg, managerOptions(opts, scheme, claimServers))
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
@@ -444,4 +419,35 @@ func ownerReference(ctx context.Context, reader client.Reader, namespace, name s
 		Name:       deploy.Name,
 		UID:        deploy.UID,
 	}, nil
+}
+
+// managerOptions are the manager's: what it caches, where it serves, and the leader election
+// that lets one replica of the operator at a time reconcile.
+func managerOptions(opts options, scheme *runtime.Scheme, claimServers labels.Selector) ctrl.Options {
+	return ctrl.Options{
+		Scheme: scheme,
+		// The operator owns StatefulSets, Services, DaemonSets and ConfigMaps in its own
+		// namespace: watch all of them there, and in other namespaces only the objects of the
+		// claim servers it runs for pvc:// Datasets, by label.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&appsv1.StatefulSet{}: {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			&corev1.Service{}: {Namespaces: map[string]cache.Config{
+				opts.namespace: {}, cache.AllNamespaces: {LabelSelector: claimServers},
+			}},
+			&appsv1.DaemonSet{}:  {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			&corev1.ConfigMap{}:  {Namespaces: map[string]cache.Config{opts.namespace: {}}},
+			&appsv1.Deployment{}: {Label: claimServers},
+			&corev1.Pod{}:        {Label: claimServers},
+		}},
+		Client:                  client.Options{Cache: controllers.SecretClientOptions()},
+		Metrics:                 metricsserver.Options{BindAddress: opts.metricsAddr},
+		WebhookServer:           webhook.NewServer(webhook.Options{Port: opts.webhookPort, CertDir: opts.webhookCertDir}),
+		HealthProbeBindAddress:  opts.probeAddr,
+		LeaderElection:          opts.leaderElect,
+		LeaderElectionID:        leaderElectionID,
+		LeaderElectionNamespace: opts.leaderElectionNamespace,
+		// The process exits as soon as the manager stops, so the Lease can be released at once
+		// and the next replica takes over without waiting for it to expire.
+		LeaderElectionReleaseOnCancel: true,
+	}
 }
