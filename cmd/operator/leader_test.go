@@ -81,7 +81,7 @@ func TestOneReplicaOfTheOperatorReconcilesAtATime(t *testing.T) {
 	opts := options{namespace: "strata-system", leaderElect: true, leaderElectionNamespace: "strata-system", metricsAddr: "0", probeAddr: "0"}
 
 	first := startReplica(t, g, restConfig, opts, scheme)
-	g.Eventually(func() bool { return isClosed(first.leading) }).WithTimeout(30 * time.Second).Should(BeTrue(), "the first replica leads")
+	g.Eventually(func() bool { return isClosed(first.leading) }).WithTimeout(30*time.Second).Should(BeTrue(), "the first replica leads")
 	lease := &coordinationv1.Lease{}
 	g.Expect(c.Get(context.Background(), client.ObjectKey{Namespace: "strata-system", Name: leaderElectionID}, lease)).To(Succeed())
 	holder := *lease.Spec.HolderIdentity
@@ -90,7 +90,7 @@ func TestOneReplicaOfTheOperatorReconcilesAtATime(t *testing.T) {
 	g.Eventually(func() bool { return isClosed(second.started) }).WithTimeout(30 * time.Second).Should(BeTrue())
 	// The second replica asks for the Lease every 200 ms from its start, and the first renews
 	// it: over many of its tries, it never leads.
-	g.Consistently(func() bool { return isClosed(second.leading) }).WithTimeout(2 * time.Second).Should(BeFalse(), "two replicas never lead at once")
+	g.Consistently(func() bool { return isClosed(second.leading) }).WithTimeout(2*time.Second).Should(BeFalse(), "two replicas never lead at once")
 	g.Expect(c.Get(context.Background(), client.ObjectKeyFromObject(lease), lease)).To(Succeed())
 	g.Expect(*lease.Spec.HolderIdentity).To(Equal(holder))
 
