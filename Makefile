@@ -101,6 +101,9 @@ test: manifests generate fmt vet envtest-assets $(MINIO) $(HELM) ## Run unit, en
 
 # BENCH_FILES is the namespace size of the failover benchmark; 1000000 for the seeds' figure.
 BENCH_FILES ?= 1000
+# BENCH_OBJECTS is the size of the Dataset the tree benchmarks mount and list (docs/benchmarks.md:
+# 1000000; putting that many objects into MinIO takes about 17 minutes).
+BENCH_OBJECTS ?= 100000
 
 .PHONY: bench
 bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compared with (see docs/benchmarks.md); make bench-e2e runs the whole-system ones.
@@ -113,6 +116,8 @@ bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compare
 	go test ./cacheworker/outputfs/ -run '^$$' -bench WritingAnOutput -benchtime 5x -count 2
 	go test ./master/bench -run '^$$' -bench 'Create|Exists|Rename|Delete|List' -benchtime 3000x -timeout 30m
 	go test ./master/bench -run '^$$' -bench 'Failover|MemoryPerFile' -benchtime 3x -files $(BENCH_FILES) -timeout 2h
+	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) go test ./cacheworker/fusefs/ -run '^$$' -bench MountAMillionObjects -benchtime 1x
+	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) STRATA_MINIO="$(MINIO)" go test ./cacheworker/listings/ -run '^$$' -bench ListAMillionObjects -benchtime 1x -timeout 2h
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
