@@ -235,6 +235,7 @@ var _ = Describe("The worker reconciler", func() {
 				"--policies=/etc/strata/policies.json",
 				"--checkpoints-url=" + testWorkerSpec.TLS.CheckpointsURL(pool.Name),
 				"--index-dir=/var/lib/strata-worker/index",
+				"--listings-dir=/var/lib/strata-worker/listings",
 				"--data-addr=:7100",
 				"--advertise-addr=$(POD_IP):7100",
 				"--metrics-addr=:8080",
@@ -284,7 +285,7 @@ var _ = Describe("The worker reconciler", func() {
 					volumeOfHostPath[v.HostPath.Path] = v.Name
 				}
 			}
-			g.Expect(volumeOfHostPath).To(HaveLen(8), "three tier paths, the index, the socket, fd store and mounts directories, a source root")
+			g.Expect(volumeOfHostPath).To(HaveLen(9), "three tier paths, the index, the kept listings, the socket, fd store and mounts directories, a source root")
 			mountAt := map[string]corev1.VolumeMount{}
 			for _, m := range pod.Containers[0].VolumeMounts {
 				mountAt[m.MountPath] = m
@@ -301,6 +302,9 @@ var _ = Describe("The worker reconciler", func() {
 			index := "/var/lib/strata-worker/" + pool.Name + "/index"
 			g.Expect(mountAt).To(HaveKeyWithValue("/var/lib/strata-worker/index", HaveField("Name", volumeOfHostPath[index])),
 				"the block index survives the pod on the host")
+			listings := "/var/lib/strata-worker/" + pool.Name + "/listings"
+			g.Expect(mountAt).To(HaveKeyWithValue("/var/lib/strata-worker/listings", HaveField("Name", volumeOfHostPath[listings])),
+				"the kept listings survive the pod on the host, for mounts while a source is down")
 			socket := "/run/strata/" + pool.Name
 			g.Expect(mountAt).To(HaveKeyWithValue(socket, HaveField("Name", volumeOfHostPath[socket])))
 			g.Expect(mountAt).To(HaveKeyWithValue("/run/strata/fdstore", HaveField("Name", volumeOfHostPath["/run/strata/fdstore"])),

@@ -252,6 +252,22 @@ func validate(req *workerpb.MountDatasetRequest) error {
 	return nil
 }
 
+// lockedMount checks uid, takes its lock and returns its mount (nil if none); the caller
+// unlocks.
+func (m *Mounter) lockedMount(ctx context.Context, uid string) (*mount, func(), error) {
+	if err := validUID(uid); err != nil {
+		return nil, nil, err
+	}
+	unlock, err := m.lock(ctx, uid)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	mnt := m.mounts[uid]
+	m.mu.Unlock()
+	return mnt, unlock, nil
+}
+
 // lock takes the lock of uid, waiting for it until ctx ends.
 func (m *Mounter) lock(ctx context.Context, uid string) (unlock func(), err error) {
 	m.mu.Lock()
@@ -602,17 +618,11 @@ func (m *Mounter) forget(mnt *mount) {
 // system is served until the last of them goes, so that no pod loses its files.
 func (m *Mounter) UnmountDataset(ctx context.Context, req *workerpb.UnmountDatasetRequest) (*workerpb.UnmountDatasetResponse, error) {
 	uid := req.GetUid()
-	if err := validUID(uid); err != nil {
-		return nil, err
-	}
-	unlock, err := m.lock(ctx, uid)
+	mnt, unlock, err := m.lockedMount(ctx, uid)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	m.mu.Lock()
-	mnt := m.mounts[uid]
-	m.mu.Unlock()
 	if mnt == nil {
 		// Not ours; a mount point left there by an earlier worker goes too.
 		if err := m.clearPath(filepath.Join(m.cfg.MountsDir, uid), m.log.WithValues("uid", uid)); err != nil {

@@ -78,17 +78,11 @@ func (s syncServer) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetRe
 // sync refreshes the mount of uid, if this worker serves one, holding the UID's lock so that
 // no mount, unmount or other sync of it runs meanwhile.
 func (m *Mounter) sync(ctx context.Context, uid string) (*workerpb.SyncDatasetResponse, error) {
-	if err := validUID(uid); err != nil {
-		return nil, err
-	}
-	unlock, err := m.lock(ctx, uid)
+	mnt, unlock, err := m.lockedMount(ctx, uid)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	m.mu.Lock()
-	mnt := m.mounts[uid]
-	m.mu.Unlock()
 	if mnt == nil {
 		return &workerpb.SyncDatasetResponse{}, nil
 	}
