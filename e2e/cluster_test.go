@@ -261,7 +261,18 @@ func stopNode(ctx context.Context, node string) (start func(ctx context.Context)
 			var n corev1.Node
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, &n)).To(Succeed())
 			g.Expect(nodeReady(&n)).To(BeTrue())
-		}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s to be Ready again", node)
+			// Strata's own pods there (workers, the CSI node plugin, a master) serve again, so
+			// that the specs that follow find the node as it was.
+			var pods corev1.PodList
+			g.Expect(k8sClient.List(ctx, &pods, client.InNamespace(strataNamespace), client.MatchingFields{"spec.nodeName": node})).To(Succeed())
+			for i := range pods.Items {
+				p := &pods.Items[i]
+				if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+					continue // going, or done: nothing the next specs use
+				}
+				g.Expect(podReady(p)).To(BeTrue(), "pod %s on %s", p.Name, node)
+			}
+		}).WithContext(ctx).WithTimeout(4*minute).Should(Succeed(), "waiting for %s and Strata's pods on it to be Ready again", node)
 	})
 	return start
 }
