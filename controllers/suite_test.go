@@ -15,7 +15,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -30,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/controllers/scheduling"
 	"github.com/strata-cache/strata/internal/miniotest"
@@ -231,9 +231,9 @@ var _ = BeforeSuite(func() {
 		OpenSource:          openSourceWithHiddenKeys,
 		// Every reconcile checks that a source answers: specs make sources unreachable.
 		ReachCheck: time.Nanosecond,
-		Syncer: &WorkerSyncs{Workers: syncWorkers, DialOptions: []grpc.DialOption{
+		Syncer: &WorkerSyncs{Workers: syncWorkers, Peers: dataplane.NewPeers(
 			testCA.Credentials(GinkgoT(), pki.Operator()).DialOption(pki.RoleWorker),
-		}},
+		)},
 		ClaimServerTLS: &ClaimServerTLS{
 			CA: testCA.CA, Client: understore.ClaimClientTLS(testCA.Credentials(GinkgoT(), pki.Operator())),
 		},

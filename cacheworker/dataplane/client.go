@@ -56,6 +56,15 @@ func (p *Peers) Close() error {
 }
 
 func (p *Peers) stub(addr string) (workerpb.WorkerClient, error) {
+	c, err := p.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return workerpb.NewWorkerClient(c), nil
+}
+
+// conn is the connection to the worker at addr, made at first use.
+func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -69,7 +78,17 @@ func (p *Peers) stub(addr string) (workerpb.WorkerClient, error) {
 		}
 		p.conns[addr] = c
 	}
-	return workerpb.NewWorkerClient(c), nil
+	return c, nil
+}
+
+// SyncDataset asks the worker at addr to sync its mount of Dataset uid with the source: the
+// operator's call (DatasetSync), over the same connections.
+func (p *Peers) SyncDataset(ctx context.Context, addr, uid string) (*workerpb.SyncDatasetResponse, error) {
+	c, err := p.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return workerpb.NewDatasetSyncClient(c).SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid})
 }
 
 // ReadBlock reads a whole block from the worker at addr and checks it against its CRC-32C. It

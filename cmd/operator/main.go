@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/controllers"
 	"github.com/strata-cache/strata/controllers/scheduling"
@@ -273,9 +274,9 @@ func run(opts options) error {
 		datasets.Master = masters
 		// Workers are spoken to over their data-plane port, which checks the operator's
 		// certificate as the operator checks theirs.
-		syncs := &controllers.WorkerSyncs{Workers: masters, DialOptions: []grpc.DialOption{ids.creds.DialOption(pki.RoleWorker)}}
-		defer func() { _ = syncs.Close() }()
-		datasets.Syncer = syncs
+		workerPeers := dataplane.NewPeers(ids.creds.DialOption(pki.RoleWorker))
+		defer func() { _ = workerPeers.Close() }()
+		datasets.Syncer = &controllers.WorkerSyncs{Workers: masters, Peers: workerPeers}
 		pools.Master = masters
 		pools.Forgetter = masters
 		lineageMaster = masters
