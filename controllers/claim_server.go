@@ -81,6 +81,8 @@ type ClaimServerTLS struct {
 // the credentials they use, and the Secret that holds those credentials.
 type sourceAccess struct {
 	source understore.Source
+	// mounts are the stores of a Dataset with spec.mounts, in place of source.
+	mounts []mountAccess
 	// secretName is the Secret of the Dataset's namespace the kubelet gives the CSI plugin at
 	// publish; empty for none.
 	secretName string
@@ -105,6 +107,9 @@ func ClaimServerEndpoint(ns, name string) string {
 // accessSource says how a Dataset's source is reached, making the claim server of a pvc://
 // source if need be. It returns the problem the user must fix, if any.
 func (r *DatasetReconciler) accessSource(ctx context.Context, ds *datav1alpha1.Dataset) (*sourceAccess, *problem, error) {
+	if len(ds.Spec.Mounts) > 0 {
+		return r.accessMounts(ctx, ds)
+	}
 	src := ds.Spec.Source
 	if src == nil {
 		return nil, nil, nil
@@ -217,7 +222,7 @@ func owned(ds *datav1alpha1.Dataset, obj client.Object, kind string) *problem {
 		return nil
 	}
 	return &problem{ReasonObjectInTheWay, fmt.Sprintf(
-		"a %s %s/%s that this Dataset does not own is in the way of its claim server: rename the Dataset or delete the %s",
+		"a %s %s/%s that this Dataset does not own is in the way of one Strata makes for it: rename the Dataset or delete the %s",
 		kind, obj.GetNamespace(), obj.GetName(), kind)}
 }
 

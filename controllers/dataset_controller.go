@@ -197,7 +197,7 @@ func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alph
 	}
 	// A sync runs before the probe, so that the status counts the tree the mounts now show.
 	var syncRequeue time.Duration
-	if problem == nil && ds.Spec.Source != nil {
+	if problem == nil && readsStores(ds) {
 		var synced bool
 		if syncRequeue, synced = r.syncMounts(ctx, ds); synced {
 			r.probes.forget(ds.UID)
@@ -242,6 +242,7 @@ func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alph
 	}
 	setCheckpointTarget(ds, target)
 	setSourceSummary(ds, summary)
+	ds.Status.MountPaths = mountPaths(ds)
 	setSourceReachable(ds, summary, outage, problem)
 	var result ctrl.Result
 	switch {
@@ -256,7 +257,7 @@ func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alph
 		}
 	case problem != nil && secretProblem(problem.reason):
 		result.RequeueAfter = secretRecheck
-	case problem != nil && problem.reason == ReasonSourceUnreachable && strings.HasPrefix(ds.Spec.Source.URI, "pvc://"):
+	case problem != nil && problem.reason == ReasonSourceUnreachable && ds.Spec.Source != nil && strings.HasPrefix(ds.Spec.Source.URI, "pvc://"):
 		result.RequeueAfter = claimServerRecheck
 	case problem != nil && isSourceProblem(problem.reason):
 		// A source that failed its probe may be fixed where the operator cannot see it (the
@@ -372,13 +373,23 @@ var requiredSecretKeys = map[string][]string{
 	"s3": {"accessKeyID", "secretAccessKey"},
 }
 
+// checkSource checks each store a Dataset reads: its Secret, its claim, its path.
 func (r *DatasetReconciler) checkSource(ctx context.Context, ds *datav1alpha1.Dataset, pool *datav1alpha1.TierPool) (*problem, error) {
-	src := ds.Spec.Source
+	for _, ref := range datasetStores(ds) {
+		if p, err := r.checkStore(ctx, ds, pool, ref); p != nil || err != nil {
+			return p, err
+		}
+	}
+	return nil, nil
+}
+
+func (r *DatasetReconciler) checkStore(ctx context.Context, ds *datav1alpha1.Dataset, pool *datav1alpha1.TierPool, ref storeRef) (*problem, error) {
+	src := ref.src
 	scheme, rest, _ := strings.Cut(src.URI, "://")
 	if src.SecretRef != nil {
 		secret := &corev1.Secret{}
 		if found, err := r.exists(ctx, secret, ds.Namespace, src.SecretRef.Name); err != nil || !found {
-			return &problem{ReasonSecretNotFound, fmt.Sprintf(
+			return &problem{ReasonSecretNotFound, ref.inMount() + fmt.Sprintf(
 				"Secret %q does not exist in namespace %s: create it with the keys %s", src.SecretRef.Name, ds.Namespace,
 				strings.Join(keysOrAny(requiredSecretKeys[scheme]), " and "))}, err
 		}
@@ -389,7 +400,7 @@ func (r *DatasetReconciler) checkSource(ctx context.Context, ds *datav1alpha1.Da
 			}
 		}
 		if len(missing) > 0 {
-			return &problem{ReasonSecretIncomplete, fmt.Sprintf(
+			return &problem{ReasonSecretIncomplete, ref.inMount() + fmt.Sprintf(
 				"Secret %q in namespace %s has no %s: add %s to it", src.SecretRef.Name, ds.Namespace,
 				strings.Join(missing, " or "), strings.Join(missing, " and "))}, nil
 		}
@@ -407,7 +418,7 @@ func (r *DatasetReconciler) checkSource(ctx context.Context, ds *datav1alpha1.Da
 		}
 	case "file":
 		if !underAnyRoot("/"+strings.TrimLeft(rest, "/"), pool.Spec.FileSourceRoots) {
-			return &problem{ReasonFileSourceNotAllowed, fmt.Sprintf(
+			return &problem{ReasonFileSourceNotAllowed, ref.inMount() + fmt.Sprintf(
 				"%s is not under any of TierPool %q's spec.fileSourceRoots %v: ask a cluster administrator to allow it, or copy the data to S3",
 				src.URI, pool.Name, pool.Spec.FileSourceRoots)}, nil
 		}
@@ -465,7 +476,9 @@ func volumeAttributes(ds *datav1alpha1.Dataset, access *sourceAccess) map[string
 	if ds.Spec.Lineage != nil {
 		attrs[datav1alpha1.VolumeAttributeOutput] = "true"
 	}
-	if access != nil {
+	if len(ds.Spec.Mounts) > 0 {
+		attrs[datav1alpha1.VolumeAttributeMounts] = datav1alpha1.EncodeVolumeMounts(ds.Spec.Mounts)
+	} else if access != nil {
 		src := access.source
 		attrs[datav1alpha1.VolumeAttributeSourceURI] = src.URI
 		if src.Endpoint != "" {
@@ -742,7 +755,7 @@ func (r *DatasetReconciler) recordTransitions(before, after *datav1alpha1.Datase
 		}
 		r.Recorder.Eventf(after, corev1.EventTypeWarning, ReasonObjectsLeftOut,
 			"%d object(s) of %s cannot be shown in the Dataset's tree, so its mounts leave them out: %s; rename them in the source, or see status.leftOut",
-			n, after.Spec.Source.URI, strings.Join(named, ", "))
+			n, describeStores(after), strings.Join(named, ", "))
 	}
 }
 

@@ -175,9 +175,7 @@ var _ = Describe("The Dataset reconciler", func() {
 		bucket := "public-" + namespace
 		s3.MakeBucket(GinkgoT(), bucket)
 		s3.Put(GinkgoT(), bucket, "sets/a.bin", make([]byte, 1000))
-		Expect(s3.Client.SetBucketPolicy(ctx, bucket, `{"Version":"2012-10-17","Statement":[
-			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::`+bucket+`/*"]},
-			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:ListBucket"],"Resource":["arn:aws:s3:::`+bucket+`"]}]}`)).To(Succeed())
+		s3.MakePublic(GinkgoT(), bucket)
 		public := &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "public", Namespace: namespace},
 			Spec: datav1alpha1.DatasetSpec{
@@ -191,6 +189,85 @@ var _ = Describe("The Dataset reconciler", func() {
 		pv := &corev1.PersistentVolume{}
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(public.UID)}, pv)).To(Succeed())
 		Expect(pv.Spec.CSI.NodePublishSecretRef).To(BeNil(), "the workers get no credentials, and read anonymously too")
+	})
+
+	It("serves several stores as one tree, each mount with its own Secret, kept in one Secret the kubelet hands the node plugin", func() {
+		createPool()
+		createCredentials(miniotest.SecretKey)
+		bucket := "public-" + namespace
+		s3.MakeBucket(GinkgoT(), bucket)
+		s3.MakePublic(GinkgoT(), bucket)
+		s3.Put(GinkgoT(), bucket, "corpus/ref.txt", make([]byte, 500))
+		private := s3Dataset("private-part") // two objects, 1000 + 3 MiB bytes
+		mounts := func(name string) *datav1alpha1.Dataset {
+			return &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+				Spec: datav1alpha1.DatasetSpec{
+					Mounts: []datav1alpha1.DatasetMount{
+						{Path: "/raw", Source: *private.Spec.Source},
+						{Path: "/reference/v1", Source: datav1alpha1.DatasetSource{URI: "s3://" + bucket + "/corpus/", Endpoint: "http://" + s3.Endpoint}},
+					},
+					TierPoolName: poolName,
+				},
+			}
+		}
+
+		By("a mount whose Secret is missing is named")
+		missing := mounts("missing-secret")
+		missing.Spec.Mounts[0].Source.SecretRef = &datav1alpha1.SecretReference{Name: "no-such-secret"}
+		Expect(k8sClient.Create(ctx, missing)).To(Succeed())
+		cond := readyCondition(missing, ReasonSecretNotFound)
+		Expect(cond.Message).To(HavePrefix(`mount /raw (spec.mounts[0]): Secret "no-such-secret" does not exist`))
+
+		By("a mount that lists nothing is named: its folder would not even show")
+		empty := mounts("empty-mount")
+		empty.Spec.Mounts[1].Source.URI = "s3://" + bucket + "/nothing-here/"
+		Expect(k8sClient.Create(ctx, empty)).To(Succeed())
+		cond = readyCondition(empty, ReasonSourceEmpty)
+		Expect(cond.Message).To(And(HavePrefix("mount /reference/v1 (spec.mounts[1]): there are no objects under s3://"+bucket+"/nothing-here/"),
+			ContainSubstring("check spec.mounts[1].source.uri")))
+
+		By("a private mount read without a Secret is named, with the field to set")
+		anonymous := mounts("anonymous-private")
+		anonymous.Spec.Mounts[0].Source.SecretRef = nil
+		Expect(k8sClient.Create(ctx, anonymous)).To(Succeed())
+		cond = readyCondition(anonymous, ReasonSourceAccessDenied)
+		Expect(cond.Message).To(And(HavePrefix("mount /raw (spec.mounts[0]): the under-store refuses anonymous access"),
+			ContainSubstring("set spec.mounts[0].source.secretRef")))
+
+		By("good mounts are served: the status counts both, the volume names both, and one Secret holds the keys of each")
+		ds := mounts("mixed")
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		readyCondition(ds, ReasonNoCSIDriver)
+		Expect(ds.Status.Files).To(BeEquivalentTo(3), "two objects of the private bucket and one of the public one")
+		Expect(ds.Status.MountPaths).To(Equal("/raw,/reference/v1"), "for kubectl get -o wide")
+		Expect(ds.Status.TotalBytes).To(BeEquivalentTo(1000 + 3*1024*1024 + 500))
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(ds.UID)}, pv)).To(Succeed())
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeMounts, datav1alpha1.EncodeVolumeMounts(ds.Spec.Mounts)))
+		Expect(pv.Spec.CSI.VolumeAttributes).NotTo(HaveKey(datav1alpha1.VolumeAttributeSourceURI))
+		combined := mountsSecretName(ds)
+		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: combined, Namespace: namespace}))
+		secret := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: combined}, secret)).To(Succeed())
+		Expect(metav1.IsControlledBy(secret, ds)).To(BeTrue(), "deleted with the Dataset")
+		Expect(secret.Data).To(Equal(map[string][]byte{
+			datav1alpha1.MountCredentialKey(0, "accessKeyID"):     []byte(miniotest.AccessKey),
+			datav1alpha1.MountCredentialKey(0, "secretAccessKey"): []byte(miniotest.SecretKey),
+		}), "the public mount has no keys")
+
+		By("a rotated Secret of a mount reaches the combined one")
+		creds := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "creds"}, creds)).To(Succeed())
+		creds.Data["sessionToken"] = []byte("rotated")
+		Expect(k8sClient.Update(ctx, creds)).To(Succeed())
+		patch := client.MergeFrom(ds.DeepCopy())
+		ds.Annotations = map[string]string{"poke": "1"} // a reconcile now, as the next periodic one would
+		Expect(k8sClient.Patch(ctx, ds, patch)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: combined}, secret)).To(Succeed())
+			g.Expect(secret.Data).To(HaveKeyWithValue(datav1alpha1.MountCredentialKey(0, "sessionToken"), []byte("rotated")))
+		}).Should(Succeed())
 	})
 
 	It("reports a missing Secret, then one without the keys, then gives the Dataset its volume and claim", func() {

@@ -139,13 +139,24 @@ type sourceSummary struct {
 // maxLeftOutNamed is how many of the objects a tree leaves out the status names.
 const maxLeftOutNamed = 5
 
-// probeSource lists a Dataset's s3:// source with the credentials of its Secret, and a pvc://
-// source through its claim server. Other schemes are not probed here: file:// names paths on
-// the nodes, and HTTP servers cannot list. It returns the problem a user must fix, if any, and
+// probeable says whether the operator can list every store of ds: s3:// ones with the
+// credentials of their Secrets, and a pvc:// source through its claim server. Other schemes are
+// not probed here: file:// names paths on the nodes, and HTTP servers cannot list.
+func probeable(ds *datav1alpha1.Dataset) bool {
+	refs := datasetStores(ds)
+	for _, ref := range refs {
+		if !strings.HasPrefix(ref.src.URI, "s3://") && !strings.HasPrefix(ref.src.URI, "pvc://") {
+			return false
+		}
+	}
+	return len(refs) > 0
+}
+
+// probeSource lists a Dataset's stores, if it can (probeable), as its mounts show them: one
+// tree, over every mount of spec.mounts. It returns the problem a user must fix, if any, and
 // the summary of a source that answered.
 func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Dataset, access *sourceAccess) (*problem, *sourceSummary, error) {
-	src := ds.Spec.Source
-	if src == nil || access == nil || !strings.HasPrefix(src.URI, "s3://") && !strings.HasPrefix(src.URI, "pvc://") {
+	if access == nil || !probeable(ds) {
 		return nil, nil, nil
 	}
 	now := time.Now()
@@ -159,8 +170,9 @@ func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Da
 		if !r.probes.reachCheckDue(ds.UID, now, r.reachCheck()) {
 			return nil, sum, nil
 		}
-		// The full listing stands, but an outage must show within a minute: one request.
-		store, err := open(ctx, access.source)
+		// The full listing stands, but an outage must show within a minute: one request (per
+		// mount).
+		store, err := access.openStores(ctx, open)
 		if err == nil {
 			err = firstObject(ctx, store)
 		}
@@ -170,12 +182,13 @@ func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Da
 		r.probes.reached(ds.UID, now)
 		return nil, sum, nil
 	}
-	store, err := open(ctx, access.source)
+	store, err := access.openStores(ctx, open)
 	if err != nil {
 		return sourceProblem(ds, err), nil, nil
 	}
 	sum := &sourceSummary{complete: true}
 	tree, listed := objtree.New(), 0
+	perMount := map[string]int{}
 	for obj, err := range store.List(ctx, "") {
 		if err != nil {
 			if listed > 0 && ctx.Err() != nil {
@@ -186,31 +199,39 @@ func (r *DatasetReconciler) probeSource(ctx context.Context, ds *datav1alpha1.Da
 			return sourceProblem(ds, err), nil, nil
 		}
 		tree.Add(obj)
+		perMount[mountOf(ds, obj.Path)]++
 		if listed++; listed >= maxProbeObjects {
 			sum.complete = false
 			break
 		}
 	}
 	sum.files, sum.bytes, sum.leftOut = int64(tree.Files), tree.Bytes, tree.LeftOut
-	if sum.files == 0 && len(sum.leftOut) == 0 {
-		return &problem{ReasonSourceEmpty, fmt.Sprintf(
-			"there are no objects under %s: check spec.source.uri (a prefix is a folder: it ends with /)", store)}, nil, nil
+	if p := emptyStore(ds, store, sum, perMount); p != nil {
+		return p, nil, nil
 	}
 	r.probes.put(ds.UID, probeRecord{generation: ds.Generation, secretVersion: access.secretVersion, at: now, summary: sum, reachedAt: now})
 	return nil, sum, nil
 }
 
-// sourceProblem says what is wrong with a Dataset's source and what to fix.
+// sourceProblem says what is wrong with a Dataset's source, or with the mount err names, and
+// what to fix.
 func sourceProblem(ds *datav1alpha1.Dataset, err error) *problem {
-	src := ds.Spec.Source
-	secret := "no Secret (spec.source.secretRef is not set)"
+	ref := storeOf(ds, err)
+	p := storeProblem(ds, ref, err)
+	p.message = ref.inMount() + p.message
+	return p
+}
+
+func storeProblem(ds *datav1alpha1.Dataset, ref storeRef, err error) *problem {
+	src, field := ref.src, ref.field
+	secret := fmt.Sprintf("no Secret (%s.secretRef is not set)", field)
 	if src.SecretRef != nil {
 		secret = fmt.Sprintf("Secret %q", src.SecretRef.Name)
 	}
 	if strings.HasPrefix(src.URI, "pvc://") {
 		// The claim server is Strata's own: what fails here is the claim's content or the network.
 		if errors.Is(err, understore.ErrNotFound) {
-			return &problem{ReasonSourceNotFound, fmt.Sprintf("%s does not exist in the claim: check spec.source.uri (%v)", src.URI, err)}
+			return &problem{ReasonSourceNotFound, fmt.Sprintf("%s does not exist in the claim: check %s.uri (%v)", src.URI, field, err)}
 		}
 		return &problem{ReasonSourceUnreachable, fmt.Sprintf(
 			"cannot list %s through its claim server %s: check that pods of this namespace can be reached from Strata's namespace (network policies) (%v)",
@@ -219,23 +240,62 @@ func sourceProblem(ds *datav1alpha1.Dataset, err error) *problem {
 	switch {
 	case errors.Is(err, understore.ErrMissingCredentials):
 		return &problem{ReasonSecretIncomplete, fmt.Sprintf(
-			"%s needs credentials and %s gives none: set spec.source.secretRef to a Secret with accessKeyID and secretAccessKey (%v)",
-			src.URI, secret, err)}
+			"%s needs credentials and %s gives none: set %s.secretRef to a Secret with accessKeyID and secretAccessKey (%v)",
+			src.URI, secret, field, err)}
 	case errors.Is(err, understore.ErrAccessDenied) && src.SecretRef == nil:
 		return &problem{ReasonSourceAccessDenied, fmt.Sprintf(
-			"the under-store refuses anonymous access to %s: it is not public, so set spec.source.secretRef to a Secret with accessKeyID and secretAccessKey that may list it (%v)",
-			src.URI, err)}
+			"the under-store refuses anonymous access to %s: it is not public, so set %s.secretRef to a Secret with accessKeyID and secretAccessKey that may list it (%v)",
+			src.URI, field, err)}
 	case errors.Is(err, understore.ErrAccessDenied):
 		return &problem{ReasonSourceAccessDenied, fmt.Sprintf(
 			"the under-store refuses the credentials of %s: check accessKeyID and secretAccessKey, and that they may list %s (%v)",
 			secret, src.URI, err)}
 	case errors.Is(err, understore.ErrNotFound):
-		return &problem{ReasonSourceNotFound, fmt.Sprintf("%s does not exist: check the bucket in spec.source.uri (%v)", src.URI, err)}
+		return &problem{ReasonSourceNotFound, fmt.Sprintf("%s does not exist: check the bucket in %s.uri (%v)", src.URI, field, err)}
 	case errors.Is(err, understore.ErrInvalidPath):
-		return &problem{ReasonSourceNotFound, fmt.Sprintf("spec.source is not usable: %v", err)}
+		return &problem{ReasonSourceNotFound, fmt.Sprintf("%s is not usable: %v", field, err)}
 	}
 	return &problem{ReasonSourceUnreachable, fmt.Sprintf(
-		"cannot list %s: check spec.source.endpoint and that the cluster can reach it (%v)", src.URI, err)}
+		"cannot list %s: check %s.endpoint and that the cluster can reach it (%v)", src.URI, field, err)}
+}
+
+// emptyStore is the problem of a listing that found nothing under a store of ds: the whole
+// source, or one mount (whose folder would then not even show). listed counts the objects
+// listed under each mount's folder; a listing cut short says nothing of the mounts after it.
+func emptyStore(ds *datav1alpha1.Dataset, store understore.Store, sum *sourceSummary, listed map[string]int) *problem {
+	if sum.files == 0 && len(sum.leftOut) == 0 {
+		return &problem{ReasonSourceEmpty, fmt.Sprintf(
+			"there are no objects under %s: check the uri of %s (a prefix is a folder: it ends with /)", store, fieldsOf(ds))}
+	}
+	if !sum.complete {
+		return nil
+	}
+	for _, ref := range datasetStores(ds) {
+		if ref.path != "" && listed[ref.path] == 0 {
+			return &problem{ReasonSourceEmpty, ref.inMount() + fmt.Sprintf(
+				"there are no objects under %s: check %s.uri (a prefix is a folder: it ends with /)", ref.src.URI, ref.field)}
+		}
+	}
+	return nil
+}
+
+// fieldsOf names the fields of ds that say what it reads.
+func fieldsOf(ds *datav1alpha1.Dataset) string {
+	if ds.Spec.Source != nil {
+		return "spec.source"
+	}
+	return "each of spec.mounts"
+}
+
+// mountOf is the folder of the mount of ds that holds path: "" for spec.source.
+func mountOf(ds *datav1alpha1.Dataset, path string) string {
+	for _, m := range ds.Spec.Mounts {
+		folder := strings.TrimPrefix(m.Path, "/")
+		if strings.HasPrefix(path, folder+"/") {
+			return folder
+		}
+	}
+	return ""
 }
 
 // setSourceSummary records what a probe counted; an incomplete count leaves the old one.

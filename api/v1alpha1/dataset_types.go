@@ -6,14 +6,30 @@ import (
 
 // DatasetSpec declares where a Dataset's data comes from and how it is cached.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.source) != has(self.lineage)",message="set exactly one of spec.source (data that already exists in an under-store) and spec.lineage (data that a Lineage writes)"
-// +kubebuilder:validation:XValidation:rule="!has(self.checkpoint) || has(self.lineage)",message="spec.checkpoint only applies to a Lineage's output (spec.lineage): a Dataset with spec.source is in its under-store already"
-// +kubebuilder:validation:XValidation:rule="!has(self.sync) || has(self.source)",message="spec.sync only applies to a Dataset with spec.source: a Lineage's output changes only through its Lineage"
+// +kubebuilder:validation:XValidation:rule="[has(self.source), has(self.mounts), has(self.lineage)].filter(x, x).size() == 1",message="set exactly one of spec.source (data that already exists in an under-store), spec.mounts (data of several under-stores, each at a folder of the tree) and spec.lineage (data that a Lineage writes)"
+// +kubebuilder:validation:XValidation:rule="has(self.source) == has(oldSelf.source) && has(self.mounts) == has(oldSelf.mounts) && has(self.lineage) == has(oldSelf.lineage)",message="a Dataset cannot switch between spec.source, spec.mounts and spec.lineage: create a new Dataset"
+// +kubebuilder:validation:XValidation:rule="!has(self.checkpoint) || has(self.lineage)",message="spec.checkpoint only applies to a Lineage's output (spec.lineage): a Dataset with spec.source or spec.mounts is in its under-stores already"
+// +kubebuilder:validation:XValidation:rule="!has(self.sync) || has(self.source) || has(self.mounts)",message="spec.sync only applies to a Dataset with spec.source or spec.mounts: a Lineage's output changes only through its Lineage"
 type DatasetSpec struct {
 	// Source is the under-store that already holds the data. Mutually exclusive with Lineage.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.source is immutable: create a new Dataset to cache other data"
 	Source *DatasetSource `json:"source,omitempty"`
+
+	// Mounts are several under-stores shown as one tree, each at a folder of it (as Alluxio's
+	// unified namespace, or Fluid's mounts): the object k of the mount at /raw is the file
+	// raw/k of the Dataset. Each mount has its own URI, endpoint and Secret. No two mounts may
+	// share a folder, and none may lie inside another, so that no object hides another. A
+	// Dataset of one store at its root uses spec.source instead. Mutually exclusive with Source
+	// and Lineage.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.mounts is immutable: create a new Dataset to cache other data"
+	// +kubebuilder:validation:XValidation:rule="self.all(m, self.exists_one(n, n.path == m.path))",message="two mounts share a folder: give each mount a path of its own"
+	// +kubebuilder:validation:XValidation:rule="self.all(m, self.all(n, !n.path.startsWith(m.path + '/')))",message="a mount lies inside another (one path is a folder of another's): mounts may not nest, so that no object hides another; move one beside the other"
+	Mounts []DatasetMount `json:"mounts,omitempty"`
 
 	// Lineage names the Lineage, in this Dataset's namespace, whose Job writes this Dataset.
 	// The Dataset is then an output: written once into memory, made durable by lineage and by
@@ -134,11 +150,11 @@ type CheckpointTarget struct {
 
 // DatasetSource is an under-store location.
 //
-// +kubebuilder:validation:XValidation:rule="self.uri.matches('^(s3|file|pvc|https?)://')",message="spec.source.uri must start with s3://, file://, pvc://, http:// or https://"
+// +kubebuilder:validation:XValidation:rule="self.uri.matches('^(s3|file|pvc|https?)://')",message="the source's uri must start with s3://, file://, pvc://, http:// or https://"
 // +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('s3://') || self.uri.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",message="an s3:// source must name a bucket: s3://bucket or s3://bucket/prefix"
 // +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('pvc://') || self.uri.matches('^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?$')",message="a pvc:// source must name a PersistentVolumeClaim of the Dataset's namespace: pvc://claim or pvc://claim/path"
 // +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('file://') || self.uri.startsWith('file:///')",message="a file:// source must be an absolute path: file:///path"
-// +kubebuilder:validation:XValidation:rule="!has(self.endpoint) || self.uri.startsWith('s3://')",message="spec.source.endpoint only applies to s3:// sources"
+// +kubebuilder:validation:XValidation:rule="!has(self.endpoint) || self.uri.startsWith('s3://')",message="a source's endpoint only applies to s3:// sources"
 // +kubebuilder:validation:XValidation:rule="!has(self.secretRef) || !self.uri.startsWith('pvc://')",message="a pvc:// source takes no secretRef: Strata reads the claim itself, through a server it runs in the Dataset's namespace"
 type DatasetSource struct {
 	// URI of the data: s3://bucket/prefix, file:///path (only under the TierPool's
@@ -164,6 +180,23 @@ type DatasetSource struct {
 	// Without it, the source is read anonymously: a public bucket or server.
 	// +optional
 	SecretRef *SecretReference `json:"secretRef,omitempty"`
+}
+
+// DatasetMount is one under-store of a Dataset of several (spec.mounts), at a folder of its tree.
+//
+// +kubebuilder:validation:XValidation:rule="!self.path.matches('/[.][.]?(/|$)')",message="a mount path has no '.' or '..' elements: write it as /folder/sub"
+// +kubebuilder:validation:XValidation:rule="!self.source.uri.startsWith('pvc://')",message="a pvc:// source goes in spec.source: a Dataset reads at most one claim, through the claim server Strata runs for it; spec.mounts take s3://, file://, http:// and https:// sources"
+type DatasetMount struct {
+	// Path is the folder of the Dataset's tree the store is shown at, such as /raw or
+	// /ref/genomes: absolute, without a trailing slash, never the root.
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^(/[^/]+)+$`
+	Path string `json:"path"`
+
+	// Source is the store, as spec.source describes one; its secretRef names a Secret of the
+	// Dataset's namespace.
+	Source DatasetSource `json:"source"`
 }
 
 // LineageReference names a Lineage in the same namespace.
@@ -245,6 +278,11 @@ type DatasetStatus struct {
 	// +optional
 	Files int64 `json:"files,omitempty"`
 
+	// MountPaths are the folders of spec.mounts, comma-separated, for kubectl get (a printer
+	// column shows one element of a list only).
+	// +optional
+	MountPaths string `json:"mountPaths,omitempty"`
+
 	// LeftOutObjects counts the objects of the source that the Dataset's tree cannot show, so
 	// its mounts do not: keys that are no paths (an empty, "." or ".." element, a name longer
 	// than 255 bytes), objects of unknown size, and an object whose key is also a folder of
@@ -307,6 +345,7 @@ type DatasetStatus struct {
 // +kubebuilder:printcolumn:name="Cached",type=string,JSONPath=`.status.cachedPercentage`
 // +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.source.uri`,priority=1
+// +kubebuilder:printcolumn:name="Mounts",type=string,JSONPath=`.status.mountPaths`,priority=1
 // +kubebuilder:printcolumn:name="Lineage",type=string,JSONPath=`.spec.lineage.name`,priority=1
 // +kubebuilder:printcolumn:name="PVC",type=string,JSONPath=`.status.persistentVolumeClaimName`,priority=1
 // +kubebuilder:printcolumn:name="Synced",type=date,JSONPath=`.status.sync.lastSyncTime`,priority=1

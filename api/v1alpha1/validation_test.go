@@ -110,6 +110,7 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(samples).To(HaveKey("TierPool/default"))
 		Expect(samples).To(HaveKey("CachePolicy/training"))
 		Expect(samples).To(HaveKey("Dataset/imagenet-mini"))
+		Expect(samples).To(HaveKey("Dataset/speech-corpus"))
 		Expect(samples).To(HaveKey("Lineage/extract-features"))
 		for key, obj := range samples {
 			obj = inNamespace(obj)
@@ -183,6 +184,23 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(err.Error()).To(ContainSubstring("spec.source is immutable: create a new Dataset"))
 	})
 
+	It("keeps a Dataset's mounts immutable, and a Dataset from switching between a source and mounts", func() {
+		obj := inNamespace(sample("Dataset/speech-corpus"))
+		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
+		moved := obj.DeepCopy()
+		set(moved, "spec.mounts[1].path", "/corpus")
+		err := k8sClient.Update(ctx, moved)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "expected Invalid, got %v", err)
+		Expect(err.Error()).To(ContainSubstring("spec.mounts is immutable: create a new Dataset"))
+
+		switched := obj.DeepCopy()
+		set(switched, "spec.mounts", nil)
+		set(switched, "spec.source", map[string]any{"uri": "s3://datasets/recordings/"})
+		err = k8sClient.Update(ctx, switched)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "expected Invalid, got %v", err)
+		Expect(err.Error()).To(ContainSubstring("a Dataset cannot switch between spec.source, spec.mounts and spec.lineage"))
+	})
+
 	It("keeps an output's checkpoint target immutable once set, because its checkpoints are read back from there", func() {
 		obj := inNamespace(sample("Dataset/imagenet-features"))
 		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
@@ -205,16 +223,16 @@ var _ = Describe("Admission of the Strata API", func() {
 		// Dataset
 		Entry("a Dataset with both a source and a lineage", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.lineage", map[string]any{"name": "extract-features"}) },
-			"set exactly one of spec.source (data that already exists in an under-store) and spec.lineage"),
+			"set exactly one of spec.source (data that already exists in an under-store), spec.mounts (data of several under-stores, each at a folder of the tree) and spec.lineage"),
 		Entry("a Dataset with neither a source nor a lineage", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.source", nil) },
 			"set exactly one of spec.source"),
 		Entry("a Dataset whose source has an unknown scheme", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.source.uri", "ftp://files.example.com/data") },
-			"spec.source.uri must start with s3://, file://, pvc://, http:// or https://"),
+			"the source's uri must start with s3://, file://, pvc://, http:// or https://"),
 		Entry("a Dataset whose source is a bare path", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.source.uri", "/data/images") },
-			"spec.source.uri must start with s3://, file://, pvc://, http:// or https://"),
+			"the source's uri must start with s3://, file://, pvc://, http:// or https://"),
 		Entry("an s3:// source without a bucket", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.source.uri", "s3:///prefix") },
 			"an s3:// source must name a bucket: s3://bucket or s3://bucket/prefix"),
@@ -238,7 +256,49 @@ var _ = Describe("Admission of the Strata API", func() {
 			"a file:// source must be an absolute path: file:///path"),
 		Entry("an endpoint on a source that is not S3", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.source.uri", "https://example.com/data/") },
-			"spec.source.endpoint only applies to s3:// sources"),
+			"a source's endpoint only applies to s3:// sources"),
+		Entry("a Dataset with both a source and mounts", "Dataset/imagenet-mini",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.mounts", []any{map[string]any{"path": "/raw", "source": map[string]any{"uri": "s3://b/p"}}})
+			},
+			"set exactly one of spec.source (data that already exists in an under-store), spec.mounts"),
+		Entry("two mounts at one folder", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/raw") },
+			"two mounts share a folder: give each mount a path of its own"),
+		Entry("a mount inside another", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/raw/reference") },
+			"a mount lies inside another"),
+		Entry("a mount at the root", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/") },
+			"spec.mounts[1].path"),
+		Entry("a mount path with a trailing slash", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/reference/") },
+			"spec.mounts[1].path"),
+		Entry("a mount path with an empty element", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/a//b") },
+			"spec.mounts[1].path"),
+		Entry("a relative mount path", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "reference") },
+			"spec.mounts[1].path"),
+		Entry("a mount path with '..'", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/raw/../etc") },
+			"a mount path has no '.' or '..' elements"),
+		Entry("a mount path with '.'", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/./x") },
+			"a mount path has no '.' or '..' elements"),
+		Entry("a pvc:// mount", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.mounts[1].source", map[string]any{"uri": "pvc://claim/data"})
+			},
+			"a pvc:// source goes in spec.source"),
+		Entry("a mount whose source has an unknown scheme", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.mounts[0].source.uri", "ftp://files.example.com/data")
+			},
+			"the source's uri must start with s3://"),
+		Entry("an empty list of mounts", "Dataset/speech-corpus",
+			func(o *unstructured.Unstructured) { set(o, "spec.mounts", []any{}) },
+			"spec.mounts"),
 		Entry("a checkpoint target on a Dataset with a source", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) {
 				set(o, "spec.checkpoint", map[string]any{"uri": "s3://b/p", "secretRef": map[string]any{"name": "keys"}})

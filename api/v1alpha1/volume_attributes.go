@@ -1,5 +1,12 @@
 package v1alpha1
 
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
 // The attributes of a Dataset's PersistentVolume (spec.csi.volumeAttributes), written by the
 // operator and read by the CSI node plugin when a pod mounts the Dataset. They are the contract
 // between the two; the volume handle is "<namespace>/<name>/<uid>".
@@ -21,6 +28,12 @@ const (
 	VolumeAttributeSourceURI      = "data.strata.dev/source-uri"
 	VolumeAttributeSourceEndpoint = "data.strata.dev/source-endpoint"
 	VolumeAttributeSourceRegion   = "data.strata.dev/source-region"
+	// VolumeAttributeMounts is a Dataset's spec.mounts (immutable too), as the JSON of a
+	// []VolumeMount, in place of the three above. The volume's nodePublishSecretRef is then a
+	// Secret the operator keeps in the Dataset's namespace with the keys of every mount's
+	// Secret, key k of mount i as MountCredentialKey(i, k): the kubelet hands a plugin one
+	// Secret per volume.
+	VolumeAttributeMounts = "data.strata.dev/mounts"
 	// VolumeAttributeOutput is "true" on the volume of a Dataset that a Lineage writes: the node
 	// plugin publishes it writable to pods that write, and the worker serves it from the master's
 	// record instead of a source.
@@ -37,4 +50,55 @@ func MasterDatasetName(namespace, name, uid string) string {
 // MasterDatasetRoot is the root folder of a Dataset in the master's namespace.
 func MasterDatasetRoot(namespace, name, uid string) string {
 	return "/datasets/" + MasterDatasetName(namespace, name, uid)
+}
+
+// VolumeMount is one entry of VolumeAttributeMounts: a mount of spec.mounts without its Secret.
+type VolumeMount struct {
+	Path     string `json:"path"`
+	URI      string `json:"uri"`
+	Endpoint string `json:"endpoint,omitempty"`
+	Region   string `json:"region,omitempty"`
+}
+
+// EncodeVolumeMounts is the VolumeAttributeMounts of mounts.
+func EncodeVolumeMounts(mounts []DatasetMount) string {
+	out := make([]VolumeMount, len(mounts))
+	for i, m := range mounts {
+		out[i] = VolumeMount{Path: m.Path, URI: m.Source.URI, Endpoint: m.Source.Endpoint, Region: m.Source.Region}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		panic(fmt.Sprintf("encoding mounts: %v", err)) // strings only: cannot fail
+	}
+	return string(b)
+}
+
+// DecodeVolumeMounts reads a VolumeAttributeMounts.
+func DecodeVolumeMounts(attr string) ([]VolumeMount, error) {
+	var mounts []VolumeMount
+	if err := json.Unmarshal([]byte(attr), &mounts); err != nil {
+		return nil, fmt.Errorf("not a JSON list of mounts: %w", err)
+	}
+	if len(mounts) == 0 {
+		return nil, fmt.Errorf("no mounts")
+	}
+	return mounts, nil
+}
+
+// MountCredentialKey is the key under which the combined Secret of a Dataset with spec.mounts
+// holds key of the Secret of mount index.
+func MountCredentialKey(index int, key string) string {
+	return "mount" + strconv.Itoa(index) + "." + key
+}
+
+// MountCredentials picks the keys of mount index out of a combined Secret's data.
+func MountCredentials(secret map[string]string, index int) map[string]string {
+	prefix := MountCredentialKey(index, "")
+	out := map[string]string{}
+	for k, v := range secret {
+		if key, ok := strings.CutPrefix(k, prefix); ok && key != "" {
+			out[key] = v
+		}
+	}
+	return out
 }

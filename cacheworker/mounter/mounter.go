@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -150,12 +149,11 @@ type fileSystem interface {
 
 // mount is a served Dataset.
 type mount struct {
-	uid, namespace, name  string
-	uri, endpoint, region string
-	readOnly, output      bool
-	path                  string
-	fs                    fileSystem
-	cache                 *cache.Cache
+	uid, namespace, name string
+	readOnly, output     bool
+	path                 string
+	fs                   fileSystem
+	cache                *cache.Cache
 	// store is the source, which a publish with rotated credentials replaces (rotate).
 	store    *understore.Replaceable
 	released sync.Once
@@ -238,18 +236,19 @@ func validate(req *workerpb.MountDatasetRequest) error {
 	if errs := validation.IsDNS1123Subdomain(req.GetName()); len(errs) > 0 {
 		return status.Errorf(codes.InvalidArgument, "name %q: %s", req.GetName(), strings.Join(errs, "; "))
 	}
+	hasSource := req.GetSource().GetUri() != "" || len(req.GetMounts()) > 0
 	switch {
-	case req.GetOutput() && req.GetSource().GetUri() != "":
+	case req.GetOutput() && hasSource:
 		return status.Errorf(codes.InvalidArgument, "Dataset %s/%s is an output, written by pods: it has no source", req.GetNamespace(), req.GetName())
 	case req.GetOutput():
 		return nil
-	case req.GetSource().GetUri() == "":
+	case !hasSource:
 		return status.Errorf(codes.InvalidArgument, "Dataset %s/%s has no source: only Datasets read from an under-store or written as outputs can be mounted", req.GetNamespace(), req.GetName())
 	case !req.GetReadOnly():
 		return status.Errorf(codes.FailedPrecondition,
 			"Dataset %s/%s is an input, read from its source: mount it read-only (only Lineage outputs are writable)", req.GetNamespace(), req.GetName())
 	}
-	return nil
+	return validSources(req)
 }
 
 // lockedMount checks uid, takes its lock and returns its mount (nil if none); the caller
@@ -361,19 +360,12 @@ func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRe
 // sameMount checks that req asks for what old serves. The credentials are not compared: a
 // rotated Secret is taken in by rotate.
 func sameMount(old *mount, req *workerpb.MountDatasetRequest) error {
-	src := req.GetSource()
 	var diff []string
 	if old.namespace != req.GetNamespace() || old.name != req.GetName() {
 		diff = append(diff, fmt.Sprintf("Dataset %s, not %s/%s", old.dataset(), req.GetNamespace(), req.GetName()))
 	}
-	if old.uri != src.GetUri() {
-		diff = append(diff, fmt.Sprintf("source %s, not %s", old.uri, src.GetUri()))
-	}
-	if old.endpoint != src.GetEndpoint() {
-		diff = append(diff, fmt.Sprintf("endpoint %q, not %q", old.endpoint, src.GetEndpoint()))
-	}
-	if old.region != src.GetRegion() {
-		diff = append(diff, fmt.Sprintf("region %q, not %q", old.region, src.GetRegion()))
+	if !sameSources(old.req, req) {
+		diff = append(diff, fmt.Sprintf("source %s, not %s", describeSources(old.req), describeSources(req)))
 	}
 	if old.output != req.GetOutput() {
 		diff = append(diff, fmt.Sprintf("output %t, not %t", old.output, req.GetOutput()))
@@ -430,10 +422,8 @@ func (m *Mounter) mount(ctx context.Context, req *workerpb.MountDatasetRequest) 
 
 // newMount is the mount req asks for, before anything is opened.
 func (m *Mounter) newMount(req *workerpb.MountDatasetRequest) *mount {
-	src := req.GetSource()
 	return &mount{
-		uid: req.GetUid(), namespace: req.GetNamespace(), name: req.GetName(),
-		uri: src.GetUri(), endpoint: src.GetEndpoint(), region: src.GetRegion(), readOnly: req.GetReadOnly(),
+		uid: req.GetUid(), namespace: req.GetNamespace(), name: req.GetName(), readOnly: req.GetReadOnly(),
 		output: req.GetOutput(), path: filepath.Join(m.cfg.MountsDir, req.GetUid()), req: req,
 	}
 }
@@ -473,29 +463,23 @@ func (m *Mounter) outputConfig(mnt *mount, log logr.Logger) (outputfs.Config, er
 	return cfg, nil
 }
 
-// openSource opens a Dataset's under-store as req's source names it.
-func (m *Mounter) openSource(ctx context.Context, src *workerpb.DatasetSource) (understore.Store, error) {
-	return understore.Open(ctx, understore.Source{
-		URI: src.GetUri(), Endpoint: src.GetEndpoint(), Region: src.GetRegion(),
-		Credentials: src.GetCredentials(), FileRoots: m.cfg.FileRoots, ClaimServerTLS: m.cfg.ClaimServerTLS,
-	})
-}
-
 // rotate makes old read its source with the credentials of req when they are not those it
 // reads with: the kubelet publishes again with the Secret's current keys (the CSIDriver asks
 // it to, every minute or so, and at each new pod), so a rotated Secret is used by the next read
 // without a remount. The next worker resumes the mount with them too.
 func (m *Mounter) rotate(ctx context.Context, old *mount, req *workerpb.MountDatasetRequest) error {
-	if old.store == nil || maps.Equal(old.req.GetSource().GetCredentials(), req.GetSource().GetCredentials()) {
+	if old.store == nil || sameCredentials(old.req, req) {
 		return nil
 	}
-	store, err := m.openSource(ctx, req.GetSource())
+	store, err := m.openSources(ctx, req)
 	if err != nil {
 		return storeError("mounting", old.dataset(), err)
 	}
+	// Calls under way may still use the old store; one with resources (file://) takes no
+	// credentials, so is never replaced.
 	old.store.Replace(store)
-	old.req = proto.Clone(old.req).(*workerpb.MountDatasetRequest)
-	old.req.Source.Credentials = maps.Clone(req.GetSource().GetCredentials())
+	// sameMount found req the same as old.req but for the credentials.
+	old.req = proto.Clone(req).(*workerpb.MountDatasetRequest)
 	m.rotations.Inc()
 	m.log.Info("reading the Dataset's source with its Secret's new credentials", "dataset", old.dataset(), "uid", old.uid)
 	m.hold(ctx, old)
@@ -504,8 +488,7 @@ func (m *Mounter) rotate(ctx context.Context, old *mount, req *workerpb.MountDat
 
 // openCache opens the under-store of req and the Dataset's read-through cache over it.
 func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.MountDatasetRequest, log logr.Logger) error {
-	src := req.GetSource()
-	store, err := m.openSource(ctx, src)
+	store, err := m.openSources(ctx, req)
 	if err != nil {
 		return storeError("mounting", mnt.dataset(), err)
 	}
@@ -553,19 +536,24 @@ func (m *Mounter) lister(mnt *mount, fallback bool, log logr.Logger) *listings.L
 // into a status that says what to fix.
 func storeError(doing, dataset string, err error) error {
 	code, hint := codes.Unavailable, "try again later"
+	// field names a field of the source the hint points at, or of the mount that failed.
+	field := func(name string) string { return "spec.source." + name }
+	if me := (*understore.MountError)(nil); errors.As(err, &me) {
+		field = func(name string) string { return fmt.Sprintf("the %s of the spec.mounts entry at /%s", name, me.Path) }
+	}
 	switch {
 	case errors.Is(err, understore.ErrMissingCredentials):
-		code, hint = codes.InvalidArgument, "give the Dataset's spec.source.secretRef a Secret with the keys named"
+		code, hint = codes.InvalidArgument, "give "+field("secretRef")+" a Secret with the keys named"
 	case errors.Is(err, understore.ErrInvalidPath):
-		code, hint = codes.InvalidArgument, "fix the Dataset's spec.source"
+		code, hint = codes.InvalidArgument, "fix the Dataset's "+field("uri")
 	case errors.Is(err, understore.ErrOutsideRoots):
 		code, hint = codes.FailedPrecondition, "file:// sources must lie under one of the TierPool's fileSourceRoots"
 	case errors.Is(err, understore.ErrAccessDenied):
-		code, hint = codes.FailedPrecondition, "check the credentials in the Secret of spec.source.secretRef, and that they may list and read the bucket or path (without a Secret, the bucket is read anonymously, so it must be public)"
+		code, hint = codes.FailedPrecondition, "check the credentials in the Secret of "+field("secretRef")+", and that they may list and read the bucket or path (without a Secret, the bucket is read anonymously, so it must be public)"
 	case errors.Is(err, understore.ErrNotFound):
-		code, hint = codes.FailedPrecondition, "check spec.source.uri: the bucket or path does not exist"
+		code, hint = codes.FailedPrecondition, "check "+field("uri")+": the bucket or path does not exist"
 	case errors.Is(err, understore.ErrUnreachable):
-		code, hint = codes.Unavailable, "check spec.source.endpoint and that this node can reach it"
+		code, hint = codes.Unavailable, "check "+field("endpoint")+" and that this node can reach it"
 	case errors.Is(err, errors.ErrUnsupported):
 		code, hint = codes.FailedPrecondition, "the source cannot be listed, so it cannot be mounted as a folder"
 	case errors.Is(err, context.DeadlineExceeded):

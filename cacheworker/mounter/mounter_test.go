@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -257,7 +260,7 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 		req.Source.Uri = "s3://" + bucket + "/sets/v2"
 		_, err := f.client.MountDataset(ctx, req)
 		g.Expect(status.Code(err)).To(Equal(codes.FailedPrecondition))
-		g.Expect(err.Error()).To(ContainSubstring("source s3://data/sets/v1, not s3://data/sets/v2"))
+		g.Expect(err.Error()).To(MatchRegexp(`source s3://data/sets/v1 at http://[^ ]+, not s3://data/sets/v2 at http://`))
 		g.Expect(err.Error()).To(ContainSubstring("unmount it first"))
 	})
 
@@ -311,11 +314,12 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 
 func TestMountDatasetSaysWhatToFix(t *testing.T) {
 	f := newFixture(t, func(c *Config) { c.FileRoots = []string{"/nonexistent-root"} })
-	cases := map[string]struct {
+	type failure struct {
 		change func(r *workerpb.MountDatasetRequest)
 		code   codes.Code
 		says   []string
-	}{
+	}
+	cases := map[string]failure{
 		"a wrong secret key is access denied, naming the bucket": {
 			change: func(r *workerpb.MountDatasetRequest) { r.Source.Credentials["secretAccessKey"] = "wrong" },
 			code:   codes.FailedPrecondition,
@@ -399,6 +403,42 @@ func TestMountDatasetSaysWhatToFix(t *testing.T) {
 			says: []string{"cannot be listed"},
 		},
 	}
+	// mounts makes req read the fixture's bucket at /raw and, at the given folders, the same
+	// bucket with other keys.
+	mounts := func(r *workerpb.MountDatasetRequest, keys string, folders ...string) {
+		r.Mounts = []*workerpb.SourceMount{{Path: "raw", Source: r.Source}}
+		for _, folder := range folders {
+			other := proto.Clone(r.Source).(*workerpb.DatasetSource)
+			other.Credentials["secretAccessKey"] = keys
+			r.Mounts = append(r.Mounts, &workerpb.SourceMount{Path: folder, Source: other})
+		}
+		r.Source = nil
+	}
+	cases["a mount whose keys are refused is named"] = failure{
+		change: func(r *workerpb.MountDatasetRequest) { mounts(r, "wrong", "private") },
+		code:   codes.FailedPrecondition,
+		says:   []string{"mount /private: ", "access denied", "the secretRef of the spec.mounts entry at /private"},
+	}
+	for layout, folders := range map[string][]string{
+		"mount /raw/inner is inside mount /raw": {"raw/inner"},
+		"two mounts at /raw":                    {"raw"},
+		"at the root":                           {""},
+	} {
+		cases["mounts that would hide objects are refused: "+layout] = failure{
+			change: func(r *workerpb.MountDatasetRequest) { mounts(r, miniotest.SecretKey, folders...) },
+			code:   codes.InvalidArgument,
+			says:   []string{layout},
+		}
+	}
+	cases["a source and mounts at once are refused"] = failure{
+		change: func(r *workerpb.MountDatasetRequest) {
+			src := r.Source
+			mounts(r, miniotest.SecretKey)
+			r.Source = src
+		},
+		code: codes.InvalidArgument,
+		says: []string{"names a source and mounts"},
+	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -414,6 +454,54 @@ func TestMountDatasetSaysWhatToFix(t *testing.T) {
 			g.Expect(entries).To(BeEmpty(), "a failed mount leaves nothing behind")
 		})
 	}
+}
+
+func TestMountDatasetShowsEachMountAtItsFolder(t *testing.T) {
+	g := NewWithT(t)
+	f := newFixture(t, nil)
+	f.srv.MakeBucket(t, "public")
+	f.srv.MakePublic(t, "public")
+	open := map[string][]byte{"readme.txt": []byte("anyone may read this"), "ref/genome.fa": randomBytes(blockSize+5, 7)}
+	for p, b := range open {
+		f.srv.Put(t, "public", "shared/"+p, b)
+	}
+	req := f.request(uid)
+	req.Mounts = []*workerpb.SourceMount{
+		{Path: "private/v1", Source: req.Source},
+		{Path: "public", Source: &workerpb.DatasetSource{Uri: "s3://public/shared", Endpoint: req.Source.Endpoint}},
+	}
+	req.Source = nil
+	path := f.mount(t, req)
+
+	want := map[string][]byte{}
+	for p, b := range f.files {
+		want["private/v1/"+p] = b
+	}
+	for p, b := range open {
+		want["public/"+p] = b
+	}
+	var got []string
+	g.Expect(filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(path, p)
+		if err != nil {
+			return err
+		}
+		got = append(got, rel)
+		b, err := os.ReadFile(p)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(b).To(Equal(want[rel]), rel)
+		return nil
+	})).To(Succeed())
+	g.Expect(got).To(ConsistOf(slices.Collect(maps.Keys(want))), "every object of both buckets, each under its mount's folder, and nothing else")
+
+	again := proto.Clone(req).(*workerpb.MountDatasetRequest)
+	again.Mounts[1].Source.Uri = "s3://public/other"
+	_, err := f.client.MountDataset(context.Background(), again)
+	g.Expect(status.Code(err)).To(Equal(codes.FailedPrecondition))
+	g.Expect(err.Error()).To(ContainSubstring("/public=s3://public/shared at http://"), "a mount of other stores at the same uid names both")
 }
 
 func TestUnmountDatasetOfABusyMountSaysSo(t *testing.T) {

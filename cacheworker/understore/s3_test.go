@@ -133,9 +133,7 @@ func TestS3AgainstMinIO(t *testing.T) {
 		g := NewWithT(t)
 		srv.MakeBucket(t, "public")
 		srv.Put(t, "public", "open/data.txt", []byte("anyone may read this"))
-		g.Expect(srv.Client.SetBucketPolicy(ctx, "public", `{"Version":"2012-10-17","Statement":[
-			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::public/*"]},
-			{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:ListBucket"],"Resource":["arn:aws:s3:::public"]}]}`)).To(Succeed())
+		srv.MakePublic(t, "public")
 		public, err := Open(ctx, Source{URI: "s3://public/open/", Endpoint: "http://" + srv.Endpoint})
 		g.Expect(err).NotTo(HaveOccurred())
 		got, err := collect(public.List(ctx, ""))

@@ -751,6 +751,60 @@ func (x *DatasetSource) GetCredentials() map[string]string {
 	return nil
 }
 
+// SourceMount is one store of a Dataset's spec.mounts: the folder of the Dataset's tree it is
+// shown at, relative ("raw/2024"), and where its data comes from.
+type SourceMount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Source        *DatasetSource         `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SourceMount) Reset() {
+	*x = SourceMount{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SourceMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SourceMount) ProtoMessage() {}
+
+func (x *SourceMount) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SourceMount.ProtoReflect.Descriptor instead.
+func (*SourceMount) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SourceMount) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *SourceMount) GetSource() *DatasetSource {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
 type MountDatasetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// namespace, name and uid identify the Dataset; uid names its blocks and its mount point, so a
@@ -763,14 +817,17 @@ type MountDatasetRequest struct {
 	// output: the Dataset is written by pods (a Lineage's output) and has no source; it is
 	// served writable, its files those the master lists, and read_only does not apply (the CSI
 	// plugin binds it read-only into pods that only read).
-	Output        bool `protobuf:"varint,6,opt,name=output,proto3" json:"output,omitempty"`
+	Output bool `protobuf:"varint,6,opt,name=output,proto3" json:"output,omitempty"`
+	// mounts are the stores of a Dataset of several (spec.mounts), each at its folder of the tree;
+	// a Dataset of one store gives source instead. No folder may be inside another.
+	Mounts        []*SourceMount `protobuf:"bytes,7,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MountDatasetRequest) Reset() {
 	*x = MountDatasetRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +839,7 @@ func (x *MountDatasetRequest) String() string {
 func (*MountDatasetRequest) ProtoMessage() {}
 
 func (x *MountDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[11]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +852,7 @@ func (x *MountDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountDatasetRequest.ProtoReflect.Descriptor instead.
 func (*MountDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{11}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MountDatasetRequest) GetNamespace() string {
@@ -840,6 +897,13 @@ func (x *MountDatasetRequest) GetOutput() bool {
 	return false
 }
 
+func (x *MountDatasetRequest) GetMounts() []*SourceMount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
 type MountDatasetResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// path is the mount point, in the node's mount namespace.
@@ -850,7 +914,7 @@ type MountDatasetResponse struct {
 
 func (x *MountDatasetResponse) Reset() {
 	*x = MountDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +926,7 @@ func (x *MountDatasetResponse) String() string {
 func (*MountDatasetResponse) ProtoMessage() {}
 
 func (x *MountDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[12]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +939,7 @@ func (x *MountDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountDatasetResponse.ProtoReflect.Descriptor instead.
 func (*MountDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{12}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MountDatasetResponse) GetPath() string {
@@ -894,7 +958,7 @@ type UnmountDatasetRequest struct {
 
 func (x *UnmountDatasetRequest) Reset() {
 	*x = UnmountDatasetRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +970,7 @@ func (x *UnmountDatasetRequest) String() string {
 func (*UnmountDatasetRequest) ProtoMessage() {}
 
 func (x *UnmountDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[13]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +983,7 @@ func (x *UnmountDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountDatasetRequest.ProtoReflect.Descriptor instead.
 func (*UnmountDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{13}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UnmountDatasetRequest) GetUid() string {
@@ -937,7 +1001,7 @@ type UnmountDatasetResponse struct {
 
 func (x *UnmountDatasetResponse) Reset() {
 	*x = UnmountDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[14]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1013,7 @@ func (x *UnmountDatasetResponse) String() string {
 func (*UnmountDatasetResponse) ProtoMessage() {}
 
 func (x *UnmountDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[14]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1026,7 @@ func (x *UnmountDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountDatasetResponse.ProtoReflect.Descriptor instead.
 func (*UnmountDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{14}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{15}
 }
 
 type SyncDatasetRequest struct {
@@ -974,7 +1038,7 @@ type SyncDatasetRequest struct {
 
 func (x *SyncDatasetRequest) Reset() {
 	*x = SyncDatasetRequest{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[15]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1050,7 @@ func (x *SyncDatasetRequest) String() string {
 func (*SyncDatasetRequest) ProtoMessage() {}
 
 func (x *SyncDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[15]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1063,7 @@ func (x *SyncDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncDatasetRequest.ProtoReflect.Descriptor instead.
 func (*SyncDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{15}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SyncDatasetRequest) GetUid() string {
@@ -1028,7 +1092,7 @@ type SyncDatasetResponse struct {
 
 func (x *SyncDatasetResponse) Reset() {
 	*x = SyncDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[16]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1104,7 @@ func (x *SyncDatasetResponse) String() string {
 func (*SyncDatasetResponse) ProtoMessage() {}
 
 func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[16]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1117,7 @@ func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncDatasetResponse.ProtoReflect.Descriptor instead.
 func (*SyncDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{16}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SyncDatasetResponse) GetMounted() bool {
@@ -1159,14 +1223,18 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\vcredentials\x18\x04 \x03(\v20.strata.worker.v1.DatasetSource.CredentialsEntryR\vcredentials\x1a>\n" +
 	"\x10CredentialsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
+	"\vSourceMount\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x127\n" +
+	"\x06source\x18\x02 \x01(\v2\x1f.strata.worker.v1.DatasetSourceR\x06source\"\xfe\x01\n" +
 	"\x13MountDatasetRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\tR\x03uid\x127\n" +
 	"\x06source\x18\x04 \x01(\v2\x1f.strata.worker.v1.DatasetSourceR\x06source\x12\x1b\n" +
 	"\tread_only\x18\x05 \x01(\bR\breadOnly\x12\x16\n" +
-	"\x06output\x18\x06 \x01(\bR\x06output\"*\n" +
+	"\x06output\x18\x06 \x01(\bR\x06output\x125\n" +
+	"\x06mounts\x18\a \x03(\v2\x1d.strata.worker.v1.SourceMountR\x06mounts\"*\n" +
 	"\x14MountDatasetResponse\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\")\n" +
 	"\x15UnmountDatasetRequest\x12\x10\n" +
@@ -1206,7 +1274,7 @@ func file_cacheworker_workerpb_worker_proto_rawDescGZIP() []byte {
 	return file_cacheworker_workerpb_worker_proto_rawDescData
 }
 
-var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_cacheworker_workerpb_worker_proto_goTypes = []any{
 	(*GetListingRequest)(nil),      // 0: strata.worker.v1.GetListingRequest
 	(*GetListingResponse)(nil),     // 1: strata.worker.v1.GetListingResponse
@@ -1219,13 +1287,14 @@ var file_cacheworker_workerpb_worker_proto_goTypes = []any{
 	(*WriteBlockRequest)(nil),      // 8: strata.worker.v1.WriteBlockRequest
 	(*WriteBlockResponse)(nil),     // 9: strata.worker.v1.WriteBlockResponse
 	(*DatasetSource)(nil),          // 10: strata.worker.v1.DatasetSource
-	(*MountDatasetRequest)(nil),    // 11: strata.worker.v1.MountDatasetRequest
-	(*MountDatasetResponse)(nil),   // 12: strata.worker.v1.MountDatasetResponse
-	(*UnmountDatasetRequest)(nil),  // 13: strata.worker.v1.UnmountDatasetRequest
-	(*UnmountDatasetResponse)(nil), // 14: strata.worker.v1.UnmountDatasetResponse
-	(*SyncDatasetRequest)(nil),     // 15: strata.worker.v1.SyncDatasetRequest
-	(*SyncDatasetResponse)(nil),    // 16: strata.worker.v1.SyncDatasetResponse
-	nil,                            // 17: strata.worker.v1.DatasetSource.CredentialsEntry
+	(*SourceMount)(nil),            // 11: strata.worker.v1.SourceMount
+	(*MountDatasetRequest)(nil),    // 12: strata.worker.v1.MountDatasetRequest
+	(*MountDatasetResponse)(nil),   // 13: strata.worker.v1.MountDatasetResponse
+	(*UnmountDatasetRequest)(nil),  // 14: strata.worker.v1.UnmountDatasetRequest
+	(*UnmountDatasetResponse)(nil), // 15: strata.worker.v1.UnmountDatasetResponse
+	(*SyncDatasetRequest)(nil),     // 16: strata.worker.v1.SyncDatasetRequest
+	(*SyncDatasetResponse)(nil),    // 17: strata.worker.v1.SyncDatasetResponse
+	nil,                            // 18: strata.worker.v1.DatasetSource.CredentialsEntry
 }
 var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	2,  // 0: strata.worker.v1.GetListingResponse.objects:type_name -> strata.worker.v1.ListedObject
@@ -1233,25 +1302,27 @@ var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	3,  // 2: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
 	7,  // 3: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
 	4,  // 4: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
-	17, // 5: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
-	10, // 6: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
-	5,  // 7: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
-	8,  // 8: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
-	0,  // 9: strata.worker.v1.Worker.GetListing:input_type -> strata.worker.v1.GetListingRequest
-	11, // 10: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
-	13, // 11: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
-	15, // 12: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
-	6,  // 13: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
-	9,  // 14: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
-	1,  // 15: strata.worker.v1.Worker.GetListing:output_type -> strata.worker.v1.GetListingResponse
-	12, // 16: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
-	14, // 17: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
-	16, // 18: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	18, // 5: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
+	10, // 6: strata.worker.v1.SourceMount.source:type_name -> strata.worker.v1.DatasetSource
+	10, // 7: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
+	11, // 8: strata.worker.v1.MountDatasetRequest.mounts:type_name -> strata.worker.v1.SourceMount
+	5,  // 9: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
+	8,  // 10: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
+	0,  // 11: strata.worker.v1.Worker.GetListing:input_type -> strata.worker.v1.GetListingRequest
+	12, // 12: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
+	14, // 13: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
+	16, // 14: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
+	6,  // 15: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
+	9,  // 16: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
+	1,  // 17: strata.worker.v1.Worker.GetListing:output_type -> strata.worker.v1.GetListingResponse
+	13, // 18: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
+	15, // 19: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
+	17, // 20: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
+	15, // [15:21] is the sub-list for method output_type
+	9,  // [9:15] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_cacheworker_workerpb_worker_proto_init() }
@@ -1269,7 +1340,7 @@ func file_cacheworker_workerpb_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cacheworker_workerpb_worker_proto_rawDesc), len(file_cacheworker_workerpb_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

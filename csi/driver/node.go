@@ -102,6 +102,8 @@ type publishRequest struct {
 	pool             string
 	mountFlags       []string
 	source           *workerpb.DatasetSource
+	// mounts are the stores of a Dataset of several (spec.mounts), in place of source.
+	mounts []*workerpb.SourceMount
 	// output: the Dataset is written by pods; writable: this publish may write to it.
 	output, writable bool
 }
@@ -220,6 +222,22 @@ func (n *Node) checkPublish(req *csi.NodePublishVolumeRequest) (publishRequest, 
 	if output {
 		return pr, nil
 	}
+	if attr, ok := attrs[datav1alpha1.VolumeAttributeMounts]; ok {
+		mounts, err := datav1alpha1.DecodeVolumeMounts(attr)
+		if err != nil {
+			return invalid("volume attribute %s: %v: the PersistentVolume is not one the operator made", datav1alpha1.VolumeAttributeMounts, err)
+		}
+		for i, m := range mounts {
+			pr.mounts = append(pr.mounts, &workerpb.SourceMount{
+				Path: strings.TrimPrefix(m.Path, "/"),
+				Source: &workerpb.DatasetSource{
+					Uri: m.URI, Endpoint: m.Endpoint, Region: m.Region,
+					Credentials: datav1alpha1.MountCredentials(req.GetSecrets(), i),
+				},
+			})
+		}
+		return pr, nil
+	}
 	pr.source = &workerpb.DatasetSource{
 		Uri:         attrs[datav1alpha1.VolumeAttributeSourceURI],
 		Endpoint:    attrs[datav1alpha1.VolumeAttributeSourceEndpoint],
@@ -292,7 +310,7 @@ func (n *Node) acquire(ctx context.Context, pr publishRequest, pub publication) 
 	defer unlock()
 	resp, err := n.workers.MountDataset(ctx, pr.pool, &workerpb.MountDatasetRequest{
 		Namespace: pr.dataset.Namespace, Name: pr.dataset.Name, Uid: pr.dataset.UID,
-		Source: pr.source, ReadOnly: !pr.writable, Output: pr.output,
+		Source: pr.source, Mounts: pr.mounts, ReadOnly: !pr.writable, Output: pr.output,
 	})
 	if err != nil {
 		return "", n.workerError(pr.pool, err)

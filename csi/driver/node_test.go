@@ -15,9 +15,11 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	mount "k8s.io/mount-utils"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/csi/internal/testworker"
 	"github.com/strata-cache/strata/csi/statefile"
 )
@@ -31,6 +33,12 @@ func TestNodePublishRefusesBeforeDoingAnything(t *testing.T) {
 		"a request without a volume id is invalid": {
 			change: func(_ *testing.T, _ *nodeEnv, req *csi.NodePublishVolumeRequest) { req.VolumeId = "" },
 			code:   codes.InvalidArgument, contains: "volume id missing",
+		},
+		"mounts the operator did not write are invalid": {
+			change: func(_ *testing.T, _ *nodeEnv, req *csi.NodePublishVolumeRequest) {
+				req.VolumeContext[datav1alpha1.VolumeAttributeMounts] = `{"path":"/raw"}`
+			},
+			code: codes.InvalidArgument, contains: "not a JSON list of mounts",
 		},
 		"a request without a target path is invalid": {
 			change: func(_ *testing.T, _ *nodeEnv, req *csi.NodePublishVolumeRequest) { req.TargetPath = "" },
@@ -255,6 +263,41 @@ func TestARepublishHandsTheWorkerTheSecretsCurrentKeys(t *testing.T) {
 	}
 	if got := env.mountsOf(req.TargetPath); got != 1 {
 		t.Fatalf("%d mounts onto the target, want 1: a republish binds nothing again", got)
+	}
+}
+
+// TestNodePublishHandsTheWorkerEachMountWithItsOwnKeys publishes a Dataset of several stores:
+// the worker gets each mount at its folder, with the keys the operator's combined Secret holds
+// for it, and a mount without a Secret gets none (a public bucket).
+func TestNodePublishHandsTheWorkerEachMountWithItsOwnKeys(t *testing.T) {
+	env := newNodeEnv(t)
+	req := env.publishRequest(t, "pod-1")
+	for _, k := range []string{datav1alpha1.VolumeAttributeSourceURI, datav1alpha1.VolumeAttributeSourceEndpoint, datav1alpha1.VolumeAttributeSourceRegion} {
+		delete(req.VolumeContext, k)
+	}
+	req.VolumeContext[datav1alpha1.VolumeAttributeMounts] = datav1alpha1.EncodeVolumeMounts([]datav1alpha1.DatasetMount{
+		{Path: "/raw", Source: datav1alpha1.DatasetSource{URI: "s3://private/rec/", Endpoint: "http://minio.minio:9000"}},
+		{Path: "/ref/corpus", Source: datav1alpha1.DatasetSource{URI: "s3://public/corpus/", Region: "eu-west-1"}},
+	})
+	req.Secrets = map[string]string{
+		datav1alpha1.MountCredentialKey(0, "accessKeyID"):     "AKIA",
+		datav1alpha1.MountCredentialKey(0, "secretAccessKey"): "s3cr3t",
+		datav1alpha1.MountCredentialKey(10, "accessKeyID"):    "not mount 1's",
+	}
+	if _, err := env.node(t).NodePublishVolume(context.Background(), req); err != nil {
+		t.Fatalf("NodePublishVolume: %v", err)
+	}
+	got := env.worker.Mounts()
+	want := &workerpb.MountDatasetRequest{
+		Namespace: testNamespace, Name: testDataset, Uid: testUID, ReadOnly: true,
+		Mounts: []*workerpb.SourceMount{
+			{Path: "raw", Source: &workerpb.DatasetSource{Uri: "s3://private/rec/", Endpoint: "http://minio.minio:9000",
+				Credentials: map[string]string{"accessKeyID": "AKIA", "secretAccessKey": "s3cr3t"}}},
+			{Path: "ref/corpus", Source: &workerpb.DatasetSource{Uri: "s3://public/corpus/", Region: "eu-west-1", Credentials: map[string]string{}}},
+		},
+	}
+	if len(got) != 1 || !proto.Equal(got[0], want) {
+		t.Fatalf("MountDataset requests = %v; want %v", got, want)
 	}
 }
 

@@ -1,7 +1,7 @@
 // Command testkit is the client that end-to-end tests run inside the cluster, from a FROM scratch
 // image, to put known data into the under-store and to read it back with a checksum:
 //
-//	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7
+//	testkit s3 put --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2 --size 1048576 --seed 7 [--public]
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
 //	testkit s3 rm --endpoint http://minio.minio.svc:9000 --bucket b --key k1,k2
 //	testkit s3 get --endpoint http://minio.minio.svc:9000 --bucket b --prefix ns/out-c/
@@ -45,6 +45,8 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 // result is what every command prints.
@@ -102,6 +104,7 @@ func run(args []string) error {
 	seed := flags.Uint64("seed", 1, "seed of the pseudo-random content to put")
 	timeout := flags.Duration("timeout", 5*time.Minute, "give up after this long")
 	summary := flags.Bool("summary", false, "print one line with the total bytes and seconds instead of a line per object")
+	public := flags.Bool("public", false, "put: let anyone list the bucket and read its objects without credentials, as a public bucket does")
 	if err := flags.Parse(args[2:]); err != nil {
 		return err
 	}
@@ -121,6 +124,11 @@ func run(args []string) error {
 	out := json.NewEncoder(os.Stdout)
 	if *prefix != "" {
 		return getPrefix(ctx, client, *bucket, *prefix, out)
+	}
+	if *public && args[1] == "put" {
+		if err := makePublic(ctx, client, *bucket); err != nil {
+			return err
+		}
 	}
 	var total result
 	for i, key := range strings.Split(*keys, ",") {
@@ -365,15 +373,34 @@ func newClient(endpoint string) (*minio.Client, error) {
 	return client, nil
 }
 
-func put(ctx context.Context, client *minio.Client, bucket, key string, size int64, seed uint64) (result, error) {
+// ensureBucket creates bucket unless it exists.
+func ensureBucket(ctx context.Context, client *minio.Client, bucket string) error {
 	exists, err := client.BucketExists(ctx, bucket)
 	if err != nil {
-		return result{}, fmt.Errorf("checking bucket %s: %w", bucket, err)
+		return fmt.Errorf("checking bucket %s: %w", bucket, err)
 	}
 	if !exists {
 		if err := client.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
-			return result{}, fmt.Errorf("creating bucket %s: %w", bucket, err)
+			return fmt.Errorf("creating bucket %s: %w", bucket, err)
 		}
+	}
+	return nil
+}
+
+// makePublic creates bucket if need be and lets anyone list it and read its objects.
+func makePublic(ctx context.Context, client *minio.Client, bucket string) error {
+	if err := ensureBucket(ctx, client, bucket); err != nil {
+		return err
+	}
+	if err := client.SetBucketPolicy(ctx, bucket, miniotest.PublicPolicy(bucket)); err != nil {
+		return fmt.Errorf("making bucket %s public: %w", bucket, err)
+	}
+	return nil
+}
+
+func put(ctx context.Context, client *minio.Client, bucket, key string, size int64, seed uint64) (result, error) {
+	if err := ensureBucket(ctx, client, bucket); err != nil {
+		return result{}, err
 	}
 	hash := sha256.New()
 	content := io.TeeReader(io.LimitReader(rand.NewChaCha8(seedBytes(seed)), size), hash)

@@ -147,6 +147,22 @@ func (s *Server) MakeBucket(tb TB, name string) {
 	}
 }
 
+// MakePublic lets anyone list bucket and read its objects without credentials, as a public
+// bucket does.
+func (s *Server) MakePublic(tb TB, bucket string) {
+	tb.Helper()
+	if err := s.Client.SetBucketPolicy(context.Background(), bucket, PublicPolicy(bucket)); err != nil {
+		tb.Fatalf("making bucket %s public: %v", bucket, err)
+	}
+}
+
+// PublicPolicy is the bucket policy that lets anyone list bucket and read its objects.
+func PublicPolicy(bucket string) string {
+	return fmt.Sprintf(`{"Version":"2012-10-17","Statement":[
+		{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::%[1]s/*"]},
+		{"Effect":"Allow","Principal":{"AWS":["*"]},"Action":["s3:ListBucket"],"Resource":["arn:aws:s3:::%[1]s"]}]}`, bucket)
+}
+
 // Put stores an object.
 func (s *Server) Put(tb TB, bucket, key string, data []byte) {
 	tb.Helper()
