@@ -105,6 +105,8 @@ type DatasetReconciler struct {
 	// probes remembers the last successful probe of each Dataset's source (see probeSource),
 	// targetProbes of each output's checkpoint target (see checkpointTargetCondition).
 	probes, targetProbes probeMemo
+	// views remembers what each Dataset's mounts showed when last asked (see mountedView).
+	views viewMemo
 }
 
 // DatasetMetadata is the part of the master the Dataset reconciler talks to.
@@ -146,6 +148,7 @@ func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if !ds.DeletionTimestamp.IsZero() {
 		r.probes.forget(ds.UID)
+		r.views.forget(ds.UID)
 		return r.reconcileDelete(ctx, ds)
 	}
 	if !controllerutil.ContainsFinalizer(ds, DatasetFinalizer) {
@@ -242,6 +245,9 @@ func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alph
 	}
 	setCheckpointTarget(ds, target)
 	setSourceSummary(ds, summary)
+	if problem == nil {
+		setMountedView(ds, r.mountedView(ctx, ds))
+	}
 	ds.Status.MountPaths = mountPaths(ds)
 	setSourceReachable(ds, summary, outage, problem)
 	var result ctrl.Result

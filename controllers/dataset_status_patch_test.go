@@ -30,6 +30,10 @@ func (s *countingSyncer) SyncDataset(context.Context, string, string) (SyncOutco
 	return SyncOutcome{Mounts: 1, Added: 1}, nil
 }
 
+func (s *countingSyncer) DescribeDataset(context.Context, string, string) (DatasetView, bool, error) {
+	return DatasetView{}, false, nil
+}
+
 // TestWhatAReconcileFoundIsRecordedWhenALaterStepFails: the status is written on every way
 // out of a reconcile, so a sync that ran is not run again, nor its counts lost, because
 // creating the volume failed after it.

@@ -27,9 +27,12 @@ const (
 const syncRetry = 30 * time.Second
 
 // DatasetSyncer asks the workers of a TierPool to sync their mounts of a Dataset with its
-// source (WorkerSyncs over the workers' data-plane port).
+// source, and what their mounts show (WorkerSyncs over the workers' data-plane port).
 type DatasetSyncer interface {
 	SyncDataset(ctx context.Context, pool, uid string) (SyncOutcome, error)
+	// DescribeDataset finds a worker of the pool that mounts the Dataset and says what its
+	// mount shows; mounted is false when none does.
+	DescribeDataset(ctx context.Context, pool, uid string) (view DatasetView, mounted bool, err error)
 }
 
 // SyncOutcome is what the workers of a pool answered to a sync.
@@ -41,6 +44,9 @@ type SyncOutcome struct {
 	Added, Removed, Changed int64
 	// Failures are the workers that could not sync, each with why.
 	Failures []string
+	// View is the tree every mount shows after the sync: one worker listed the source, the
+	// others took its listing. Nil when no worker mounts the Dataset.
+	View *DatasetView
 }
 
 // NewDatasetSyncCounter registers the counter of Dataset syncs on reg.
@@ -111,6 +117,7 @@ func (r *DatasetReconciler) syncMounts(ctx context.Context, ds *datav1alpha1.Dat
 		return syncRetry, false
 	}
 	r.countSync("synced")
+	r.views.put(ds.UID, viewRecord{at: now, view: out.View})
 	req := ds.Annotations[datav1alpha1.AnnotationSyncRequested]
 	ds.Status.Sync = &datav1alpha1.DatasetSyncStatus{
 		LastSyncTime: &metav1.Time{Time: now}, Request: req, Mounts: out.Mounts,
@@ -119,7 +126,7 @@ func (r *DatasetReconciler) syncMounts(ctx context.Context, ds *datav1alpha1.Dat
 	msg := fmt.Sprintf("synced with the source on %d node(s) that mount the Dataset: %d file(s) added, %d removed, %d changed",
 		out.Mounts, out.Added, out.Removed, out.Changed)
 	if out.Mounts == 0 {
-		msg = "no node mounts the Dataset; each lists the source when it mounts it"
+		msg = "no node mounts the Dataset; the next node to mount it lists the source"
 	}
 	meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
 		Type: datav1alpha1.ConditionSynced, Status: metav1.ConditionTrue, Reason: ReasonSynced, Message: msg, ObservedGeneration: ds.Generation,
@@ -139,10 +146,16 @@ func (r *DatasetReconciler) countSync(result string) {
 	}
 }
 
-// mergeOutcome adds one worker's answer to a pool's.
+// merge adds one mount's answer to a pool's.
 func (o *SyncOutcome) merge(added, removed, changed int64) {
-	o.Mounts++
-	o.Added, o.Removed, o.Changed = max(o.Added, added), max(o.Removed, removed), max(o.Changed, changed)
+	o.add(SyncOutcome{Mounts: 1, Added: added, Removed: removed, Changed: changed})
+}
+
+// add adds the answers of other workers of the pool.
+func (o *SyncOutcome) add(p SyncOutcome) {
+	o.Mounts += p.Mounts
+	o.Added, o.Removed, o.Changed = max(o.Added, p.Added), max(o.Removed, p.Removed), max(o.Changed, p.Changed)
+	o.Failures = append(o.Failures, p.Failures...)
 }
 
 // syncEach calls sync for every worker, concurrently, and gathers the answers: the workers'

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -55,13 +56,36 @@ type syncingWorker struct {
 	answer *workerpb.SyncDatasetResponse
 	err    error
 	calls  []string // the UIDs asked for
+	// listingFrom are the listing_from of each sync asked for.
+	listingFrom []string
+	// shows is what the worker's mount shows, when asked (DescribeDataset).
+	shows *workerpb.DescribeDatasetResponse
 }
 
 func (w *syncingWorker) SyncDataset(_ context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls = append(w.calls, req.GetUid())
+	w.listingFrom = append(w.listingFrom, req.GetListingFrom())
 	return w.answer, w.err
+}
+
+func (w *syncingWorker) DescribeDataset(context.Context, *workerpb.DescribeDatasetRequest) (*workerpb.DescribeDatasetResponse, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.shows, nil
+}
+
+func (w *syncingWorker) show(files, bytes int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.shows = &workerpb.DescribeDatasetResponse{Mounted: true, Files: files, Bytes: bytes}
+}
+
+func (w *syncingWorker) listingsFrom() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.listingFrom)
 }
 
 func (w *syncingWorker) set(answer *workerpb.SyncDatasetResponse, err error) {
@@ -85,13 +109,17 @@ func (s syncService) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetR
 	return s.w.SyncDataset(ctx, req)
 }
 
+func (s syncService) DescribeDataset(ctx context.Context, req *workerpb.DescribeDatasetRequest) (*workerpb.DescribeDatasetResponse, error) {
+	return s.w.DescribeDataset(ctx, req)
+}
+
 // startSyncingWorker serves a worker of pool on node until the spec ends, and lists it.
 func startSyncingWorker(pool, node string) *syncingWorker {
 	creds := testCA.Credentials(GinkgoT(), pki.Worker(pool, node))
 	authorizer, err := authz.New("worker", dataplane.Policy, nil, logr.Discard())
 	Expect(err).NotTo(HaveOccurred())
 	srv := grpc.NewServer(append([]grpc.ServerOption{creds.ServerOption()}, authorizer.ServerOptions()...)...)
-	w := &syncingWorker{answer: &workerpb.SyncDatasetResponse{}}
+	w := &syncingWorker{answer: &workerpb.SyncDatasetResponse{}, shows: &workerpb.DescribeDatasetResponse{}}
 	workerpb.RegisterDatasetSyncServer(srv, syncService{w: w})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	Expect(err).NotTo(HaveOccurred())
@@ -168,36 +196,59 @@ var _ = Describe("Syncing a Dataset's mounts with its source", func() {
 		return cond
 	}
 
-	It("syncs every worker's mount when a user asks, and records what changed", func() {
+	It("syncs every worker's mount when a user asks, one listing for all, and records what changed", func() {
 		mounting := startSyncingWorker(poolName, "node-a")
 		idle := startSyncingWorker(poolName, "node-b")
+		also := startSyncingWorker(poolName, "node-c")
 		other := startSyncingWorker("pool-of-someone-else-"+namespace, "node-a")
 		ds := dataset("on-request")
 		Expect(meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionSynced)).To(BeNil(), "no sync before one is asked for")
 		Expect(mounting.callCount()).To(BeZero())
 
 		mounting.set(&workerpb.SyncDatasetResponse{Mounted: true, Added: 2, Removed: 1, Changed: 3, Files: 4, Bytes: 4000}, nil)
+		also.set(&workerpb.SyncDatasetResponse{Mounted: true, Added: 2, Removed: 1, Changed: 3, Files: 4, Bytes: 4000}, nil)
+		mounting.show(4, 4000) // what its mount shows from then on
 		s3.Put(GinkgoT(), "datasets", namespace+"/on-request/b.bin", make([]byte, 500))
 		request(ds, "1")
 		cond := syncedCondition(ds, metav1.ConditionTrue)
 		Expect(cond.Reason).To(Equal(ReasonSynced))
-		Expect(cond.Message).To(ContainSubstring("on 1 node(s) that mount the Dataset: 2 file(s) added, 1 removed, 3 changed"))
+		Expect(cond.Message).To(ContainSubstring("on 2 node(s) that mount the Dataset: 2 file(s) added, 1 removed, 3 changed"))
 		Expect(ds.Status.Sync).NotTo(BeNil())
 		Expect(ds.Status.Sync.Request).To(Equal("1"))
-		Expect(ds.Status.Sync.Mounts).To(BeEquivalentTo(1))
+		Expect(ds.Status.Sync.Mounts).To(BeEquivalentTo(2))
 		Expect([]int64{ds.Status.Sync.Added, ds.Status.Sync.Removed, ds.Status.Sync.Changed}).To(Equal([]int64{2, 1, 3}))
 		Expect(ds.Status.Sync.LastSyncTime).NotTo(BeNil())
 		Expect(mounting.calls).To(Equal([]string{string(ds.UID)}))
 		Expect(idle.callCount()).To(Equal(1), "every worker of the pool is asked")
 		Expect(other.callCount()).To(BeZero(), "no worker of another pool")
+		Expect(mounting.listingsFrom()).To(Equal([]string{""}), "the first worker that mounts the Dataset lists the source")
+		Expect(idle.listingsFrom()).To(Equal([]string{mounting.addr}), "the others take its listing")
+		Expect(also.listingsFrom()).To(Equal([]string{mounting.addr}))
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-			g.Expect(ds.Status.Files).To(BeEquivalentTo(2), "the status counts the source as listed after the sync")
+			g.Expect([]int64{ds.Status.Files, ds.Status.TotalBytes}).To(Equal([]int64{4, 4000}),
+				"the status counts the tree the mounts show after the sync (the source, listed by the operator, has 2 files)")
 		}).Should(Succeed())
 		Eventually(func() []string { return eventMessages(namespace, ds.Name, ReasonSynced) }).Should(ContainElement(cond.Message))
 
 		By("the same request is answered once")
 		Consistently(mounting.callCount, "2s").Should(Equal(1))
+	})
+
+	It("counts the tree the mounts show, not a later listing of the operator's, once a node mounts the Dataset", func() {
+		w := startSyncingWorker(poolName, "node-a")
+		ds := dataset("counted")
+		Expect(ds.Status.Files).To(BeEquivalentTo(1), "no mount yet: the operator's listing")
+		w.show(7, 7000)
+		s3.Put(GinkgoT(), "datasets", namespace+"/counted/later.bin", make([]byte, 10))
+		patch := client.MergeFrom(ds.DeepCopy())
+		ds.Annotations = map[string]string{"poke": "1"} // a reconcile now, as the next periodic one would
+		Expect(k8sClient.Patch(ctx, ds, patch)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			g.Expect([]int64{ds.Status.Files, ds.Status.TotalBytes}).To(Equal([]int64{7, 7000}))
+		}).Should(Succeed())
+		Expect(ds.Status.Size).To(Equal("6.8Ki"))
 	})
 
 	It("says which worker failed, keeps the request open, and answers it once the worker can", func() {
@@ -225,6 +276,8 @@ var _ = Describe("Syncing a Dataset's mounts with its source", func() {
 			Expect(err).NotTo(HaveOccurred())
 			_, err = workerpb.NewDatasetSyncClient(conn).SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: "x"})
 			Expect(status.Code(err)).To(Equal(codes.PermissionDenied), "called as %s", id)
+			_, err = workerpb.NewDatasetSyncClient(conn).DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: "x"})
+			Expect(status.Code(err)).To(Equal(codes.PermissionDenied), "described as %s", id)
 			Expect(conn.Close()).To(Succeed())
 		}
 		Expect(w.callCount()).To(BeZero())

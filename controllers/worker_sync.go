@@ -2,11 +2,15 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
@@ -22,13 +26,14 @@ type WorkerSyncs struct {
 	Peers *dataplane.Peers
 }
 
-// SyncDataset implements DatasetSyncer.
-func (w *WorkerSyncs) SyncDataset(ctx context.Context, pool, uid string) (SyncOutcome, error) {
+// liveWorkers are the data-plane addresses of the pool's live workers by id, and the ids in
+// order.
+func (w *WorkerSyncs) liveWorkers(ctx context.Context, pool string) (map[string]string, []string, error) {
 	lctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
 	defer cancel()
 	resp, err := w.Workers.ListWorkers(lctx, &masterpb.ListWorkersRequest{})
 	if err != nil {
-		return SyncOutcome{}, fmt.Errorf("listing the workers at the master: %w", err)
+		return nil, nil, fmt.Errorf("listing the workers at the master: %w", err)
 	}
 	addrs := map[string]string{}
 	for _, wk := range resp.GetWorkers() {
@@ -37,17 +42,72 @@ func (w *WorkerSyncs) SyncDataset(ctx context.Context, pool, uid string) (SyncOu
 			addrs[wk.GetId()] = wk.GetAddress()
 		}
 	}
-	ids := make([]string, 0, len(addrs))
-	for id := range addrs {
-		ids = append(ids, id)
+	ids := slices.Sorted(maps.Keys(addrs))
+	return addrs, ids, nil
+}
+
+// SyncDataset implements DatasetSyncer. One worker that mounts the Dataset lists the source;
+// the others then take its listing, so that every node shows one tree. Workers that do not
+// mount it answer at once; one that fails is named, keeps its tree, and the next worker that
+// mounts the Dataset lists instead.
+func (w *WorkerSyncs) SyncDataset(ctx context.Context, pool, uid string) (SyncOutcome, error) {
+	addrs, ids, err := w.liveWorkers(ctx, pool)
+	if err != nil {
+		return SyncOutcome{}, err
 	}
-	return syncEach(ctx, ids, func(ctx context.Context, id string) (bool, int64, int64, int64, error) {
+	syncOne := func(ctx context.Context, id, listingFrom string) (*workerpb.SyncDatasetResponse, error) {
 		ctx, cancel := context.WithTimeout(ctx, syncCallTimeout)
 		defer cancel()
-		r, err := w.Peers.SyncDataset(ctx, addrs[id], uid)
-		if err != nil {
-			return false, 0, 0, 0, err
+		return w.Peers.SyncDataset(ctx, addrs[id], uid, listingFrom)
+	}
+	var out SyncOutcome
+	for i, id := range ids {
+		r, err := syncOne(ctx, id, "")
+		switch {
+		case err != nil:
+			out.Failures = append(out.Failures, fmt.Sprintf("worker %s: %v", id, err))
+			continue
+		case !r.GetMounted():
+			continue
 		}
-		return r.GetMounted(), r.GetAdded(), r.GetRemoved(), r.GetChanged(), nil
-	}), nil
+		out.merge(r.GetAdded(), r.GetRemoved(), r.GetChanged())
+		out.View = &DatasetView{Files: r.GetFiles(), Bytes: r.GetBytes(), Worker: id}
+		rest := syncEach(ctx, ids[i+1:], func(ctx context.Context, other string) (bool, int64, int64, int64, error) {
+			r, err := syncOne(ctx, other, addrs[id])
+			if err != nil {
+				return false, 0, 0, 0, err
+			}
+			return r.GetMounted(), r.GetAdded(), r.GetRemoved(), r.GetChanged(), nil
+		})
+		out.add(rest)
+		break
+	}
+	slices.Sort(out.Failures)
+	return out, nil
+}
+
+// DescribeDataset implements DatasetSyncer: the first worker of the pool, in order, that
+// mounts the Dataset describes its mount. Workers that cannot be asked are passed over; if
+// none answers at all, the error says why.
+func (w *WorkerSyncs) DescribeDataset(ctx context.Context, pool, uid string) (DatasetView, bool, error) {
+	addrs, ids, err := w.liveWorkers(ctx, pool)
+	if err != nil {
+		return DatasetView{}, false, err
+	}
+	var errs []error
+	for _, id := range ids {
+		dctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+		r, err := w.Peers.DescribeDataset(dctx, addrs[id], uid)
+		cancel()
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("worker %s: %w", id, err))
+		case r.GetMounted():
+			return DatasetView{Files: r.GetFiles(), Bytes: r.GetBytes(), Worker: id}, true, nil
+		}
+	}
+	if len(errs) == len(ids) && len(errs) > 0 {
+		return DatasetView{}, false, errors.Join(errs...)
+	}
+	return DatasetView{}, false, nil
 }

@@ -135,6 +135,40 @@ var _ = Describe("A Dataset synced with its source", Ordered, Label("smoke", "sy
 		GinkgoWriter.Printf("the looping reader read %d files, %d versions of train.bin; failed rounds: %d\n",
 			len(reads), len(seen["train.bin"]), strings.Count(podLogs(ctx, reader), "testkit: round"))
 	})
+
+	It("shows a node that mounts the Dataset later the tree the other node shows, until a sync", func(ctx SpecContext) {
+		viewPrefix := namespace + "-view/"
+		before := putObjects(ctx, namespace, nodes[0], bucket, []string{viewPrefix + "a.bin", viewPrefix + "b.bin"}, 70000, 20)
+		trimPrefix(before, viewPrefix)
+		ds := minioDataset(namespace, "view", pool, "s3://"+bucket+"/"+viewPrefix)
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		waitReady(ctx, ds)
+
+		By("holding the Dataset mounted on " + nodes[0])
+		holder := claimPod(namespace, nodes[0], "view", "hold", "--wait-for", "/data/never", "/data/a.bin")
+		Expect(k8sClient.Create(ctx, holder)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, holder))).To(Succeed()) })
+		Eventually(func() string { return podLogs(ctx, holder) }).WithContext(ctx).WithTimeout(2 * minute).Should(ContainSubstring("holding /data/a.bin open"))
+
+		By("adding c.bin to the bucket, without a sync: " + nodes[1] + " mounts the Dataset and shows " + nodes[0] + "'s tree")
+		added := putObjects(ctx, namespace, nodes[0], bucket, []string{viewPrefix + "c.bin"}, 5000, 21)
+		trimPrefix(added, viewPrefix)
+		Expect(sumClaim(ctx, namespace, nodes[1], "view")).To(Equal(contents(before)), "one tree on every node")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+		Expect(ds.Status.Files).To(BeEquivalentTo(2), "the status counts the tree the mounts show")
+
+		By("a sync showing c.bin on both nodes, and in the status")
+		out, err := kubectl("-n", namespace, "annotate", "dataset", "view", datav1alpha1.AnnotationSyncRequested+"=view", "--overwrite")
+		Expect(err).NotTo(HaveOccurred(), "%s", out)
+		waitSynced(ctx, namespace, "view", "view")
+		for _, node := range nodes {
+			Expect(sumClaim(ctx, namespace, node, "view")).To(Equal(contents(append(before, added...))), "read on %s after the sync", node)
+		}
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
+			g.Expect(ds.Status.Files).To(BeEquivalentTo(3))
+		}).WithContext(ctx).WithTimeout(minute).Should(Succeed())
+	})
 })
 
 // waitSynced waits until the Dataset's last sync answered request and reached every mount,

@@ -71,16 +71,19 @@ type DatasetSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.checkpoint is immutable once set: the files checkpointed so far are read back from it; create a new Dataset to checkpoint elsewhere"
 	Checkpoint *CheckpointTarget `json:"checkpoint,omitempty"`
 
-	// Sync keeps the mounts of a Dataset with a source in line with it: at each sync every
-	// node's mount lists the source again and shows new files, drops removed ones and serves
-	// changed ones at their new size and bytes, live, without a remount (files open at the
-	// time read on the version they opened). Besides the interval, a sync runs whenever the
-	// annotation data.strata.dev/sync-requested takes a new value:
+	// Sync keeps the mounts of a Dataset with a source in line with it: at each sync one
+	// node's mount lists the source again, every node's mount takes that listing, and each
+	// shows new files, drops removed ones and serves changed ones at their new size and bytes,
+	// live, without a remount (files open at the time read on the version they opened).
+	// Besides the interval, a sync runs whenever the annotation data.strata.dev/sync-requested
+	// takes a new value:
 	//
 	//	kubectl annotate dataset NAME data.strata.dev/sync-requested="$(date +%s)" --overwrite
 	//
-	// Without spec.sync, mounts show the source as it was listed when each node mounted it,
-	// until such a request.
+	// Every node shows one tree: a node that mounts the Dataset while another node mounts it
+	// shows that node's tree, and the status counts it. Without spec.sync, that is the source
+	// as it was listed when the first node mounted it (once no node mounts the Dataset, the
+	// next mount lists it again), until such a request.
 	// +optional
 	Sync *DatasetSync `json:"sync,omitempty"`
 }
@@ -108,7 +111,7 @@ type DatasetSyncStatus struct {
 	Request string `json:"request,omitempty"`
 
 	// Mounts is how many nodes' mounts the last sync updated. A node that mounts the Dataset
-	// later lists the source then.
+	// later shows the same tree.
 	// +optional
 	Mounts int32 `json:"mounts,omitempty"`
 

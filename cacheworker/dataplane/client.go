@@ -81,14 +81,25 @@ func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
-// SyncDataset asks the worker at addr to sync its mount of Dataset uid with the source: the
+// SyncDataset asks the worker at addr to sync its mount of Dataset uid with the source, or,
+// with listingFrom (another worker's address), with the listing that worker took: the
 // operator's call (DatasetSync), over the same connections.
-func (p *Peers) SyncDataset(ctx context.Context, addr, uid string) (*workerpb.SyncDatasetResponse, error) {
+func (p *Peers) SyncDataset(ctx context.Context, addr, uid, listingFrom string) (*workerpb.SyncDatasetResponse, error) {
 	c, err := p.conn(addr)
 	if err != nil {
 		return nil, err
 	}
-	return workerpb.NewDatasetSyncClient(c).SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid})
+	return workerpb.NewDatasetSyncClient(c).SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, ListingFrom: listingFrom})
+}
+
+// DescribeDataset asks the worker at addr what its mount of Dataset uid shows: the operator's
+// call (DatasetSync), over the same connections.
+func (p *Peers) DescribeDataset(ctx context.Context, addr, uid string) (*workerpb.DescribeDatasetResponse, error) {
+	c, err := p.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return workerpb.NewDatasetSyncClient(c).DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: uid})
 }
 
 // ReadBlock reads a whole block from the worker at addr and checks it against its CRC-32C. It

@@ -20,13 +20,22 @@ import (
 // listingChunk is how many objects one message of a listing carries: about 100 KiB.
 const listingChunk = 1000
 
-// ServeListings makes the server answer GetListing with the listings kept in store.
-func (s *Server) ServeListings(store *listings.Store) { s.listings = store }
+// ServeListings makes the server answer GetListing with the listings kept in store; mounted
+// says whether this worker mounts a Dataset now, for the requests of a mount's listing only
+// (nil: it mounts none).
+func (s *Server) ServeListings(store *listings.Store, mounted func(uid string) bool) {
+	s.listings, s.mounted = store, mounted
+}
 
-// GetListing streams the listing this worker keeps of a Dataset's source.
+// GetListing streams the listing this worker keeps of a Dataset's source. The listing of a
+// Dataset it mounts is the one its mount shows: every listing the mount takes (at its mount,
+// at each sync) is kept before the tree changes to it.
 func (s *Server) GetListing(req *workerpb.GetListingRequest, stream workerpb.Worker_GetListingServer) error {
 	if s.listings == nil {
 		return status.Error(codes.NotFound, "this worker keeps no listings")
+	}
+	if req.GetMountedOnly() && (s.mounted == nil || !s.mounted(req.GetUid())) {
+		return status.Errorf(codes.NotFound, "Dataset %s is not mounted here", req.GetUid())
 	}
 	l, err := s.listings.Load(req.GetUid())
 	switch {
@@ -54,16 +63,16 @@ func (s *Server) GetListing(req *workerpb.GetListingRequest, stream workerpb.Wor
 	return nil
 }
 
-// GetListing fetches the listing the worker at addr keeps of Dataset uid; listings.ErrNotFound
-// if it keeps none.
-func (p *Peers) GetListing(ctx context.Context, addr, uid string) (listings.Listing, error) {
+// GetListing fetches the listing the worker at addr keeps of Dataset uid (with mountedOnly,
+// only if it mounts the Dataset now); listings.ErrNotFound if it keeps none.
+func (p *Peers) GetListing(ctx context.Context, addr, uid string, mountedOnly bool) (listings.Listing, error) {
 	stub, err := p.stub(addr)
 	if err != nil {
 		return listings.Listing{}, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := stub.GetListing(ctx, &workerpb.GetListingRequest{Uid: uid})
+	stream, err := stub.GetListing(ctx, &workerpb.GetListingRequest{Uid: uid, MountedOnly: mountedOnly})
 	if err != nil {
 		return listings.Listing{}, listingError(uid, addr, err)
 	}
@@ -102,24 +111,62 @@ type PoolListings struct {
 	Workers func(ctx context.Context) (map[string]string, error)
 }
 
-// Listing implements listings.Peers: the newest listing any of the workers keeps.
-func (p PoolListings) Listing(ctx context.Context, uid string) (listings.Listing, string, error) {
+// workers returns the pool's other live workers: their addresses by id, and the ids in order.
+func (p PoolListings) workers(ctx context.Context) (map[string]string, []string, error) {
 	workers, err := p.Workers(ctx)
 	if err != nil {
-		return listings.Listing{}, "", fmt.Errorf("finding the pool's other workers: %w", err)
+		return nil, nil, fmt.Errorf("finding the pool's other workers: %w", err)
 	}
 	ids := make([]string, 0, len(workers))
 	for id := range workers {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
+	return workers, ids, nil
+}
+
+// Current implements listings.Peers: the listing of a mount of the Dataset that another worker
+// serves now. Every mount of the pool shows that one tree, so the first worker that has one
+// answers.
+func (p PoolListings) Current(ctx context.Context, uid string) (listings.Listing, string, error) {
+	workers, ids, err := p.workers(ctx)
+	if err != nil {
+		return listings.Listing{}, "", err
+	}
+	var errs []error
+	for _, id := range ids {
+		l, err := p.Peers.GetListing(ctx, workers[id], uid, true)
+		if err == nil {
+			return l, id, nil
+		}
+		if !errors.Is(err, listings.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return listings.Listing{}, "", errors.Join(errs...)
+	}
+	return listings.Listing{}, "", fmt.Errorf("none of the pool's %d other live worker(s) mounts Dataset %s: %w", len(ids), uid, listings.ErrNotFound)
+}
+
+// ListingAt implements listings.Peers.
+func (p PoolListings) ListingAt(ctx context.Context, addr, uid string) (listings.Listing, error) {
+	return p.Peers.GetListing(ctx, addr, uid, false)
+}
+
+// Listing implements listings.Peers: the newest listing any of the workers keeps.
+func (p PoolListings) Listing(ctx context.Context, uid string) (listings.Listing, string, error) {
+	workers, ids, err := p.workers(ctx)
+	if err != nil {
+		return listings.Listing{}, "", err
+	}
 	var (
 		best     listings.Listing
 		bestFrom string
 		errs     []error
 	)
 	for _, id := range ids {
-		l, err := p.Peers.GetListing(ctx, workers[id], uid)
+		l, err := p.Peers.GetListing(ctx, workers[id], uid, false)
 		if err != nil {
 			if !errors.Is(err, listings.ErrNotFound) {
 				errs = append(errs, err)

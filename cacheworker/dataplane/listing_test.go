@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,12 +17,13 @@ import (
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
 
-// listingWorker serves the listings of kept (none if nil) on a real gRPC server.
-func listingWorker(t *testing.T, kept *listings.Store) string {
+// listingWorker serves the listings of kept (none if nil) on a real gRPC server, and mounts
+// the Datasets of mounted.
+func listingWorker(t *testing.T, kept *listings.Store, mounted ...string) string {
 	t.Helper()
 	s := NewServer(nil, nil, testBlockSize, nil, logr.Discard())
 	if kept != nil {
-		s.ServeListings(kept)
+		s.ServeListings(kept, func(uid string) bool { return slices.Contains(mounted, uid) })
 	}
 	srv := grpc.NewServer()
 	workerpb.RegisterWorkerServer(srv, s)
@@ -59,7 +61,7 @@ func TestAPeerHandsOverTheListingItKeeps(t *testing.T) {
 	none := listingWorker(t, nil)
 	peers := newPeers(t)
 
-	got, err := peers.GetListing(context.Background(), newer, "uid")
+	got, err := peers.GetListing(context.Background(), newer, "uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got.Taken.Equal(t0)).To(BeTrue())
 	g.Expect(got.Objects).To(HaveLen(len(objects)))
@@ -69,12 +71,12 @@ func TestAPeerHandsOverTheListingItKeeps(t *testing.T) {
 		g.Expect(o.Size).To(Equal(objects[i].Size))
 		g.Expect(o.ModTime.Equal(objects[i].ModTime)).To(BeTrue())
 	}
-	got, err = peers.GetListing(context.Background(), empty, "uid")
+	got, err = peers.GetListing(context.Background(), empty, "uid", false)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got.Objects).To(BeEmpty(), "an empty source's listing is a listing")
-	_, err = peers.GetListing(context.Background(), none, "uid")
+	_, err = peers.GetListing(context.Background(), none, "uid", false)
 	g.Expect(err).To(MatchError(listings.ErrNotFound))
-	_, err = peers.GetListing(context.Background(), newer, "other-uid")
+	_, err = peers.GetListing(context.Background(), newer, "other-uid", false)
 	g.Expect(err).To(MatchError(listings.ErrNotFound))
 
 	pool := PoolListings{Peers: peers, Workers: func(context.Context) (map[string]string, error) {
@@ -87,4 +89,35 @@ func TestAPeerHandsOverTheListingItKeeps(t *testing.T) {
 	_, _, err = pool.Listing(context.Background(), "other-uid")
 	g.Expect(err).To(MatchError(listings.ErrNotFound))
 	g.Expect(err).To(MatchError(ContainSubstring("none of the pool's 4 other live worker(s)")))
+}
+
+func TestANewMountFindsTheTreeAnotherWorkersMountShows(t *testing.T) {
+	g := NewWithT(t)
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	objects := []understore.ObjectInfo{{Path: "a.txt", Size: 1, ModTime: t0, ETag: "e1"}}
+	// Newer, but only kept: its node unmounted the Dataset since.
+	unmounted := listingWorker(t, keptListing(t, "uid", listings.Listing{Taken: t0.Add(time.Hour)}))
+	mounting := listingWorker(t, keptListing(t, "uid", listings.Listing{Taken: t0, Objects: objects}), "uid")
+	peers := newPeers(t)
+
+	_, err := peers.GetListing(context.Background(), unmounted, "uid", true)
+	g.Expect(err).To(MatchError(listings.ErrNotFound), "a listing of a Dataset not mounted is no mount's tree")
+	got, err := peers.GetListing(context.Background(), mounting, "uid", true)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got.Objects).To(HaveLen(1))
+
+	pool := PoolListings{Peers: peers, Workers: func(context.Context) (map[string]string, error) {
+		return map[string]string{"p/a": unmounted, "p/b": mounting}, nil
+	}}
+	l, from, err := pool.Current(context.Background(), "uid")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(from).To(Equal("p/b"), "the worker that mounts it, though another keeps a newer listing")
+	g.Expect(l.Taken.Equal(t0)).To(BeTrue())
+	_, _, err = pool.Current(context.Background(), "other-uid")
+	g.Expect(err).To(MatchError(listings.ErrNotFound))
+	g.Expect(err).To(MatchError(ContainSubstring("none of the pool's 2 other live worker(s) mounts Dataset other-uid")))
+
+	at, err := pool.ListingAt(context.Background(), unmounted, "uid")
+	g.Expect(err).NotTo(HaveOccurred(), "a sync takes the listing another worker took, mounted or not")
+	g.Expect(at.Taken.Equal(t0.Add(time.Hour))).To(BeTrue())
 }

@@ -54,6 +54,8 @@ type Server struct {
 	log      logr.Logger
 	// listings, if set, are the listings this worker keeps, which GetListing serves.
 	listings *listings.Store
+	// mounted says whether this worker mounts a Dataset now (ServeListings).
+	mounted func(uid string) bool
 }
 
 // NewServer returns a server over store that takes blocks of up to maxBlock bytes (the pool's

@@ -4,6 +4,11 @@
 // pool's other workers). A cache must serve what it holds when its store is down; without a
 // listing a mount has no tree to serve it in.
 //
+// The listings also give a Dataset one tree on every node: a node that mounts a Dataset
+// another node mounts takes that node's listing instead of listing the source itself (Lister's
+// Current), so that both show the same files at the same sizes and versions until the next
+// sync, which gives every node one listing again.
+//
 // A listing is kept per Dataset UID in a file of its own (gob), written whole to a temporary
 // file and renamed into place, so that a crash leaves the old listing or the new one, never a
 // torn one. Only a listing that ran to its end is kept.
@@ -20,6 +25,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -120,6 +126,44 @@ type Peers interface {
 	// Listing returns a listing of Dataset uid that some other worker of the pool keeps, with
 	// which worker it came from, or ErrNotFound if none does.
 	Listing(ctx context.Context, uid string) (l Listing, from string, err error)
+	// Current returns the listing of a mount of Dataset uid that another worker of the pool
+	// serves now, with which worker it came from, or ErrNotFound if none mounts it.
+	Current(ctx context.Context, uid string) (l Listing, from string, err error)
+	// ListingAt returns the listing the worker at addr keeps of Dataset uid, ErrNotFound if
+	// it keeps none.
+	ListingAt(ctx context.Context, addr, uid string) (Listing, error)
+}
+
+// FromPeer is a Source that answers with the listing the worker at Addr keeps of Dataset UID,
+// which it took a moment ago, instead of listing the source again: a sync makes every node show
+// that one listing. Should the worker keep none, the source is listed after all.
+type FromPeer struct {
+	Peers  Peers
+	Addr   string
+	UID    string
+	Source Source
+	Log    logr.Logger
+}
+
+// List implements Source.
+func (f FromPeer) List(ctx context.Context, prefix string) iter.Seq2[understore.ObjectInfo, error] {
+	return func(yield func(understore.ObjectInfo, error) bool) {
+		l, err := f.Peers.ListingAt(ctx, f.Addr, f.UID)
+		if err != nil {
+			f.Log.Error(err, "taking the listing another worker synced; listing the source instead", "worker", f.Addr)
+			for o, err := range f.Source.List(ctx, prefix) {
+				if !yield(o, err) {
+					return
+				}
+			}
+			return
+		}
+		for _, o := range l.Objects {
+			if strings.HasPrefix(o.Path, prefix) && !yield(o, nil) {
+				return
+			}
+		}
+	}
 }
 
 // Source is what a Lister lists: the Dataset's under-store.
@@ -141,7 +185,11 @@ type Lister struct {
 	// Fallback answers an unreachable source with the last good listing. A sync must not: it
 	// would find nothing changed while nothing could be looked at.
 	Fallback bool
-	Log      logr.Logger
+	// Current takes the listing a peer's mount shows (Peers.Current), when one does, instead of
+	// listing the source: a new mount joins the tree the other nodes show. A sync must not: it
+	// is there to list the source afresh.
+	Current bool
+	Log     logr.Logger
 }
 
 // List implements the listing a mount and a sync use. The prefix must be "" (a mount lists
@@ -166,6 +214,9 @@ func (l *Lister) List(ctx context.Context, prefix string) iter.Seq2[understore.O
 }
 
 func (l *Lister) list(ctx context.Context) ([]understore.ObjectInfo, error) {
+	if objects, ok := l.current(ctx); ok {
+		return objects, nil
+	}
 	var objects []understore.ObjectInfo
 	var listErr error
 	for o, err := range l.Source.List(ctx, "") {
@@ -197,6 +248,30 @@ func (l *Lister) list(ctx context.Context) ([]understore.ObjectInfo, error) {
 	l.Log.Info("the source is unreachable: serving the last good listing, whose files read as far as they are cached",
 		"error", listErr.Error(), "listingFrom", from, "listingTaken", kept.Taken, "objects", len(kept.Objects))
 	return kept.Objects, nil
+}
+
+// current is the listing a peer's mount of the Dataset shows, if Current is set and a peer
+// mounts it; kept here as this node's listing.
+func (l *Lister) current(ctx context.Context) ([]understore.ObjectInfo, bool) {
+	if !l.Current || l.Peers == nil {
+		return nil, false
+	}
+	shown, from, err := l.Peers.Current(ctx, l.UID)
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			// The source is listed instead: a tree of its own, rather than no mount.
+			l.Log.Error(err, "asking the pool's other workers for the tree their mounts show; listing the source")
+		}
+		return nil, false
+	}
+	if l.Store != nil {
+		if err := l.Store.Save(l.UID, shown); err != nil {
+			// Without it kept here, a peer mounting later would not find this mount's tree.
+			l.Log.Error(err, "keeping the listing of a peer's mount")
+		}
+	}
+	l.Log.Info("showing the tree the pool's other nodes show", "listingFrom", from, "listingTaken", shown.Taken, "objects", len(shown.Objects))
+	return shown.Objects, true
 }
 
 // lastGood is the listing this node keeps, or else one a peer keeps (kept here from then on).

@@ -35,10 +35,35 @@ func (s source) List(context.Context, string) iter.Seq2[understore.ObjectInfo, e
 	}
 }
 
-// peers keeps one listing, as another node of the pool would.
+// peers keeps one listing, as another node of the pool would, and shows one in a mount.
 type peers struct {
 	kept  map[string]Listing
 	asked int
+	// shown are the listings the peers' mounts show; currentErr fails every question of them.
+	shown      map[string]Listing
+	currentErr error
+}
+
+func (p *peers) ListingAt(_ context.Context, addr, uid string) (Listing, error) {
+	if addr != "node-c:7100" {
+		return Listing{}, ErrNotFound
+	}
+	l, ok := p.shown[uid]
+	if !ok {
+		return Listing{}, ErrNotFound
+	}
+	return l, nil
+}
+
+func (p *peers) Current(_ context.Context, uid string) (Listing, string, error) {
+	if p.currentErr != nil {
+		return Listing{}, "", p.currentErr
+	}
+	l, ok := p.shown[uid]
+	if !ok {
+		return Listing{}, "", ErrNotFound
+	}
+	return l, "pool/node-c", nil
 }
 
 func (p *peers) Listing(_ context.Context, uid string) (Listing, string, error) {
@@ -145,6 +170,67 @@ func TestTheListerFallsBackOnlyWhenTheSourceIsUnreachable(t *testing.T) {
 			kept, err := s.Load("uid")
 			g.Expect(err).NotTo(HaveOccurred(), "the listing served is kept on this node")
 			g.Expect(kept.Objects).To(HaveLen(tc.want))
+		})
+	}
+}
+
+func TestANewMountShowsTheTreeAPeersMountShows(t *testing.T) {
+	shown := Listing{Taken: t0.Add(-time.Hour), Objects: objects[:1]} // older than the source's state
+	cases := []struct {
+		name       string
+		current    bool
+		shown      bool
+		currentErr error
+		source     source
+		want       []understore.ObjectInfo
+		wantErr    string
+	}{
+		{name: "a peer mounts it: its tree, the source untouched", current: true, shown: true, source: source{err: denied}, want: objects[:1]},
+		{name: "no peer mounts it: the source's", current: true, source: source{objects: objects}, want: objects},
+		{name: "the peers cannot be asked: the source's", current: true, currentErr: errors.New("master down"), source: source{objects: objects}, want: objects},
+		{name: "no peer mounts it, and the source refuses", current: true, source: source{err: denied}, wantErr: "AccessDenied"},
+		{name: "a sync lists the source even when a peer mounts it", shown: true, source: source{objects: objects}, want: objects},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			s, err := Open(t.TempDir())
+			g.Expect(err).NotTo(HaveOccurred())
+			p := &peers{kept: map[string]Listing{}, shown: map[string]Listing{}, currentErr: tc.currentErr}
+			if tc.shown {
+				p.shown["uid"] = shown
+			}
+			l := &Lister{Source: tc.source, UID: "uid", Store: s, Peers: p, Current: tc.current, Log: logr.Discard()}
+			got, err := listAll(l)
+			if tc.wantErr != "" {
+				g.Expect(err).To(MatchError(ContainSubstring(tc.wantErr)))
+				return
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(got).To(Equal(tc.want))
+			kept, err := s.Load("uid")
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(kept.Objects).To(Equal(tc.want), "what the mount shows is kept, for the next node to take")
+		})
+	}
+}
+
+func TestASyncTakesTheListingAnotherWorkerTook(t *testing.T) {
+	cases := map[string]struct {
+		addr string
+		want []understore.ObjectInfo
+	}{
+		"that worker's listing, though the source has more": {addr: "node-c:7100", want: objects[:1]},
+		"that worker keeps none: the source's":              {addr: "node-d:7100", want: objects},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			p := &peers{shown: map[string]Listing{"uid": {Taken: t0, Objects: objects[:1]}}}
+			from := FromPeer{Peers: p, Addr: tc.addr, UID: "uid", Source: source{objects: objects}, Log: logr.Discard()}
+			got, err := listAll(&Lister{Source: from, UID: "uid", Peers: p, Log: logr.Discard()})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(got).To(Equal(tc.want))
 		})
 	}
 }

@@ -515,7 +515,7 @@ func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.Mount
 // fsConfig is the file system's configuration for mnt, whose cache is open.
 func (m *Mounter) fsConfig(mnt *mount, log logr.Logger) fusefs.Config {
 	return fusefs.Config{
-		Objects:            m.lister(mnt, true, log),
+		Objects:            m.mountLister(mnt, log),
 		Blocks:             mnt.cache,
 		BlockSize:          m.cfg.BlockSize,
 		Local:              localBlocks{store: m.cfg.Store, sourceID: mnt.uid},
@@ -526,10 +526,23 @@ func (m *Mounter) fsConfig(mnt *mount, log logr.Logger) fusefs.Config {
 	}
 }
 
-// lister lists mnt's source, keeping each good listing; with fallback (a mount, not a sync), a
-// source that cannot be reached is answered with the last good listing.
-func (m *Mounter) lister(mnt *mount, fallback bool, log logr.Logger) *listings.Lister {
-	return &listings.Lister{Source: mnt.store, UID: mnt.uid, Store: m.cfg.Listings, Peers: m.cfg.ListingPeers, Fallback: fallback, Log: log}
+// mountLister lists mnt's source for its mount: it shows the tree another node's mount of the
+// Dataset shows, if one does (one tree on every node until the next sync), else lists the
+// source, keeping each good listing; a source that cannot be reached is answered with the last
+// good listing.
+func (m *Mounter) mountLister(mnt *mount, log logr.Logger) *listings.Lister {
+	return &listings.Lister{Source: mnt.store, UID: mnt.uid, Store: m.cfg.Listings, Peers: m.cfg.ListingPeers,
+		Fallback: true, Current: true, Log: log}
+}
+
+// syncLister lists mnt's source afresh for a sync, or takes the listing the worker at
+// listingFrom took for the same sync, so that every node shows one tree.
+func (m *Mounter) syncLister(mnt *mount, listingFrom string, log logr.Logger) *listings.Lister {
+	var source listings.Source = mnt.store
+	if listingFrom != "" && m.cfg.ListingPeers != nil {
+		source = listings.FromPeer{Peers: m.cfg.ListingPeers, Addr: listingFrom, UID: mnt.uid, Source: mnt.store, Log: log}
+	}
+	return &listings.Lister{Source: source, UID: mnt.uid, Store: m.cfg.Listings, Peers: m.cfg.ListingPeers, Log: log}
 }
 
 // storeError turns an under-store failure in doing something ("mounting") to a Dataset

@@ -51,8 +51,18 @@ func (s *syncMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.syncs, s.changes, s.dropped}
 }
 
+// SyncService is the worker's DatasetSync service over a mounter's mounts, which also says
+// which Datasets are mounted (a peer asks for the listing of a mount).
+type SyncService interface {
+	workerpb.DatasetSyncServer
+	Mounted(uid string) bool
+}
+
 // SyncServer is the worker's DatasetSync service over this mounter's mounts.
-func (m *Mounter) SyncServer() workerpb.DatasetSyncServer { return syncServer{m: m} }
+func (m *Mounter) SyncServer() SyncService { return syncServer{m: m} }
+
+// Mounted implements SyncService.
+func (s syncServer) Mounted(uid string) bool { return s.m.Mounted(uid) }
 
 type syncServer struct {
 	workerpb.UnimplementedDatasetSyncServer
@@ -61,7 +71,7 @@ type syncServer struct {
 
 // SyncDataset implements workerpb.DatasetSyncServer.
 func (s syncServer) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
-	resp, err := s.m.sync(ctx, req.GetUid())
+	resp, err := s.m.sync(ctx, req.GetUid(), req.GetListingFrom())
 	switch {
 	case err != nil:
 		s.m.syncs.syncs.WithLabelValues(syncFailed).Inc()
@@ -77,7 +87,7 @@ func (s syncServer) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetRe
 
 // sync refreshes the mount of uid, if this worker serves one, holding the UID's lock so that
 // no mount, unmount or other sync of it runs meanwhile.
-func (m *Mounter) sync(ctx context.Context, uid string) (*workerpb.SyncDatasetResponse, error) {
+func (m *Mounter) sync(ctx context.Context, uid, listingFrom string) (*workerpb.SyncDatasetResponse, error) {
 	mnt, unlock, err := m.lockedMount(ctx, uid)
 	if err != nil {
 		return nil, err
@@ -92,7 +102,7 @@ func (m *Mounter) sync(ctx context.Context, uid string) (*workerpb.SyncDatasetRe
 			"Dataset %s is a Lineage's output, written by pods: it has no under-store to sync with", mnt.dataset())
 	}
 	log := m.log.WithValues("dataset", mnt.dataset(), "uid", uid)
-	changes, err := input.Refresh(ctx, m.lister(mnt, false, log))
+	changes, err := input.Refresh(ctx, m.syncLister(mnt, listingFrom, log))
 	if err != nil {
 		if changes.None() {
 			log.Error(err, "sync failed; the mount keeps serving the tree it had")
@@ -121,6 +131,37 @@ func (m *Mounter) sync(ctx context.Context, uid string) (*workerpb.SyncDatasetRe
 		return resp, status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)
 	}
 	return resp, nil
+}
+
+// DescribeDataset implements workerpb.DatasetSyncServer.
+func (s syncServer) DescribeDataset(_ context.Context, req *workerpb.DescribeDatasetRequest) (*workerpb.DescribeDatasetResponse, error) {
+	if err := validUID(req.GetUid()); err != nil {
+		return nil, err
+	}
+	// Without the UID's lock: a sync holds it while it lists, and the counts are read whole.
+	input, ok := s.m.input(req.GetUid())
+	if !ok {
+		return &workerpb.DescribeDatasetResponse{}, nil
+	}
+	return &workerpb.DescribeDatasetResponse{Mounted: true, Files: int64(input.Files()), Bytes: input.Bytes()}, nil
+}
+
+// Mounted says whether this worker mounts Dataset uid, read from an under-store, now.
+func (m *Mounter) Mounted(uid string) bool {
+	_, ok := m.input(uid)
+	return ok
+}
+
+// input is the file system of this worker's mount of input Dataset uid, if it has one.
+func (m *Mounter) input(uid string) (*fusefs.Server, bool) {
+	m.mu.Lock()
+	mnt := m.mounts[uid]
+	m.mu.Unlock()
+	if mnt == nil {
+		return nil, false
+	}
+	input, ok := mnt.fs.(*fusefs.Server)
+	return input, ok
 }
 
 // dropReplaced removes from the tiers the blocks of versions a sync replaced, except those of

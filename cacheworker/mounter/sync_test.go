@@ -4,8 +4,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 	. "github.com/onsi/gomega"
@@ -17,6 +19,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/listings"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/miniotest"
 )
@@ -134,4 +137,85 @@ func TestAMountWhileTheSourceIsUnreachableServesTheLastGoodListing(t *testing.T)
 		g.Expect(status.Code(err)).To(Equal(codes.Unavailable))
 		g.Expect(err).To(MatchError(ContainSubstring("no node keeps an earlier listing")))
 	})
+}
+
+// poolOfOne plays the pool's other worker: its mount of a Dataset shows shown, and the listing
+// it took for a sync is synced.
+type poolOfOne struct {
+	shown, synced listings.Listing
+}
+
+func (p poolOfOne) Listing(context.Context, string) (listings.Listing, string, error) {
+	return listings.Listing{}, "", listings.ErrNotFound
+}
+
+func (p poolOfOne) Current(context.Context, string) (listings.Listing, string, error) {
+	if p.shown.Taken.IsZero() {
+		return listings.Listing{}, "", listings.ErrNotFound // node-b does not mount it yet
+	}
+	return p.shown, "pool/node-b", nil
+}
+
+func (p poolOfOne) ListingAt(_ context.Context, addr, _ string) (listings.Listing, error) {
+	if addr != "node-b:7100" {
+		return listings.Listing{}, listings.ErrNotFound
+	}
+	return p.synced, nil
+}
+
+func TestEveryNodeShowsOneTree(t *testing.T) {
+	g := NewWithT(t)
+	kept, err := listings.Open(filepath.Join(t.TempDir(), "listings"))
+	g.Expect(err).NotTo(HaveOccurred())
+	peers := &poolOfOne{}
+	f := newFixture(t, func(c *Config) { c.Listings, c.ListingPeers = kept, peers })
+	ctx := context.Background()
+
+	// another node's mount, made before c.txt was added to the bucket")
+	first := f.mount(t, f.request("taken-by-the-other-node"))
+	g.Expect(os.ReadFile(filepath.Join(first, "a.txt"))).To(Equal(f.files["a.txt"]))
+	shown, err := kept.Load("taken-by-the-other-node")
+	g.Expect(err).NotTo(HaveOccurred())
+	peers.shown = shown
+	f.srv.Put(t, bucket, "sets/v1/c.txt", []byte("added since"))
+
+	const uid = "one-tree"
+	dir := f.mount(t, f.request(uid))
+	_, err = os.Stat(filepath.Join(dir, "c.txt"))
+	g.Expect(os.IsNotExist(err)).To(BeTrue(), "a new mount shows the tree the other node shows, not the bucket as it is now")
+	g.Expect(os.ReadFile(filepath.Join(dir, "dir/b.bin"))).To(Equal(f.files["dir/b.bin"]))
+	desc, err := f.m.SyncServer().DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: uid})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect([]int64{desc.GetFiles(), desc.GetBytes()}).To(Equal([]int64{3, int64(len(f.files["a.txt"]) + len(f.files["dir/b.bin"]) + len(f.files["données/été 2024.csv"]))}))
+	g.Expect(f.m.Mounted(uid)).To(BeTrue())
+	g.Expect(f.m.Mounted("not-mounted")).To(BeFalse())
+	desc, err = f.m.SyncServer().DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: "not-mounted"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(desc.GetMounted()).To(BeFalse())
+
+	// A sync that takes the listing the other node took, which has c.txt and not a.txt.
+	synced := listings.Listing{Taken: shown.Taken.Add(time.Minute)}
+	for _, o := range shown.Objects {
+		if o.Path != "a.txt" {
+			synced.Objects = append(synced.Objects, o)
+		}
+	}
+	for c := range f.srv.Client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: "sets/v1/c.txt"}) { // as a listing gives it
+		g.Expect(c.Err).NotTo(HaveOccurred())
+		synced.Objects = append(synced.Objects, understore.ObjectInfo{Path: "c.txt", Size: c.Size, ModTime: c.LastModified, ETag: strings.Trim(c.ETag, `"`)})
+	}
+	peers.synced = synced
+	resp, err := f.m.SyncServer().SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, ListingFrom: "node-b:7100"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect([]int64{resp.GetAdded(), resp.GetRemoved(), resp.GetChanged()}).To(Equal([]int64{1, 1, 0}),
+		"a.txt is still in the bucket: the other node's listing, not this node's, was taken")
+	g.Expect(os.ReadFile(filepath.Join(dir, "c.txt"))).To(Equal([]byte("added since")))
+	again, err := kept.Load(uid)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again.Objects).To(HaveLen(len(synced.Objects)), "the listing taken is kept, for the next node to take")
+
+	// A worker that took no listing for the sync: the source is listed after all.
+	resp, err = f.m.SyncServer().SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, ListingFrom: "node-c:7100"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect([]int64{resp.GetAdded(), resp.GetRemoved(), resp.GetChanged()}).To(Equal([]int64{1, 0, 0}), "a.txt is back")
 }

@@ -26,8 +26,12 @@ const (
 )
 
 type GetListingRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Uid   string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// mounted_only: answer only with the listing of a mount this worker serves now, the tree
+	// every node of the pool shows (a new mount on another node takes it instead of listing the
+	// source); NOT_FOUND if the worker does not mount the Dataset.
+	MountedOnly   bool `protobuf:"varint,2,opt,name=mounted_only,json=mountedOnly,proto3" json:"mounted_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -67,6 +71,13 @@ func (x *GetListingRequest) GetUid() string {
 		return x.Uid
 	}
 	return ""
+}
+
+func (x *GetListingRequest) GetMountedOnly() bool {
+	if x != nil {
+		return x.MountedOnly
+	}
+	return false
 }
 
 // GetListingResponse is a part of a listing: the first carries when it was taken, every one
@@ -1030,8 +1041,12 @@ func (*UnmountDatasetResponse) Descriptor() ([]byte, []int) {
 }
 
 type SyncDatasetRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Uid   string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// listing_from is the data-plane address of a worker that synced the Dataset a moment ago:
+	// the worker takes that worker's listing (GetListing) instead of listing the source again,
+	// so that every node shows one tree. Empty: list the source.
+	ListingFrom   string `protobuf:"bytes,2,opt,name=listing_from,json=listingFrom,proto3" json:"listing_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1073,6 +1088,118 @@ func (x *SyncDatasetRequest) GetUid() string {
 	return ""
 }
 
+func (x *SyncDatasetRequest) GetListingFrom() string {
+	if x != nil {
+		return x.ListingFrom
+	}
+	return ""
+}
+
+type DescribeDatasetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeDatasetRequest) Reset() {
+	*x = DescribeDatasetRequest{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeDatasetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeDatasetRequest) ProtoMessage() {}
+
+func (x *DescribeDatasetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeDatasetRequest.ProtoReflect.Descriptor instead.
+func (*DescribeDatasetRequest) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DescribeDatasetRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+type DescribeDatasetResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Mounted bool                   `protobuf:"varint,1,opt,name=mounted,proto3" json:"mounted,omitempty"`
+	// files and bytes are the totals of the tree the mount shows.
+	Files         int64 `protobuf:"varint,2,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes         int64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeDatasetResponse) Reset() {
+	*x = DescribeDatasetResponse{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeDatasetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeDatasetResponse) ProtoMessage() {}
+
+func (x *DescribeDatasetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeDatasetResponse.ProtoReflect.Descriptor instead.
+func (*DescribeDatasetResponse) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DescribeDatasetResponse) GetMounted() bool {
+	if x != nil {
+		return x.Mounted
+	}
+	return false
+}
+
+func (x *DescribeDatasetResponse) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *DescribeDatasetResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 type SyncDatasetResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Mounted bool                   `protobuf:"varint,1,opt,name=mounted,proto3" json:"mounted,omitempty"`
@@ -1092,7 +1219,7 @@ type SyncDatasetResponse struct {
 
 func (x *SyncDatasetResponse) Reset() {
 	*x = SyncDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[17]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1231,7 @@ func (x *SyncDatasetResponse) String() string {
 func (*SyncDatasetResponse) ProtoMessage() {}
 
 func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[17]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1244,7 @@ func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncDatasetResponse.ProtoReflect.Descriptor instead.
 func (*SyncDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{17}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SyncDatasetResponse) GetMounted() bool {
@@ -1173,9 +1300,10 @@ var File_cacheworker_workerpb_worker_proto protoreflect.FileDescriptor
 
 const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\n" +
-	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"%\n" +
+	"!cacheworker/workerpb/worker.proto\x12\x10strata.worker.v1\"H\n" +
 	"\x11GetListingRequest\x12\x10\n" +
-	"\x03uid\x18\x01 \x01(\tR\x03uid\"v\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x12!\n" +
+	"\fmounted_only\x18\x02 \x01(\bR\vmountedOnly\"v\n" +
 	"\x12GetListingResponse\x12&\n" +
 	"\x0ftaken_unix_nano\x18\x01 \x01(\x03R\rtakenUnixNano\x128\n" +
 	"\aobjects\x18\x02 \x03(\v2\x1e.strata.worker.v1.ListedObjectR\aobjects\"w\n" +
@@ -1239,9 +1367,16 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\")\n" +
 	"\x15UnmountDatasetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\"\x18\n" +
-	"\x16UnmountDatasetResponse\"&\n" +
+	"\x16UnmountDatasetResponse\"I\n" +
 	"\x12SyncDatasetRequest\x12\x10\n" +
-	"\x03uid\x18\x01 \x01(\tR\x03uid\"\xcc\x01\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x12!\n" +
+	"\flisting_from\x18\x02 \x01(\tR\vlistingFrom\"*\n" +
+	"\x16DescribeDatasetRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\"_\n" +
+	"\x17DescribeDatasetResponse\x12\x18\n" +
+	"\amounted\x18\x01 \x01(\bR\amounted\x12\x14\n" +
+	"\x05files\x18\x02 \x01(\x03R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\"\xcc\x01\n" +
 	"\x13SyncDatasetResponse\x12\x18\n" +
 	"\amounted\x18\x01 \x01(\bR\amounted\x12\x14\n" +
 	"\x05added\x18\x02 \x01(\x03R\x05added\x12\x18\n" +
@@ -1258,9 +1393,10 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"GetListing\x12#.strata.worker.v1.GetListingRequest\x1a$.strata.worker.v1.GetListingResponse0\x012\xcd\x01\n" +
 	"\aMounter\x12]\n" +
 	"\fMountDataset\x12%.strata.worker.v1.MountDatasetRequest\x1a&.strata.worker.v1.MountDatasetResponse\x12c\n" +
-	"\x0eUnmountDataset\x12'.strata.worker.v1.UnmountDatasetRequest\x1a(.strata.worker.v1.UnmountDatasetResponse2i\n" +
+	"\x0eUnmountDataset\x12'.strata.worker.v1.UnmountDatasetRequest\x1a(.strata.worker.v1.UnmountDatasetResponse2\xd1\x01\n" +
 	"\vDatasetSync\x12Z\n" +
-	"\vSyncDataset\x12$.strata.worker.v1.SyncDatasetRequest\x1a%.strata.worker.v1.SyncDatasetResponseB5Z3github.com/strata-cache/strata/cacheworker/workerpbb\x06proto3"
+	"\vSyncDataset\x12$.strata.worker.v1.SyncDatasetRequest\x1a%.strata.worker.v1.SyncDatasetResponse\x12f\n" +
+	"\x0fDescribeDataset\x12(.strata.worker.v1.DescribeDatasetRequest\x1a).strata.worker.v1.DescribeDatasetResponseB5Z3github.com/strata-cache/strata/cacheworker/workerpbb\x06proto3"
 
 var (
 	file_cacheworker_workerpb_worker_proto_rawDescOnce sync.Once
@@ -1274,27 +1410,29 @@ func file_cacheworker_workerpb_worker_proto_rawDescGZIP() []byte {
 	return file_cacheworker_workerpb_worker_proto_rawDescData
 }
 
-var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_cacheworker_workerpb_worker_proto_goTypes = []any{
-	(*GetListingRequest)(nil),      // 0: strata.worker.v1.GetListingRequest
-	(*GetListingResponse)(nil),     // 1: strata.worker.v1.GetListingResponse
-	(*ListedObject)(nil),           // 2: strata.worker.v1.ListedObject
-	(*BlockOrigin)(nil),            // 3: strata.worker.v1.BlockOrigin
-	(*BlockHeader)(nil),            // 4: strata.worker.v1.BlockHeader
-	(*ReadBlockRequest)(nil),       // 5: strata.worker.v1.ReadBlockRequest
-	(*ReadBlockResponse)(nil),      // 6: strata.worker.v1.ReadBlockResponse
-	(*WriteBlockHeader)(nil),       // 7: strata.worker.v1.WriteBlockHeader
-	(*WriteBlockRequest)(nil),      // 8: strata.worker.v1.WriteBlockRequest
-	(*WriteBlockResponse)(nil),     // 9: strata.worker.v1.WriteBlockResponse
-	(*DatasetSource)(nil),          // 10: strata.worker.v1.DatasetSource
-	(*SourceMount)(nil),            // 11: strata.worker.v1.SourceMount
-	(*MountDatasetRequest)(nil),    // 12: strata.worker.v1.MountDatasetRequest
-	(*MountDatasetResponse)(nil),   // 13: strata.worker.v1.MountDatasetResponse
-	(*UnmountDatasetRequest)(nil),  // 14: strata.worker.v1.UnmountDatasetRequest
-	(*UnmountDatasetResponse)(nil), // 15: strata.worker.v1.UnmountDatasetResponse
-	(*SyncDatasetRequest)(nil),     // 16: strata.worker.v1.SyncDatasetRequest
-	(*SyncDatasetResponse)(nil),    // 17: strata.worker.v1.SyncDatasetResponse
-	nil,                            // 18: strata.worker.v1.DatasetSource.CredentialsEntry
+	(*GetListingRequest)(nil),       // 0: strata.worker.v1.GetListingRequest
+	(*GetListingResponse)(nil),      // 1: strata.worker.v1.GetListingResponse
+	(*ListedObject)(nil),            // 2: strata.worker.v1.ListedObject
+	(*BlockOrigin)(nil),             // 3: strata.worker.v1.BlockOrigin
+	(*BlockHeader)(nil),             // 4: strata.worker.v1.BlockHeader
+	(*ReadBlockRequest)(nil),        // 5: strata.worker.v1.ReadBlockRequest
+	(*ReadBlockResponse)(nil),       // 6: strata.worker.v1.ReadBlockResponse
+	(*WriteBlockHeader)(nil),        // 7: strata.worker.v1.WriteBlockHeader
+	(*WriteBlockRequest)(nil),       // 8: strata.worker.v1.WriteBlockRequest
+	(*WriteBlockResponse)(nil),      // 9: strata.worker.v1.WriteBlockResponse
+	(*DatasetSource)(nil),           // 10: strata.worker.v1.DatasetSource
+	(*SourceMount)(nil),             // 11: strata.worker.v1.SourceMount
+	(*MountDatasetRequest)(nil),     // 12: strata.worker.v1.MountDatasetRequest
+	(*MountDatasetResponse)(nil),    // 13: strata.worker.v1.MountDatasetResponse
+	(*UnmountDatasetRequest)(nil),   // 14: strata.worker.v1.UnmountDatasetRequest
+	(*UnmountDatasetResponse)(nil),  // 15: strata.worker.v1.UnmountDatasetResponse
+	(*SyncDatasetRequest)(nil),      // 16: strata.worker.v1.SyncDatasetRequest
+	(*DescribeDatasetRequest)(nil),  // 17: strata.worker.v1.DescribeDatasetRequest
+	(*DescribeDatasetResponse)(nil), // 18: strata.worker.v1.DescribeDatasetResponse
+	(*SyncDatasetResponse)(nil),     // 19: strata.worker.v1.SyncDatasetResponse
+	nil,                             // 20: strata.worker.v1.DatasetSource.CredentialsEntry
 }
 var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	2,  // 0: strata.worker.v1.GetListingResponse.objects:type_name -> strata.worker.v1.ListedObject
@@ -1302,7 +1440,7 @@ var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	3,  // 2: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
 	7,  // 3: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
 	4,  // 4: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
-	18, // 5: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
+	20, // 5: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
 	10, // 6: strata.worker.v1.SourceMount.source:type_name -> strata.worker.v1.DatasetSource
 	10, // 7: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
 	11, // 8: strata.worker.v1.MountDatasetRequest.mounts:type_name -> strata.worker.v1.SourceMount
@@ -1312,14 +1450,16 @@ var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	12, // 12: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
 	14, // 13: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
 	16, // 14: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
-	6,  // 15: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
-	9,  // 16: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
-	1,  // 17: strata.worker.v1.Worker.GetListing:output_type -> strata.worker.v1.GetListingResponse
-	13, // 18: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
-	15, // 19: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
-	17, // 20: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
-	15, // [15:21] is the sub-list for method output_type
-	9,  // [9:15] is the sub-list for method input_type
+	17, // 15: strata.worker.v1.DatasetSync.DescribeDataset:input_type -> strata.worker.v1.DescribeDatasetRequest
+	6,  // 16: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
+	9,  // 17: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
+	1,  // 18: strata.worker.v1.Worker.GetListing:output_type -> strata.worker.v1.GetListingResponse
+	13, // 19: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
+	15, // 20: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
+	19, // 21: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
+	18, // 22: strata.worker.v1.DatasetSync.DescribeDataset:output_type -> strata.worker.v1.DescribeDatasetResponse
+	16, // [16:23] is the sub-list for method output_type
+	9,  // [9:16] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -1340,7 +1480,7 @@ func file_cacheworker_workerpb_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cacheworker_workerpb_worker_proto_rawDesc), len(file_cacheworker_workerpb_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -44,8 +44,9 @@ type WorkerClient interface {
 	// nothing. Writing a block that is already here with the same checksum succeeds.
 	WriteBlock(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[WriteBlockRequest, WriteBlockResponse], error)
 	// GetListing streams the last good listing of a Dataset's source that this worker keeps
-	// (cacheworker/listings), for a worker whose node never mounted the Dataset and cannot list
-	// the source while it is unreachable. NOT_FOUND if it keeps none.
+	// (cacheworker/listings): for a worker whose node never mounted the Dataset and cannot list
+	// the source while it is unreachable, and, with mounted_only, for one that mounts the
+	// Dataset and takes the tree the pool's other nodes show. NOT_FOUND if it keeps none.
 	GetListing(ctx context.Context, in *GetListingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetListingResponse], error)
 }
 
@@ -124,8 +125,9 @@ type WorkerServer interface {
 	// nothing. Writing a block that is already here with the same checksum succeeds.
 	WriteBlock(grpc.ClientStreamingServer[WriteBlockRequest, WriteBlockResponse]) error
 	// GetListing streams the last good listing of a Dataset's source that this worker keeps
-	// (cacheworker/listings), for a worker whose node never mounted the Dataset and cannot list
-	// the source while it is unreachable. NOT_FOUND if it keeps none.
+	// (cacheworker/listings): for a worker whose node never mounted the Dataset and cannot list
+	// the source while it is unreachable, and, with mounted_only, for one that mounts the
+	// Dataset and takes the tree the pool's other nodes show. NOT_FOUND if it keeps none.
 	GetListing(*GetListingRequest, grpc.ServerStreamingServer[GetListingResponse]) error
 	mustEmbedUnimplementedWorkerServer()
 }
@@ -380,7 +382,8 @@ var Mounter_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	DatasetSync_SyncDataset_FullMethodName = "/strata.worker.v1.DatasetSync/SyncDataset"
+	DatasetSync_SyncDataset_FullMethodName     = "/strata.worker.v1.DatasetSync/SyncDataset"
+	DatasetSync_DescribeDataset_FullMethodName = "/strata.worker.v1.DatasetSync/DescribeDataset"
 )
 
 // DatasetSyncClient is the client API for DatasetSync service.
@@ -392,10 +395,14 @@ const (
 type DatasetSyncClient interface {
 	// SyncDataset lists the Dataset's source again and updates the node's mount of it live (see
 	// fusefs.Server.Refresh), and drops from the node's tiers the blocks of versions it replaced.
-	// A Dataset the worker does not mount is answered with mounted false: its next mount lists
-	// the source afresh anyway. A listing that fails changes nothing and fails the call, with
+	// A Dataset the worker does not mount is answered with mounted false: its next mount shows
+	// the tree the other nodes' mounts show, or lists the source if none mounts it. A listing that fails changes nothing and fails the call, with
 	// the code the mount would fail with.
 	SyncDataset(ctx context.Context, in *SyncDatasetRequest, opts ...grpc.CallOption) (*SyncDatasetResponse, error)
+	// DescribeDataset says what the node's mount of a Dataset shows: the tree every node of the
+	// pool serves, which the Dataset's status counts. A Dataset the worker does not mount is
+	// answered with mounted false.
+	DescribeDataset(ctx context.Context, in *DescribeDatasetRequest, opts ...grpc.CallOption) (*DescribeDatasetResponse, error)
 }
 
 type datasetSyncClient struct {
@@ -416,6 +423,16 @@ func (c *datasetSyncClient) SyncDataset(ctx context.Context, in *SyncDatasetRequ
 	return out, nil
 }
 
+func (c *datasetSyncClient) DescribeDataset(ctx context.Context, in *DescribeDatasetRequest, opts ...grpc.CallOption) (*DescribeDatasetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeDatasetResponse)
+	err := c.cc.Invoke(ctx, DatasetSync_DescribeDataset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DatasetSyncServer is the server API for DatasetSync service.
 // All implementations must embed UnimplementedDatasetSyncServer
 // for forward compatibility.
@@ -425,10 +442,14 @@ func (c *datasetSyncClient) SyncDataset(ctx context.Context, in *SyncDatasetRequ
 type DatasetSyncServer interface {
 	// SyncDataset lists the Dataset's source again and updates the node's mount of it live (see
 	// fusefs.Server.Refresh), and drops from the node's tiers the blocks of versions it replaced.
-	// A Dataset the worker does not mount is answered with mounted false: its next mount lists
-	// the source afresh anyway. A listing that fails changes nothing and fails the call, with
+	// A Dataset the worker does not mount is answered with mounted false: its next mount shows
+	// the tree the other nodes' mounts show, or lists the source if none mounts it. A listing that fails changes nothing and fails the call, with
 	// the code the mount would fail with.
 	SyncDataset(context.Context, *SyncDatasetRequest) (*SyncDatasetResponse, error)
+	// DescribeDataset says what the node's mount of a Dataset shows: the tree every node of the
+	// pool serves, which the Dataset's status counts. A Dataset the worker does not mount is
+	// answered with mounted false.
+	DescribeDataset(context.Context, *DescribeDatasetRequest) (*DescribeDatasetResponse, error)
 	mustEmbedUnimplementedDatasetSyncServer()
 }
 
@@ -441,6 +462,9 @@ type UnimplementedDatasetSyncServer struct{}
 
 func (UnimplementedDatasetSyncServer) SyncDataset(context.Context, *SyncDatasetRequest) (*SyncDatasetResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SyncDataset not implemented")
+}
+func (UnimplementedDatasetSyncServer) DescribeDataset(context.Context, *DescribeDatasetRequest) (*DescribeDatasetResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DescribeDataset not implemented")
 }
 func (UnimplementedDatasetSyncServer) mustEmbedUnimplementedDatasetSyncServer() {}
 func (UnimplementedDatasetSyncServer) testEmbeddedByValue()                     {}
@@ -481,6 +505,24 @@ func _DatasetSync_SyncDataset_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DatasetSync_DescribeDataset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeDatasetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DatasetSyncServer).DescribeDataset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DatasetSync_DescribeDataset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DatasetSyncServer).DescribeDataset(ctx, req.(*DescribeDatasetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DatasetSync_ServiceDesc is the grpc.ServiceDesc for DatasetSync service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -491,6 +533,10 @@ var DatasetSync_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SyncDataset",
 			Handler:    _DatasetSync_SyncDataset_Handler,
+		},
+		{
+			MethodName: "DescribeDataset",
+			Handler:    _DatasetSync_DescribeDataset_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -236,15 +236,15 @@ func run(ctx context.Context, opts options, log logr.Logger) (err error) {
 	}
 	grpcSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()), authorizer.ServerOptions()...)...)
 	dataServer := dataplane.NewServer(store, stored, opts.blockSize, dpMetrics, log.WithName("dataplane"))
+	syncs := &datasetSync{}
 	var kept *listings.Store
 	if opts.listingsDir != "" {
 		if kept, err = listings.Open(opts.listingsDir); err != nil {
 			return err
 		}
-		dataServer.ServeListings(kept)
+		dataServer.ServeListings(kept, syncs.Mounted)
 	}
 	workerpb.RegisterWorkerServer(grpcSrv, dataServer)
-	syncs := &datasetSync{}
 	workerpb.RegisterDatasetSyncServer(grpcSrv, syncs)
 	if opts.mountSocket == "" {
 		syncs.serve(noMounts{})
@@ -466,22 +466,39 @@ func preload(args []string) int {
 }
 
 // datasetSync is the DatasetSync service of the data-plane port, which serves before the
-// mounter has taken over the mounts an earlier worker left: until then a sync is refused as
-// UNAVAILABLE (the operator tries again), not answered with "not mounted".
+// mounter has taken over the mounts an earlier worker left: until then a sync or a description
+// is refused as UNAVAILABLE (the operator tries again), not answered with "not mounted".
 type datasetSync struct {
 	workerpb.UnimplementedDatasetSyncServer
-	server atomic.Pointer[workerpb.DatasetSyncServer]
+	server atomic.Pointer[mounter.SyncService]
 }
 
-func (d *datasetSync) serve(s workerpb.DatasetSyncServer) { d.server.Store(&s) }
+func (d *datasetSync) serve(s mounter.SyncService) { d.server.Store(&s) }
+
+var errStarting = status.Error(codes.Unavailable, "the worker is starting: its mounts are not taken over yet")
 
 // SyncDataset implements workerpb.DatasetSyncServer.
 func (d *datasetSync) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
 	s := d.server.Load()
 	if s == nil {
-		return nil, status.Error(codes.Unavailable, "the worker is starting: its mounts are not taken over yet")
+		return nil, errStarting
 	}
 	return (*s).SyncDataset(ctx, req)
+}
+
+// DescribeDataset implements workerpb.DatasetSyncServer.
+func (d *datasetSync) DescribeDataset(ctx context.Context, req *workerpb.DescribeDatasetRequest) (*workerpb.DescribeDatasetResponse, error) {
+	s := d.server.Load()
+	if s == nil {
+		return nil, errStarting
+	}
+	return (*s).DescribeDataset(ctx, req)
+}
+
+// Mounted says whether the worker mounts Dataset uid: not before its mounts are taken over.
+func (d *datasetSync) Mounted(uid string) bool {
+	s := d.server.Load()
+	return s != nil && (*s).Mounted(uid)
 }
 
 // noMounts is the sync service of a worker that serves no mounts (no --mount-socket).
@@ -492,6 +509,12 @@ type noMounts struct {
 func (noMounts) SyncDataset(context.Context, *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
 	return &workerpb.SyncDatasetResponse{}, nil
 }
+
+func (noMounts) DescribeDataset(context.Context, *workerpb.DescribeDatasetRequest) (*workerpb.DescribeDatasetResponse, error) {
+	return &workerpb.DescribeDatasetResponse{}, nil
+}
+
+func (noMounts) Mounted(string) bool { return false }
 
 // poolPeers returns the data-plane addresses of the other live workers of this worker's pool
 // (worker ids are "<pool>/<node>"), as the master knows them.
