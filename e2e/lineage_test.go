@@ -22,7 +22,7 @@ import (
 // A pipeline whose outputs live only in the memory of one node, and that node stops: while it
 // is down, the outputs are recomputed on the other, parents first, and a pod of high priority
 // that waits for the last one reads it, whole, without being restarted.
-var _ = Describe("A pipeline that loses the node holding its outputs", Ordered, Label("lineage"), func() {
+var _ = Describe("A pipeline that loses the node holding its outputs", Ordered, Label("smoke", "lineage"), func() {
 	var (
 		namespace, pool string
 		nodes           []string
