@@ -7,7 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -98,14 +97,4 @@ func probeTarget(ctx context.Context, src understore.Source) error {
 		return err
 	}
 	return nil
-}
-
-// setCheckpointTarget records an output's CheckpointTargetReachable condition, or removes it
-// from a Dataset that has no spec.checkpoint (any more).
-func setCheckpointTarget(ds *datav1alpha1.Dataset, cond *metav1.Condition) {
-	if cond == nil {
-		meta.RemoveStatusCondition(&ds.Status.Conditions, datav1alpha1.ConditionCheckpointTargetReachable)
-		return
-	}
-	meta.SetStatusCondition(&ds.Status.Conditions, *cond)
 }

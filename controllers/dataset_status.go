@@ -1,7 +1,11 @@
 package controllers
 
+// The status of a Dataset (its conditions, phase and counts), set from what the reconciler
+// found; nothing here changes the cluster.
+
 import (
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,4 +101,114 @@ func setUsage(ds *datav1alpha1.Dataset, usage *masterpb.DatasetUsage) {
 		}
 		ds.Status.Nodes = append(ds.Status.Nodes, datav1alpha1.NodeUsage{Node: n.GetNode(), Bytes: n.GetCachedBytes()})
 	}
+}
+
+// setSourceSummary records what a probe counted; an incomplete count leaves the old one.
+func setSourceSummary(ds *datav1alpha1.Dataset, sum *sourceSummary) {
+	if sum == nil || !sum.complete {
+		return
+	}
+	ds.Status.Files = sum.files
+	ds.Status.TotalBytes = sum.bytes
+	ds.Status.Size = humanBytes(sum.bytes)
+	ds.Status.LeftOutObjects = int64(len(sum.leftOut))
+	ds.Status.LeftOut = nil
+	for _, o := range sum.leftOut[:min(len(sum.leftOut), maxLeftOutNamed)] {
+		ds.Status.LeftOut = append(ds.Status.LeftOut, datav1alpha1.LeftOutObject{Key: o.Key, Reason: o.Reason})
+	}
+}
+
+// setSourceReachable records whether a Dataset's source answered its last probe. While a
+// source that served before is unreachable (outage), the condition says since when and what
+// pods get meanwhile; the Ready condition stays as it was, since the cache serves on.
+func setSourceReachable(ds *datav1alpha1.Dataset, probed *sourceSummary, outage, p *problem) {
+	if outage == nil && p != nil && p.reason == ReasonSourceUnreachable {
+		outage = p
+	}
+	switch {
+	case outage != nil:
+		since := time.Now().UTC()
+		if c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionSourceReachable); c != nil && c.Status == metav1.ConditionFalse {
+			since = c.LastTransitionTime.UTC()
+		}
+		msg := fmt.Sprintf("unreachable since %s: %s", since.Format(time.RFC3339), outage.message)
+		if p == nil {
+			msg += "; meanwhile pods read what the nodes cache: a node mounts the Dataset with the last good listing it or another node keeps, " +
+				"and a file that is not cached fails with EIO until the source answers again"
+		}
+		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
+			Type: datav1alpha1.ConditionSourceReachable, Status: metav1.ConditionFalse, Reason: ReasonSourceUnreachable,
+			Message: msg, ObservedGeneration: ds.Generation,
+		})
+	case probed != nil:
+		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
+			Type: datav1alpha1.ConditionSourceReachable, Status: metav1.ConditionTrue, Reason: ReasonSourceReachable,
+			Message: "the source answers its listing", ObservedGeneration: ds.Generation,
+		})
+	}
+}
+
+// humanBytes writes n in binary units with one decimal, as `kubectl get` readers expect.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, suffix := float64(n)/unit, "Ki"
+	for _, s := range []string{"Mi", "Gi", "Ti", "Pi"} {
+		if v < unit {
+			break
+		}
+		v, suffix = v/unit, s
+	}
+	return fmt.Sprintf("%.1f%s", v, suffix)
+}
+
+// setCheckpointTarget records an output's CheckpointTargetReachable condition, or removes it
+// from a Dataset that has no spec.checkpoint (any more).
+func setCheckpointTarget(ds *datav1alpha1.Dataset, cond *metav1.Condition) {
+	if cond == nil {
+		meta.RemoveStatusCondition(&ds.Status.Conditions, datav1alpha1.ConditionCheckpointTargetReachable)
+		return
+	}
+	meta.SetStatusCondition(&ds.Status.Conditions, *cond)
+}
+
+// setMountedView makes the status count the tree the mounts show, when a node mounts the
+// Dataset: the same listing they serve, not a later one of the operator's.
+func setMountedView(ds *datav1alpha1.Dataset, view *DatasetView) {
+	if view == nil {
+		return
+	}
+	ds.Status.Files = view.Files
+	ds.Status.TotalBytes = view.Bytes
+	ds.Status.Size = humanBytes(view.Bytes)
+}
+
+// setSyncFailed records a sync that did not reach every mount in the Synced condition, and
+// reports whether the condition says something new (an event is then due).
+func setSyncFailed(ds *datav1alpha1.Dataset, msg string) bool {
+	was := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionSynced)
+	meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
+		Type: datav1alpha1.ConditionSynced, Status: metav1.ConditionFalse, Reason: ReasonSyncFailed, Message: msg, ObservedGeneration: ds.Generation,
+	})
+	return was == nil || was.Status != metav1.ConditionFalse || was.Message != msg
+}
+
+// setSynced records a sync that reached every mount, answering request, in status.sync and the
+// Synced condition, and returns the condition's message.
+func setSynced(ds *datav1alpha1.Dataset, out SyncOutcome, request string, at time.Time) string {
+	ds.Status.Sync = &datav1alpha1.DatasetSyncStatus{
+		LastSyncTime: &metav1.Time{Time: at}, Request: request, Mounts: out.Mounts,
+		Added: out.Added, Removed: out.Removed, Changed: out.Changed,
+	}
+	msg := fmt.Sprintf("synced with the source on %d node(s) that mount the Dataset: %d file(s) added, %d removed, %d changed",
+		out.Mounts, out.Added, out.Removed, out.Changed)
+	if out.Mounts == 0 {
+		msg = "no node mounts the Dataset; the next node to mount it lists the source"
+	}
+	meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
+		Type: datav1alpha1.ConditionSynced, Status: metav1.ConditionTrue, Reason: ReasonSynced, Message: msg, ObservedGeneration: ds.Generation,
+	})
+	return msg
 }

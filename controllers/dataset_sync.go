@@ -10,8 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 )
@@ -93,10 +91,7 @@ func (r *DatasetReconciler) syncMounts(ctx context.Context, ds *datav1alpha1.Dat
 		return requeue, false
 	}
 	if r.Syncer == nil {
-		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
-			Type: datav1alpha1.ConditionSynced, Status: metav1.ConditionFalse, Reason: ReasonSyncFailed, ObservedGeneration: ds.Generation,
-			Message: "the operator runs without a master, so it knows no workers to sync: install Strata with its master (the chart's default)",
-		})
+		setSyncFailed(ds, "the operator runs without a master, so it knows no workers to sync: install Strata with its master (the chart's default)")
 		return 0, false
 	}
 	out, err := r.Syncer.SyncDataset(ctx, ds.Spec.TierPoolName, string(ds.UID))
@@ -107,11 +102,7 @@ func (r *DatasetReconciler) syncMounts(ctx context.Context, ds *datav1alpha1.Dat
 		r.countSync("failed")
 		msg := fmt.Sprintf("the last sync failed, so the mounts keep the tree they had; it is tried again every %s: %s",
 			syncRetry, strings.Join(out.Failures, "; "))
-		was := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionSynced)
-		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
-			Type: datav1alpha1.ConditionSynced, Status: metav1.ConditionFalse, Reason: ReasonSyncFailed, Message: msg, ObservedGeneration: ds.Generation,
-		})
-		if was == nil || was.Status != metav1.ConditionFalse || was.Message != msg {
+		if changed := setSyncFailed(ds, msg); changed {
 			r.Recorder.Event(ds, corev1.EventTypeWarning, ReasonSyncFailed, msg)
 		}
 		return syncRetry, false
@@ -119,18 +110,7 @@ func (r *DatasetReconciler) syncMounts(ctx context.Context, ds *datav1alpha1.Dat
 	r.countSync("synced")
 	r.views.put(ds.UID, viewRecord{at: now, view: out.View})
 	req := ds.Annotations[datav1alpha1.AnnotationSyncRequested]
-	ds.Status.Sync = &datav1alpha1.DatasetSyncStatus{
-		LastSyncTime: &metav1.Time{Time: now}, Request: req, Mounts: out.Mounts,
-		Added: out.Added, Removed: out.Removed, Changed: out.Changed,
-	}
-	msg := fmt.Sprintf("synced with the source on %d node(s) that mount the Dataset: %d file(s) added, %d removed, %d changed",
-		out.Mounts, out.Added, out.Removed, out.Changed)
-	if out.Mounts == 0 {
-		msg = "no node mounts the Dataset; the next node to mount it lists the source"
-	}
-	meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
-		Type: datav1alpha1.ConditionSynced, Status: metav1.ConditionTrue, Reason: ReasonSynced, Message: msg, ObservedGeneration: ds.Generation,
-	})
+	msg := setSynced(ds, out, req, now)
 	if out.Added+out.Removed+out.Changed > 0 || req != "" {
 		r.Recorder.Event(ds, corev1.EventTypeNormal, ReasonSynced, msg)
 	}

@@ -2,10 +2,8 @@ package controllers
 
 import (
 	"context"
-	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -22,37 +20,12 @@ type DatasetView struct {
 
 // viewMemo remembers, by Dataset UID, the last answer of the workers about what their mounts
 // show, so that they are asked about once a reachCheck.
-type viewMemo struct {
-	mu   sync.Mutex
-	last map[types.UID]viewRecord
-}
+type viewMemo = uidMemo[viewRecord]
 
 type viewRecord struct {
 	at time.Time
 	// view is nil when no worker mounted the Dataset.
 	view *DatasetView
-}
-
-func (m *viewMemo) get(uid types.UID) (viewRecord, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.last[uid]
-	return r, ok
-}
-
-func (m *viewMemo) put(uid types.UID, r viewRecord) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.last == nil {
-		m.last = map[types.UID]viewRecord{}
-	}
-	m.last[uid] = r
-}
-
-func (m *viewMemo) forget(uid types.UID) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.last, uid)
 }
 
 // mountedView is what the mounts of a served Dataset show, asked of its pool's workers at most
@@ -63,7 +36,7 @@ func (r *DatasetReconciler) mountedView(ctx context.Context, ds *datav1alpha1.Da
 		return nil
 	}
 	now := time.Now()
-	last, known := r.views.get(ds.UID)
+	last, known := r.views.load(ds.UID)
 	if known && now.Sub(last.at) < r.reachCheck() {
 		return last.view
 	}
@@ -79,15 +52,4 @@ func (r *DatasetReconciler) mountedView(ctx context.Context, ds *datav1alpha1.Da
 	}
 	r.views.put(ds.UID, rec)
 	return rec.view
-}
-
-// setMountedView makes the status count the tree the mounts show, when a node mounts the
-// Dataset: the same listing they serve, not a later one of the operator's.
-func setMountedView(ds *datav1alpha1.Dataset, view *DatasetView) {
-	if view == nil {
-		return
-	}
-	ds.Status.Files = view.Files
-	ds.Status.TotalBytes = view.Bytes
-	ds.Status.Size = humanBytes(view.Bytes)
 }

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -49,8 +46,7 @@ const (
 
 // probeMemo remembers successful probes, by Dataset UID.
 type probeMemo struct {
-	mu   sync.Mutex
-	last map[types.UID]probeRecord
+	uidMemo[probeRecord]
 }
 
 // probeRecord is a successful probe and what it was made with.
@@ -76,20 +72,13 @@ func (r *DatasetReconciler) reachCheck() time.Duration {
 
 // reachCheckDue says whether the source of a Dataset whose probe stands is due a check.
 func (m *probeMemo) reachCheckDue(uid types.UID, now time.Time, every time.Duration) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.last[uid]
+	r, ok := m.load(uid)
 	return ok && now.Sub(r.reachedAt) >= every
 }
 
 // reached records that the source of a Dataset answered.
 func (m *probeMemo) reached(uid types.UID, now time.Time) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if r, ok := m.last[uid]; ok {
-		r.reachedAt = now
-		m.last[uid] = r
-	}
+	m.update(uid, func(r *probeRecord) { r.reachedAt = now })
 }
 
 // firstObject lists the source until its first object: whether it answers at all.
@@ -103,28 +92,11 @@ func firstObject(ctx context.Context, store understore.Store) error {
 }
 
 func (m *probeMemo) get(uid types.UID, generation int64, secretVersion string, now time.Time) (*sourceSummary, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.last[uid]
+	r, ok := m.load(uid)
 	if !ok || r.generation != generation || r.secretVersion != secretVersion || now.Sub(r.at) > probeReuse {
 		return nil, false
 	}
 	return r.summary, true
-}
-
-func (m *probeMemo) put(uid types.UID, r probeRecord) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.last == nil {
-		m.last = map[types.UID]probeRecord{}
-	}
-	m.last[uid] = r
-}
-
-func (m *probeMemo) forget(uid types.UID) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.last, uid)
 }
 
 // sourceSummary is what a probe found under a Dataset's source, arranged as its mounts show it
@@ -298,66 +270,5 @@ func mountOf(ds *datav1alpha1.Dataset, path string) string {
 	return ""
 }
 
-// setSourceSummary records what a probe counted; an incomplete count leaves the old one.
-func setSourceSummary(ds *datav1alpha1.Dataset, sum *sourceSummary) {
-	if sum == nil || !sum.complete {
-		return
-	}
-	ds.Status.Files = sum.files
-	ds.Status.TotalBytes = sum.bytes
-	ds.Status.Size = humanBytes(sum.bytes)
-	ds.Status.LeftOutObjects = int64(len(sum.leftOut))
-	ds.Status.LeftOut = nil
-	for _, o := range sum.leftOut[:min(len(sum.leftOut), maxLeftOutNamed)] {
-		ds.Status.LeftOut = append(ds.Status.LeftOut, datav1alpha1.LeftOutObject{Key: o.Key, Reason: o.Reason})
-	}
-}
-
 // ReasonSourceReachable is the reason of a SourceReachable condition that is True.
 const ReasonSourceReachable = "SourceReachable"
-
-// setSourceReachable records whether a Dataset's source answered its last probe. While a
-// source that served before is unreachable (outage), the condition says since when and what
-// pods get meanwhile; the Ready condition stays as it was, since the cache serves on.
-func setSourceReachable(ds *datav1alpha1.Dataset, probed *sourceSummary, outage, p *problem) {
-	if outage == nil && p != nil && p.reason == ReasonSourceUnreachable {
-		outage = p
-	}
-	switch {
-	case outage != nil:
-		since := time.Now().UTC()
-		if c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionSourceReachable); c != nil && c.Status == metav1.ConditionFalse {
-			since = c.LastTransitionTime.UTC()
-		}
-		msg := fmt.Sprintf("unreachable since %s: %s", since.Format(time.RFC3339), outage.message)
-		if p == nil {
-			msg += "; meanwhile pods read what the nodes cache: a node mounts the Dataset with the last good listing it or another node keeps, " +
-				"and a file that is not cached fails with EIO until the source answers again"
-		}
-		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
-			Type: datav1alpha1.ConditionSourceReachable, Status: metav1.ConditionFalse, Reason: ReasonSourceUnreachable,
-			Message: msg, ObservedGeneration: ds.Generation,
-		})
-	case probed != nil:
-		meta.SetStatusCondition(&ds.Status.Conditions, metav1.Condition{
-			Type: datav1alpha1.ConditionSourceReachable, Status: metav1.ConditionTrue, Reason: ReasonSourceReachable,
-			Message: "the source answers its listing", ObservedGeneration: ds.Generation,
-		})
-	}
-}
-
-// humanBytes writes n in binary units with one decimal, as `kubectl get` readers expect.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	v, suffix := float64(n)/unit, "Ki"
-	for _, s := range []string{"Mi", "Gi", "Ti", "Pi"} {
-		if v < unit {
-			break
-		}
-		v, suffix = v/unit, s
-	}
-	return fmt.Sprintf("%.1f%s", v, suffix)
-}
