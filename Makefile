@@ -118,6 +118,7 @@ bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compare
 	go test ./master/bench -run '^$$' -bench 'Failover|MemoryPerFile' -benchtime 3x -files $(BENCH_FILES) -timeout 2h
 	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) go test ./cacheworker/fusefs/ -run '^$$' -bench MountAMillionObjects -benchtime 1x
 	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) STRATA_MINIO="$(MINIO)" go test ./cacheworker/listings/ -run '^$$' -bench ListAMillionObjects -benchtime 1x -timeout 2h
+	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) STRATA_MINIO="$(MINIO)" go test ./cacheworker/dataplane/ -run '^$$' -bench ANewMountTakesAPeersListing -benchtime 3x -timeout 2h
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.

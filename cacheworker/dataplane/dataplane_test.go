@@ -77,7 +77,7 @@ func payload(n int, seed uint64) []byte {
 	return b
 }
 
-func newPeers(t *testing.T) *Peers {
+func newPeers(t testing.TB) *Peers {
 	p := NewPeers()
 	t.Cleanup(func() { _ = p.Close() })
 	return p

@@ -19,7 +19,7 @@ import (
 
 // listingWorker serves the listings of kept (none if nil) on a real gRPC server, and mounts
 // the Datasets of mounted.
-func listingWorker(t *testing.T, kept *listings.Store, mounted ...string) string {
+func listingWorker(t testing.TB, kept *listings.Store, mounted ...string) string {
 	t.Helper()
 	s := NewServer(nil, nil, testBlockSize, nil, logr.Discard())
 	if kept != nil {

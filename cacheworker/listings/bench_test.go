@@ -1,17 +1,14 @@
 package listings
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/minio/minio-go/v7"
 
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/miniotest"
@@ -33,7 +30,7 @@ func BenchmarkListAMillionObjectsFromMinIO(b *testing.B) {
 	srv := miniotest.Start(b)
 	srv.MakeBucket(b, "data")
 	start := time.Now()
-	putMany(b, srv.Client, "data", n)
+	srv.PutMany(b, "data", n, miniotest.TrainingKey, 100)
 	b.Logf("put %d objects in %s (%.0f/s)", n, time.Since(start).Round(time.Second), float64(n)/time.Since(start).Seconds())
 	store, err := understore.NewS3(understore.S3Config{Endpoint: srv.Endpoint, Bucket: "data", AccessKey: miniotest.AccessKey, SecretKey: miniotest.SecretKey})
 	if err != nil {
@@ -64,41 +61,5 @@ func BenchmarkListAMillionObjectsFromMinIO(b *testing.B) {
 		b.ReportMetric(took.Seconds(), "s/list")
 		b.ReportMetric(float64(n)/took.Seconds(), "objects/s")
 		b.ReportMetric(float64(st.Size())/float64(n), "kept-B/object")
-	}
-}
-
-// putMany puts n objects of 100 bytes under keys of a training set's shape, 64 at a time.
-func putMany(b *testing.B, c *minio.Client, bucket string, n int) {
-	var wg sync.WaitGroup
-	keys := make(chan int)
-	errs := make(chan error, 64)
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range keys {
-				key := fmt.Sprintf("train/shard-%04d/sample-%07d.jpg", i/1000, i)
-				if _, err := c.PutObject(context.Background(), bucket, key, bytes.NewReader(make([]byte, 100)), 100, minio.PutObjectOptions{}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	for i := range n {
-		select {
-		case keys <- i:
-		case err := <-errs:
-			close(keys)
-			wg.Wait()
-			b.Fatal(err)
-		}
-	}
-	close(keys)
-	wg.Wait()
-	select {
-	case err := <-errs:
-		b.Fatal(err)
-	default:
 	}
 }

@@ -171,6 +171,48 @@ func (s *Server) Put(tb TB, bucket, key string, data []byte) {
 	}
 }
 
+// PutMany puts n objects of size bytes, named key(0) to key(n-1), 64 at a time: a bucket of the
+// size of a real Dataset, for benchmarks.
+func (s *Server) PutMany(tb TB, bucket string, n int, key func(i int) string, size int) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	keys := make(chan int)
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range keys {
+				if _, err := s.Client.PutObject(context.Background(), bucket, key(i), bytes.NewReader(make([]byte, size)), int64(size), minio.PutObjectOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	var failed error
+	for i := 0; i < n && failed == nil; i++ {
+		select {
+		case keys <- i:
+		case failed = <-errs:
+		}
+	}
+	close(keys)
+	wg.Wait()
+	if failed == nil {
+		select {
+		case failed = <-errs:
+		default:
+		}
+	}
+	if failed != nil {
+		tb.Fatalf("putting %d objects into %s: %v", n, bucket, failed)
+	}
+}
+
+// TrainingKey names object i as a training set's shards do: train/shard-0042/sample-0042137.jpg.
+func TrainingKey(i int) string { return fmt.Sprintf("train/shard-%04d/sample-%07d.jpg", i/1000, i) }
+
 // freeAddr returns 127.0.0.1:port for a port that was free a moment ago.
 func freeAddr(tb TB) string {
 	tb.Helper()
