@@ -29,6 +29,32 @@ run_testkit() {
   kubectl -n "$ns" logs "$name"
 }
 
+# reader_pod NAME CLAIM NODE ARGS... starts a testkit pod that runs ARGS with CLAIM mounted
+# read-only at /data, on NODE (empty: wherever the scheduler puts it).
+reader_pod() {
+  local name=$1 claim=$2 node=$3; shift 3
+  local placement=""
+  [ -z "$node" ] || placement="nodeSelector: {kubernetes.io/hostname: $node}"
+  kubectl -n "$ns" delete pod "$name" --ignore-not-found --wait >/dev/null
+  kubectl -n "$ns" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $name}
+spec:
+  restartPolicy: Never
+  $placement
+  containers:
+    - name: read
+      image: $TESTKIT_IMAGE
+      imagePullPolicy: Never
+      args: $(printf '%s\n' "$@" | jq -R . | jq -sc .)
+      volumeMounts: [{name: data, mountPath: /data, readOnly: true}]
+  volumes:
+    - name: data
+      persistentVolumeClaim: {claimName: $claim, readOnly: true}
+YAML
+}
+
 say "1. A namespace, and the S3 credentials in a Secret of that namespace"
 kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 user=$(kubectl -n minio get secret minio-root -o jsonpath='{.data.MINIO_ROOT_USER}' | base64 -d)
@@ -81,23 +107,7 @@ fi
 pvc=$(kubectl -n "$ns" get dataset pictures -o jsonpath='{.status.persistentVolumeClaimName}')
 
 say "5. A pod reads the Dataset through $pvc"
-kubectl -n "$ns" delete pod demo-read --ignore-not-found --wait >/dev/null
-kubectl -n "$ns" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: demo-read}
-spec:
-  restartPolicy: Never
-  containers:
-    - name: read
-      image: $TESTKIT_IMAGE
-      imagePullPolicy: Never
-      args: [sum, /data]
-      volumeMounts: [{name: pictures, mountPath: /data, readOnly: true}]
-  volumes:
-    - name: pictures
-      persistentVolumeClaim: {claimName: $pvc, readOnly: true}
-YAML
+reader_pod demo-read "$pvc" "" sum /data
 kubectl -n "$ns" wait pod demo-read --for=jsonpath='{.status.phase}'=Succeeded --timeout=180s >/dev/null
 read=$(kubectl -n "$ns" logs demo-read)
 echo "$read"
@@ -184,23 +194,7 @@ docker stop "$writer" >/dev/null
 stopped=$writer
 
 say "9. A pod on $other reads the index, retrying (its reads fail with EIO meanwhile) while Strata recomputes what was lost from lineage, parents first"
-kubectl -n "$ns" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: demo-wait}
-spec:
-  restartPolicy: Never
-  nodeSelector: {kubernetes.io/hostname: $other}
-  containers:
-    - name: read
-      image: $TESTKIT_IMAGE
-      imagePullPolicy: Never
-      args: [sum, --wait, 8m, --expect-files, "3", /data]
-      volumeMounts: [{name: index, mountPath: /data, readOnly: true}]
-  volumes:
-    - name: index
-      persistentVolumeClaim: {claimName: index, readOnly: true}
-YAML
+reader_pod demo-wait index "$other" sum --wait 8m --expect-files 3 /data
 lineage_columns='LINEAGE:.metadata.name,RECOMPUTING:.status.conditions[?(@.type=="Recomputing")].reason,RECOMPUTATIONS:.status.recomputations,READY:.status.conditions[?(@.type=="Ready")].reason'
 deadline=$((SECONDS + 600))
 until [ "$(kubectl -n "$ns" get pod demo-wait -o jsonpath='{.status.phase}')" = Succeeded ]; do

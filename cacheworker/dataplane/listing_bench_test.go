@@ -2,8 +2,6 @@ package dataplane
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/listings"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // BenchmarkANewMountTakesAPeersListing compares, in one run on the same objects, the two ways a
@@ -21,12 +20,7 @@ import (
 //
 //	STRATA_BENCH_OBJECTS=100000 go test -run '^$' -bench ANewMountTakesAPeersListing -benchtime 3x ./cacheworker/dataplane/
 func BenchmarkANewMountTakesAPeersListing(b *testing.B) {
-	n := 100_000
-	if v := os.Getenv("STRATA_BENCH_OBJECTS"); v != "" {
-		if _, err := fmt.Sscan(v, &n); err != nil {
-			b.Fatalf("STRATA_BENCH_OBJECTS=%q: %v", v, err)
-		}
-	}
+	n := testenv.BenchObjects(b, 100_000)
 	srv := miniotest.Start(b)
 	srv.MakeBucket(b, "data")
 	srv.PutMany(b, "data", n, miniotest.TrainingKey, 100)

@@ -21,6 +21,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // memoryBlocks serves every block of every file from one buffer: the FUSE serving path alone,
@@ -156,12 +157,7 @@ func (n manyObjects) List(context.Context, string) iter.Seq2[understore.ObjectIn
 //	go test -run '^$' -bench MountAMillionObjects -benchtime 1x ./cacheworker/fusefs/
 func BenchmarkMountAMillionObjects(b *testing.B) {
 	fusetest.Require(b)
-	n := 1_000_000
-	if v := os.Getenv("STRATA_BENCH_OBJECTS"); v != "" {
-		if _, err := fmt.Sscan(v, &n); err != nil {
-			b.Fatalf("STRATA_BENCH_OBJECTS=%q: %v", v, err)
-		}
-	}
+	n := testenv.BenchObjects(b, 1_000_000)
 	for b.Loop() {
 		dir := filepath.Join(b.TempDir(), "mnt")
 		if err := os.Mkdir(dir, 0o755); err != nil {

@@ -2,7 +2,6 @@ package listings
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/miniotest"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // BenchmarkListAMillionObjectsFromMinIO puts a million small objects (STRATA_BENCH_OBJECTS
@@ -21,12 +21,7 @@ import (
 //
 //	go test -run '^$' -bench ListAMillionObjects -benchtime 1x -timeout 2h ./cacheworker/listings/
 func BenchmarkListAMillionObjectsFromMinIO(b *testing.B) {
-	n := 1_000_000
-	if v := os.Getenv("STRATA_BENCH_OBJECTS"); v != "" {
-		if _, err := fmt.Sscan(v, &n); err != nil {
-			b.Fatalf("STRATA_BENCH_OBJECTS=%q: %v", v, err)
-		}
-	}
+	n := testenv.BenchObjects(b, 1_000_000)
 	srv := miniotest.Start(b)
 	srv.MakeBucket(b, "data")
 	start := time.Now()

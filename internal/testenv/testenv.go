@@ -4,7 +4,10 @@
 // never pass there by leaving out what it was meant to try.
 package testenv
 
-import "os"
+import (
+	"os"
+	"strconv"
+)
 
 // MustRunVar is the environment variable that, set to anything, turns every such skip into a
 // failure.
@@ -28,4 +31,24 @@ func Lacking(tb TB, reason string) {
 		return
 	}
 	tb.Skip(reason)
+}
+
+// BenchObjectsVar sets how many objects the benchmarks of large Datasets use (make bench passes
+// its BENCH_OBJECTS).
+const BenchObjectsVar = "STRATA_BENCH_OBJECTS"
+
+// BenchObjects is the number of objects BenchObjectsVar asks for, or def when it is not set; a
+// value that is not a positive number fails tb.
+func BenchObjects(tb TB, def int) int {
+	tb.Helper()
+	v := os.Getenv(BenchObjectsVar)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		tb.Fatalf("%s=%q: want a positive number of objects", BenchObjectsVar, v)
+		return def
+	}
+	return n
 }

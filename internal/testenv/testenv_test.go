@@ -34,3 +34,28 @@ func TestLackingSkipsOrFailsAsTheEnvironmentSays(t *testing.T) {
 		})
 	}
 }
+
+func TestBenchObjectsIsWhatTheEnvironmentAsksFor(t *testing.T) {
+	for name, tc := range map[string]struct {
+		value      string
+		want       int
+		wantFailed bool
+	}{
+		"unset: the benchmark's own size": {value: "", want: 1_000_000},
+		"a number":                        {value: "100000", want: 100_000},
+		"not a number fails":              {value: "lots", want: 1_000_000, wantFailed: true},
+		"zero fails":                      {value: "0", want: 1_000_000, wantFailed: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			t.Setenv(BenchObjectsVar, tc.value)
+			r := &recorder{}
+			g.Expect(BenchObjects(r, 1_000_000)).To(Equal(tc.want))
+			if tc.wantFailed {
+				g.Expect(r.failed).To(ContainSubstring("want a positive number of objects"))
+			} else {
+				g.Expect(r.failed).To(BeEmpty())
+			}
+		})
+	}
+}
