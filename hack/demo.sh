@@ -176,7 +176,9 @@ spec:
               persistentVolumeClaim: {claimName: $3}
 YAML
 }
-{ step make-thumbnails pictures thumbnails; step build-index thumbnails index; } | tee /dev/stderr | kubectl apply -f - >/dev/null
+pipeline=$(step make-thumbnails pictures thumbnails; step build-index thumbnails index)
+echo "$pipeline"
+echo "$pipeline" | kubectl apply -f - >/dev/null
 for l in make-thumbnails build-index; do
   if ! kubectl -n "$ns" wait lineage "$l" --for=jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'=Written --timeout=300s >/dev/null; then
     kubectl -n "$ns" get lineage "$l" -o jsonpath='{range .status.conditions[*]}{.type}: {.reason}: {.message}{"\n"}{end}' >&2
