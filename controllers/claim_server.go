@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -116,8 +117,15 @@ func (r *DatasetReconciler) accessSource(ctx context.Context, ds *datav1alpha1.D
 	}
 	access := &sourceAccess{source: understore.Source{URI: src.URI, Endpoint: src.Endpoint, Region: src.Region, Credentials: map[string]string{}}}
 	if strings.HasPrefix(src.URI, "pvc://") {
-		p, err := r.ensureClaimServer(ctx, ds, access)
-		return access, p, err
+		secret, renewAt, p, err := r.ensureClaimServer(ctx, ds, claimServerFor(ds, datasetStores(ds)[0]), &access.source)
+		if p != nil || err != nil {
+			return access, p, err
+		}
+		access.secretName, access.secretVersion, access.renewAt = secret.Name, secret.ResourceVersion, renewAt
+		return access, nil, nil
+	}
+	if src.WebIdentity != nil {
+		return r.accessWebIdentity(ctx, ds, access)
 	}
 	if src.SecretRef != nil {
 		secret := &corev1.Secret{}
@@ -132,6 +140,31 @@ func (r *DatasetReconciler) accessSource(ctx context.Context, ds *datav1alpha1.D
 	return access, nil, nil
 }
 
+// accessWebIdentity gives access, the spec.source of ds, the credentials of its web identity,
+// kept in webIdentitySecretName for the kubelet to hand to the CSI plugin.
+func (r *DatasetReconciler) accessWebIdentity(ctx context.Context, ds *datav1alpha1.Dataset, access *sourceAccess) (*sourceAccess, *problem, error) {
+	name := webIdentitySecretName(ds)
+	kept, err := r.keptSecret(ctx, ds, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	creds, renewAt, p, err := r.webIdentityCredentials(ctx, ds, datasetStores(ds)[0], stringData(kept), time.Now())
+	if p != nil || err != nil {
+		return nil, p, err
+	}
+	data := map[string][]byte{}
+	for k, v := range creds {
+		data[k] = []byte(v)
+	}
+	secret, p, err := r.ensureKeptSecret(ctx, ds, name, kept, data)
+	if p != nil || err != nil {
+		return nil, p, err
+	}
+	access.source.Credentials = creds
+	access.secretName, access.secretVersion, access.renewAt = secret.Name, secret.ResourceVersion, renewAt
+	return access, nil, nil
+}
+
 // claimServerPodDataset maps a claim server's pod to its Dataset, so that a pod that fails or
 // becomes ready is reported at once.
 func claimServerPodDataset(_ context.Context, obj client.Object) []reconcile.Request {
@@ -142,47 +175,73 @@ func claimServerPodDataset(_ context.Context, obj client.Object) []reconcile.Req
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: labels[datasetLabel]}}}
 }
 
-// ensureClaimServer makes the claim server of a pvc:// Dataset and says whether it serves.
-func (r *DatasetReconciler) ensureClaimServer(ctx context.Context, ds *datav1alpha1.Dataset, access *sourceAccess) (*problem, error) {
+// claimServer is the server that reads one pvc:// store of a Dataset: its spec.source, or a
+// mount of its spec.mounts.
+type claimServer struct {
+	// name is its Deployment's, Service's and token Secret's.
+	name string
+	// claim is the claim it mounts, and subPath the folder of it that it serves.
+	claim, subPath string
+	// mount is the index of the mount it serves, as a label value; "" for spec.source.
+	mount string
+}
+
+// claimMountLabel tells apart the pods of the claim servers of one Dataset's mounts.
+const claimMountLabel = "data.strata.dev/claim-mount"
+
+// claimServerFor is the claim server of ref, a pvc:// store of ds.
+func claimServerFor(ds *datav1alpha1.Dataset, ref storeRef) claimServer {
+	claim, subPath := claimAndPath(ref.src.URI)
+	if ref.index < 0 {
+		return claimServer{name: claimServerName(ds), claim: claim, subPath: subPath}
+	}
+	return claimServer{
+		name:  childName(ds, fmt.Sprintf("-claim-server-%d", ref.index)),
+		claim: claim, subPath: subPath, mount: strconv.Itoa(ref.index),
+	}
+}
+
+// ensureClaimServer makes srv, a claim server of ds, gives src what reaching it takes (its
+// endpoint, token and TLS) and says whether it serves. It returns the Secret with its token and
+// when its certificate is to be renewed.
+func (r *DatasetReconciler) ensureClaimServer(ctx context.Context, ds *datav1alpha1.Dataset, srv claimServer, src *understore.Source) (*corev1.Secret, time.Time, *problem, error) {
 	if r.WorkerImage.Image == "" {
-		return &problem{ReasonClaimServerNoImage,
+		return nil, time.Time{}, &problem{ReasonClaimServerNoImage,
 			"the operator was started without a worker image (--worker-image), so it cannot serve pvc:// sources: reinstall Strata with its worker image"}, nil
 	}
 	if r.ClaimServerTLS == nil {
-		return &problem{ReasonClaimServerNoImage,
+		return nil, time.Time{}, &problem{ReasonClaimServerNoImage,
 			"the operator was started without Strata's CA, so it cannot certify claim servers: reinstall Strata with its chart"}, nil
 	}
-	name := claimServerName(ds)
-	secret, p, err := r.ensureClaimToken(ctx, ds, name)
+	secret, p, err := r.ensureClaimToken(ctx, ds, srv.name)
 	if p != nil || err != nil {
-		return p, err
+		return nil, time.Time{}, p, err
 	}
-	renewAt, p, err := r.ensureClaimCertificate(ctx, ds, name)
+	renewAt, p, err := r.ensureClaimCertificate(ctx, ds, srv.name)
 	if p != nil || err != nil {
-		return p, err
+		return nil, time.Time{}, p, err
 	}
-	access.source.Endpoint = r.claimServerEndpoint(ds.Namespace, name)
-	access.source.Credentials[claimTokenKey] = string(secret.Data[claimTokenKey])
-	access.source.ClaimServerTLS = r.ClaimServerTLS.Client
-	access.source.ClaimServerName = pki.ServiceDNSName(ds.Namespace, name)
-	access.secretName, access.secretVersion, access.renewAt = secret.Name, secret.ResourceVersion, renewAt
-	if p, err := r.ensureClaimService(ctx, ds, name); p != nil || err != nil {
-		return p, err
+	src.Endpoint = r.claimServerEndpoint(ds.Namespace, srv.name)
+	src.Credentials[claimTokenKey] = string(secret.Data[claimTokenKey])
+	src.ClaimServerTLS = r.ClaimServerTLS.Client
+	src.ClaimServerName = pki.ServiceDNSName(ds.Namespace, srv.name)
+	if p, err := r.ensureClaimService(ctx, ds, srv); p != nil || err != nil {
+		return nil, time.Time{}, p, err
 	}
-	deploy, p, err := r.ensureClaimDeployment(ctx, ds, name)
+	deploy, p, err := r.ensureClaimDeployment(ctx, ds, srv)
 	if p != nil || err != nil {
-		return p, err
+		return nil, time.Time{}, p, err
 	}
 	if deploy.Status.AvailableReplicas > 0 && deploy.Status.ObservedGeneration >= deploy.Generation {
-		return nil, nil
+		return secret, renewAt, nil, nil
 	}
-	why, err := r.claimServerPodState(ctx, ds)
+	why, err := r.claimServerPodState(ctx, ds, srv)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, nil, err
 	}
-	return &problem{ReasonClaimServerNotReady, fmt.Sprintf(
+	return nil, time.Time{}, &problem{ReasonClaimServerNotReady, fmt.Sprintf(
 		"the claim server that reads PersistentVolumeClaim %q for Strata is not ready (Deployment %s/%s): %s",
-		claimOf(ds), ds.Namespace, name, why)}, nil
+		srv.claim, ds.Namespace, srv.name, why)}, nil
 }
 
 func (r *DatasetReconciler) claimServerEndpoint(ns, name string) string {
@@ -192,12 +251,7 @@ func (r *DatasetReconciler) claimServerEndpoint(ns, name string) string {
 	return ClaimServerEndpoint(ns, name)
 }
 
-// claimOf is the claim a pvc:// Dataset reads, and subPath the folder of it.
-func claimOf(ds *datav1alpha1.Dataset) string {
-	claim, _ := claimAndPath(ds.Spec.Source.URI)
-	return claim
-}
-
+// claimAndPath are the claim a pvc:// URI names and the folder of it.
 func claimAndPath(uri string) (claim, subPath string) {
 	claim, subPath, _ = strings.Cut(strings.TrimPrefix(uri, "pvc://"), "/")
 	return claim, strings.Trim(subPath, "/")
@@ -209,10 +263,15 @@ func claimServerLabels(ds *datav1alpha1.Dataset) map[string]string {
 	return labels
 }
 
-// claimServerSelector selects the pods of one Dataset's claim server, by UID so that a Dataset
-// deleted and made again never matches the old one's pods.
-func claimServerSelector(ds *datav1alpha1.Dataset) map[string]string {
-	return map[string]string{componentLabel: ClaimServerComponent, "data.strata.dev/dataset-uid": string(ds.UID)}
+// claimServerSelector selects the pods of srv, a claim server of ds, by the Dataset's UID so
+// that a Dataset deleted and made again never matches the old one's pods, and by the mount it
+// serves.
+func claimServerSelector(ds *datav1alpha1.Dataset, srv claimServer) map[string]string {
+	selector := map[string]string{componentLabel: ClaimServerComponent, "data.strata.dev/dataset-uid": string(ds.UID)}
+	if srv.mount != "" {
+		selector[claimMountLabel] = srv.mount
+	}
+	return selector
 }
 
 // owned checks that an existing object of a Dataset's is the Dataset's own: a Secret or
@@ -373,7 +432,8 @@ func (r *DatasetReconciler) claimCertificateRenewal(secret *corev1.Secret, leaf 
 // one made before claim servers spoke TLS to theirs. Nothing else in it ever changes: it follows
 // from the Dataset's name and UID. The operator caches the Services of claim servers only, so
 // one of another's of the same name is met as a failed create.
-func (r *DatasetReconciler) ensureClaimService(ctx context.Context, ds *datav1alpha1.Dataset, name string) (*problem, error) {
+func (r *DatasetReconciler) ensureClaimService(ctx context.Context, ds *datav1alpha1.Dataset, srv claimServer) (*problem, error) {
+	name := srv.name
 	ports := []corev1.ServicePort{{
 		Name: "https", Port: understore.ClaimServerPort, TargetPort: intstr.FromString("https"), Protocol: corev1.ProtocolTCP,
 	}}
@@ -398,15 +458,16 @@ func (r *DatasetReconciler) ensureClaimService(ctx context.Context, ds *datav1al
 	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ds.Namespace, Labels: claimServerLabels(ds)},
-		Spec:       corev1.ServiceSpec{Selector: claimServerSelector(ds), Ports: ports},
+		Spec:       corev1.ServiceSpec{Selector: claimServerSelector(ds, srv), Ports: ports},
 	}
 	_, p, err := r.createOwned(ctx, ds, svc, "Service")
 	return p, err
 }
 
 // ensureClaimDeployment makes the claim server's Deployment, or rolls out a changed template.
-func (r *DatasetReconciler) ensureClaimDeployment(ctx context.Context, ds *datav1alpha1.Dataset, name string) (*appsv1.Deployment, *problem, error) {
-	template := r.claimServerPod(ds, name)
+func (r *DatasetReconciler) ensureClaimDeployment(ctx context.Context, ds *datav1alpha1.Dataset, srv claimServer) (*appsv1.Deployment, *problem, error) {
+	name := srv.name
+	template := r.claimServerPod(ds, srv)
 	hash, err := templateHash(template)
 	if err != nil {
 		return nil, nil, err
@@ -422,7 +483,7 @@ func (r *DatasetReconciler) ensureClaimDeployment(ctx context.Context, ds *datav
 			},
 			Spec: appsv1.DeploymentSpec{
 				Replicas: ptr.To[int32](1),
-				Selector: &metav1.LabelSelector{MatchLabels: claimServerSelector(ds)},
+				Selector: &metav1.LabelSelector{MatchLabels: claimServerSelector(ds, srv)},
 				// A claim that only one node may attach (ReadWriteOnce) cannot be held by an
 				// old and a new pod on different nodes at once.
 				Strategy: appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType},
@@ -435,7 +496,7 @@ func (r *DatasetReconciler) ensureClaimDeployment(ctx context.Context, ds *datav
 		}
 		if created {
 			r.Recorder.Eventf(ds, corev1.EventTypeNormal, "ClaimServerCreated",
-				"created Deployment %s to serve PersistentVolumeClaim %s to Strata's workers", name, claimOf(ds))
+				"created Deployment %s to serve PersistentVolumeClaim %s to Strata's workers", name, srv.claim)
 			return deploy, nil, nil
 		}
 	case err != nil:
@@ -470,10 +531,10 @@ func templateHash(t corev1.PodTemplateSpec) (string, error) {
 // with DAC_OVERRIDE alone, so that it reads files whoever wrote them (the capability is one
 // the baseline Pod Security level allows), with nothing else: no privilege escalation, a
 // read-only root file system, no service account token.
-func (r *DatasetReconciler) claimServerPod(ds *datav1alpha1.Dataset, name string) corev1.PodTemplateSpec {
-	claim, subPath := claimAndPath(ds.Spec.Source.URI)
+func (r *DatasetReconciler) claimServerPod(ds *datav1alpha1.Dataset, srv claimServer) corev1.PodTemplateSpec {
+	name, claim, subPath := srv.name, srv.claim, srv.subPath
 	labels := claimServerLabels(ds)
-	for k, v := range claimServerSelector(ds) {
+	for k, v := range claimServerSelector(ds, srv) {
 		labels[k] = v
 	}
 	return corev1.PodTemplateSpec{
@@ -538,11 +599,11 @@ func (r *DatasetReconciler) claimServerPod(ds *datav1alpha1.Dataset, name string
 
 // claimServerPodState says why a claim server is not ready, as its pod shows it: unschedulable,
 // waiting to start, or failing with the message it exited with.
-func (r *DatasetReconciler) claimServerPodState(ctx context.Context, ds *datav1alpha1.Dataset) (string, error) {
+func (r *DatasetReconciler) claimServerPodState(ctx context.Context, ds *datav1alpha1.Dataset, srv claimServer) (string, error) {
 	ns := ds.Namespace
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels(claimServerSelector(ds))); err != nil {
-		return "", fmt.Errorf("listing the pods of claim server %s/%s: %w", ns, claimServerName(ds), err)
+	if err := r.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels(claimServerSelector(ds, srv))); err != nil {
+		return "", fmt.Errorf("listing the pods of claim server %s/%s: %w", ns, srv.name, err)
 	}
 	for _, pod := range pods.Items {
 		if pod.DeletionTimestamp != nil {

@@ -138,6 +138,8 @@ const usageRefresh = 30 * time.Second
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create;update
+// +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Reconcile runs the deletion or the normal path of one Dataset.
@@ -263,7 +265,7 @@ func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alph
 		}
 	case problem != nil && secretProblem(problem.reason):
 		result.RequeueAfter = secretRecheck
-	case problem != nil && problem.reason == ReasonSourceUnreachable && ds.Spec.Source != nil && strings.HasPrefix(ds.Spec.Source.URI, "pvc://"):
+	case problem != nil && problem.reason == ReasonSourceUnreachable && readsClaims(ds):
 		result.RequeueAfter = claimServerRecheck
 	case problem != nil && isSourceProblem(problem.reason):
 		// A source that failed its probe may be fixed where the operator cannot see it (the
@@ -293,10 +295,12 @@ func sooner(a, b time.Duration) time.Duration {
 }
 
 // secretProblem says whether a reason is fixed in the Dataset's Secret (keys missing, or
-// refused), which the operator does not watch: such a Dataset is looked at every secretRecheck.
+// refused) or ServiceAccount, which the operator does not watch: such a Dataset is looked at
+// every secretRecheck.
 func secretProblem(reason string) bool {
 	switch reason {
-	case ReasonSecretNotFound, ReasonSecretIncomplete, ReasonSourceAccessDenied, ReasonCheckpointAccessDenied:
+	case ReasonSecretNotFound, ReasonSecretIncomplete, ReasonSourceAccessDenied, ReasonCheckpointAccessDenied,
+		ReasonServiceAccountNotFound, ReasonWebIdentityUnsafe:
 		return true
 	}
 	return false
@@ -304,7 +308,7 @@ func secretProblem(reason string) bool {
 
 func isSourceProblem(reason string) bool {
 	switch reason {
-	case ReasonSourceAccessDenied, ReasonSourceNotFound, ReasonSourceUnreachable, ReasonSourceEmpty, ReasonClaimServerNotReady:
+	case ReasonSourceAccessDenied, ReasonSourceNotFound, ReasonSourceUnreachable, ReasonSourceEmpty, ReasonSourceNotListable, ReasonClaimServerNotReady:
 		return true
 	}
 	return false
@@ -482,8 +486,8 @@ func volumeAttributes(ds *datav1alpha1.Dataset, access *sourceAccess) map[string
 	if ds.Spec.Lineage != nil {
 		attrs[datav1alpha1.VolumeAttributeOutput] = "true"
 	}
-	if len(ds.Spec.Mounts) > 0 {
-		attrs[datav1alpha1.VolumeAttributeMounts] = datav1alpha1.EncodeVolumeMounts(ds.Spec.Mounts)
+	if access != nil && len(access.mounts) > 0 {
+		attrs[datav1alpha1.VolumeAttributeMounts] = datav1alpha1.EncodeVolumeMounts(access.volumeMounts())
 	} else if access != nil {
 		src := access.source
 		attrs[datav1alpha1.VolumeAttributeSourceURI] = src.URI

@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"time"
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/miniotest"
 	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/internal/pki/pkitest"
@@ -244,7 +247,10 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(ds.Status.TotalBytes).To(BeEquivalentTo(1000 + 3*1024*1024 + 500))
 		pv := &corev1.PersistentVolume{}
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(ds.UID)}, pv)).To(Succeed())
-		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeMounts, datav1alpha1.EncodeVolumeMounts(ds.Spec.Mounts)))
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeMounts, datav1alpha1.EncodeVolumeMounts([]datav1alpha1.VolumeMount{
+			{Path: "/raw", URI: ds.Spec.Mounts[0].Source.URI, Endpoint: ds.Spec.Mounts[0].Source.Endpoint},
+			{Path: "/reference/v1", URI: ds.Spec.Mounts[1].Source.URI, Endpoint: ds.Spec.Mounts[1].Source.Endpoint},
+		})))
 		Expect(pv.Spec.CSI.VolumeAttributes).NotTo(HaveKey(datav1alpha1.VolumeAttributeSourceURI))
 		combined := mountsSecretName(ds)
 		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: combined, Namespace: namespace}))
@@ -268,6 +274,132 @@ var _ = Describe("The Dataset reconciler", func() {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: combined}, secret)).To(Succeed())
 			g.Expect(secret.Data).To(HaveKeyWithValue(datav1alpha1.MountCredentialKey(0, "sessionToken"), []byte("rotated")))
 		}).Should(Succeed())
+	})
+
+	It("reads a source as a role, with tokens of a ServiceAccount that the operator asks for, keeps and renews", func() {
+		createPool()
+		// A MinIO that trusts the envtest API server's ServiceAccount tokens, as AWS STS trusts
+		// a cluster's issuer for IRSA: it fetches the API server's keys through a relay.
+		issuer, jwks := apiServerIssuer()
+		const audience = "strata-test-sts"
+		sts := miniotest.Start(GinkgoT(), miniotest.ServeOpenID(GinkgoT(), issuer, jwks).Env(audience, "readwrite")...)
+		sts.MakeBucket(GinkgoT(), "models")
+		sts.Put(GinkgoT(), "models", "bert/weights.bin", make([]byte, 4096))
+		role := miniotest.OpenIDRoleARN(audience)
+		dataset := func(name string, w datav1alpha1.WebIdentity) *datav1alpha1.Dataset {
+			return &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+				Spec: datav1alpha1.DatasetSpec{
+					Source:       &datav1alpha1.DatasetSource{URI: "s3://models/bert/", Endpoint: "http://" + sts.Endpoint, WebIdentity: &w},
+					TierPoolName: poolName,
+				},
+			}
+		}
+
+		By("a ServiceAccount that does not exist is named, with what to do")
+		ds := dataset("bert", datav1alpha1.WebIdentity{RoleARN: role, ServiceAccountName: "model-reader", Audience: audience})
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		cond := readyCondition(ds, ReasonServiceAccountNotFound)
+		Expect(cond.Message).To(HavePrefix(`ServiceAccount "model-reader" does not exist in namespace ` + namespace))
+
+		By("once it exists, the Dataset is listed as the role and served, its token kept in a Secret it owns")
+		Expect(k8sClient.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "model-reader", Namespace: namespace}})).To(Succeed())
+		readyCondition(ds, ReasonNoCSIDriver)
+		Expect(ds.Status.Files).To(BeEquivalentTo(1))
+		Expect(ds.Status.TotalBytes).To(BeEquivalentTo(4096))
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(ds.UID)}, pv)).To(Succeed())
+		kept := webIdentitySecretName(ds)
+		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: kept, Namespace: namespace}))
+		secret := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: kept}, secret)).To(Succeed())
+		Expect(metav1.IsControlledBy(secret, ds)).To(BeTrue(), "deleted with the Dataset")
+		Expect(secret.Data).To(HaveKeyWithValue(understore.CredentialRoleARN, []byte(role)))
+		token := string(secret.Data[understore.CredentialWebIdentityToken])
+		Expect(tokenClaims(token)).To(And(
+			HaveKeyWithValue("sub", "system:serviceaccount:"+namespace+":model-reader"),
+			HaveKeyWithValue("aud", ConsistOf(audience)),
+		))
+		expires, err := time.Parse(time.RFC3339, string(secret.Data[webIdentityTokenExpiresKey]))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(expires).To(BeTemporally("~", time.Now().Add(webIdentityTokenTTL), 5*time.Minute))
+
+		By("a token with less than a fifth of its life left is replaced by a new one")
+		secret.Data[webIdentityTokenExpiresKey] = []byte(time.Now().Add(webIdentityTokenTTL / 10).UTC().Format(time.RFC3339))
+		Expect(k8sClient.Update(ctx, secret)).To(Succeed())
+		patch := client.MergeFrom(ds.DeepCopy())
+		ds.Annotations = map[string]string{"poke": "1"} // a reconcile now, as the renewal's requeue would
+		Expect(k8sClient.Patch(ctx, ds, patch)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: kept}, secret)).To(Succeed())
+			g.Expect(string(secret.Data[understore.CredentialWebIdentityToken])).NotTo(Equal(token))
+			expires, err := time.Parse(time.RFC3339, string(secret.Data[webIdentityTokenExpiresKey]))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(expires).To(BeTemporally(">", time.Now().Add(webIdentityTokenTTL/2)))
+		}).Should(Succeed())
+
+		By("a mount read as a role keeps its token in the mounts' Secret, under its index")
+		mounted := dataset("mounted", datav1alpha1.WebIdentity{RoleARN: role, ServiceAccountName: "model-reader", Audience: audience})
+		mounted.Spec.Mounts = []datav1alpha1.DatasetMount{{Path: "/models", Source: *mounted.Spec.Source}}
+		mounted.Spec.Source = nil
+		Expect(k8sClient.Create(ctx, mounted)).To(Succeed())
+		readyCondition(mounted, ReasonNoCSIDriver)
+		Expect(mounted.Status.Files).To(BeEquivalentTo(1))
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: mountsSecretName(mounted)}, secret)).To(Succeed())
+		Expect(secret.Data).To(And(
+			HaveKeyWithValue(datav1alpha1.MountCredentialKey(0, understore.CredentialRoleARN), []byte(role)),
+			HaveKey(datav1alpha1.MountCredentialKey(0, understore.CredentialWebIdentityToken))))
+
+		By("a role that does not trust the token is refused, naming the ServiceAccount and the role")
+		refused := dataset("refused", datav1alpha1.WebIdentity{RoleARN: "arn:minio:iam:::role/nobody", ServiceAccountName: "model-reader", Audience: audience})
+		Expect(k8sClient.Create(ctx, refused)).To(Succeed())
+		cond = readyCondition(refused, ReasonSourceAccessDenied)
+		Expect(cond.Message).To(And(
+			HavePrefix(`the under-store refuses ServiceAccount "model-reader" as role arn:minio:iam:::role/nobody`),
+			ContainSubstring("system:serviceaccount:"+namespace+":model-reader")))
+
+		By("an audience the API server accepts is refused, and its token is never kept")
+		unsafe := dataset("unsafe", datav1alpha1.WebIdentity{RoleARN: role, ServiceAccountName: "model-reader", Audience: issuer})
+		Expect(k8sClient.Create(ctx, unsafe)).To(Succeed())
+		cond = readyCondition(unsafe, ReasonWebIdentityUnsafe)
+		Expect(cond.Message).To(ContainSubstring(`the API server accepts tokens for the audience "` + issuer + `"`))
+		err = k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: webIdentitySecretName(unsafe)}, &corev1.Secret{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "no Secret holds a token the API server takes: %v", err)
+	})
+
+	It("lists an http(s) source from its directory index pages, and says what to do with a server that has none", func() {
+		createPool()
+		root := GinkgoT().TempDir()
+		Expect(os.MkdirAll(filepath.Join(root, "corpus", "en"), 0o750)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(root, "corpus", "en", "a.txt"), make([]byte, 700), 0o640)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(root, "corpus", "b.txt"), make([]byte, 300), 0o640)).To(Succeed())
+		mux := http.NewServeMux()
+		mux.Handle("/files/", http.StripPrefix("/files/", http.FileServer(http.Dir(root))))
+		mux.HandleFunc("/api/", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"objects": []}`))
+		})
+		web := httptest.NewServer(mux)
+		DeferCleanup(web.Close)
+		dataset := func(name, uri string) *datav1alpha1.Dataset {
+			return &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+				Spec:       datav1alpha1.DatasetSpec{Source: &datav1alpha1.DatasetSource{URI: uri}, TierPoolName: poolName},
+			}
+		}
+
+		ds := dataset("corpus", web.URL+"/files/corpus/")
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		readyCondition(ds, ReasonNoCSIDriver)
+		Expect(ds.Status.Files).To(BeEquivalentTo(2))
+		Expect(ds.Status.TotalBytes).To(BeEquivalentTo(1000))
+
+		api := dataset("api", web.URL+"/api/")
+		Expect(k8sClient.Create(ctx, api)).To(Succeed())
+		cond := readyCondition(api, ReasonSourceNotListable)
+		Expect(cond.Message).To(And(
+			HavePrefix(web.URL+"/api/ cannot be listed: point spec.source.uri at a folder whose server answers with an HTML directory index"),
+			ContainSubstring(`answers with "application/json"`)))
 	})
 
 	It("reports a missing Secret, then one without the keys, then gives the Dataset its volume and claim", func() {
@@ -621,6 +753,45 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeSourceURI, "pvc://raw-data/sets/v1"))
 		Expect(pv.Spec.CSI.NodePublishSecretRef).To(Equal(&corev1.SecretReference{Name: name, Namespace: namespace}),
 			"the kubelet hands the node plugin the claim server's token")
+
+		By("a claim mounted beside a bucket gets a claim server of its own, named by the volume with its token in the mounts' Secret")
+		createCredentials(miniotest.SecretKey)
+		bucket := s3Dataset("beside-claim") // two objects, 1000 + 3 MiB bytes
+		mixed := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "claim-and-bucket", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Mounts: []datav1alpha1.DatasetMount{
+					{Path: "/bucket", Source: *bucket.Spec.Source},
+					{Path: "/claim", Source: datav1alpha1.DatasetSource{URI: "pvc://raw-data/sets/v1"}},
+				},
+				TierPoolName: poolName,
+			},
+		}
+		Expect(k8sClient.Create(ctx, mixed)).To(Succeed())
+		cond = readyCondition(mixed, ReasonClaimServerNotReady)
+		mountServer := "claim-and-bucket-claim-server-1"
+		Expect(cond.Message).To(ContainSubstring("Deployment " + namespace + "/" + mountServer))
+		mountDeploy := &appsv1.Deployment{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: mountServer}, mountDeploy)).To(Succeed())
+		Expect(mountDeploy.Spec.Selector.MatchLabels).To(HaveKeyWithValue(claimMountLabel, "1"), "apart from the pods of the Dataset's other claim servers")
+		Expect(mountDeploy.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--path=sets/v1"))
+		mountToken := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: mountServer}, mountToken)).To(Succeed())
+		mountEndpoint := claimServers.serve(namespace, mountServer, filepath.Join(dir, "sets", "v1"), string(mountToken.Data["token"]))
+		mountDeploy.Status.Replicas, mountDeploy.Status.AvailableReplicas, mountDeploy.Status.ReadyReplicas = 1, 1, 1
+		mountDeploy.Status.ObservedGeneration = mountDeploy.Generation
+		Expect(k8sClient.Status().Update(ctx, mountDeploy)).To(Succeed())
+		readyCondition(mixed, ReasonNoCSIDriver)
+		Expect(mixed.Status.Files).To(BeEquivalentTo(4), "two objects of the bucket and two files of the claim")
+		Expect(mixed.Status.TotalBytes).To(BeEquivalentTo(1000 + 3*1024*1024 + 3000))
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(mixed.UID)}, pv)).To(Succeed())
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeMounts, datav1alpha1.EncodeVolumeMounts([]datav1alpha1.VolumeMount{
+			{Path: "/bucket", URI: bucket.Spec.Source.URI, Endpoint: bucket.Spec.Source.Endpoint},
+			{Path: "/claim", URI: "pvc://raw-data/sets/v1", Endpoint: mountEndpoint},
+		})), "the workers read the claim from its server")
+		combined := &corev1.Secret{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: mountsSecretName(mixed)}, combined)).To(Succeed())
+		Expect(combined.Data).To(HaveKeyWithValue(datav1alpha1.MountCredentialKey(1, "token"), mountToken.Data["token"]))
 
 		By("renewing a certificate that is not of Strata's CA, at its next look")
 		forged, forgedKey := pkitest.New(GinkgoT()).Issue(GinkgoT(), pki.ClaimServer(namespace, name))

@@ -197,6 +197,7 @@ var _ = Describe("Syncing a Dataset's mounts with its source", func() {
 	}
 
 	It("syncs every worker's mount when a user asks, one listing for all, and records what changed", func() {
+		early := startSyncingWorker(poolName, "node-0") // asked first (ids are sorted), and mounts nothing
 		mounting := startSyncingWorker(poolName, "node-a")
 		idle := startSyncingWorker(poolName, "node-b")
 		also := startSyncingWorker(poolName, "node-c")
@@ -224,6 +225,8 @@ var _ = Describe("Syncing a Dataset's mounts with its source", func() {
 		Expect(mounting.listingsFrom()).To(Equal([]string{""}), "the first worker that mounts the Dataset lists the source")
 		Expect(idle.listingsFrom()).To(Equal([]string{mounting.addr}), "the others take its listing")
 		Expect(also.listingsFrom()).To(Equal([]string{mounting.addr}))
+		Expect(early.listingsFrom()).To(Equal([]string{"", mounting.addr}),
+			"a worker asked before the one that lists is asked again with its listing, to drop what it holds of replaced versions")
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
 			g.Expect([]int64{ds.Status.Files, ds.Status.TotalBytes}).To(Equal([]int64{4, 4000}),

@@ -20,6 +20,7 @@ const (
 	ReasonSourceNotFound     = "SourceNotFound"
 	ReasonSourceUnreachable  = "SourceUnreachable"
 	ReasonSourceEmpty        = "SourceEmpty"
+	ReasonSourceNotListable  = "SourceNotListable"
 )
 
 // Bounds of a probe. A probe lists the source to tell a user at once what is wrong with it and
@@ -111,13 +112,13 @@ type sourceSummary struct {
 // maxLeftOutNamed is how many of the objects a tree leaves out the status names.
 const maxLeftOutNamed = 5
 
-// probeable says whether the operator can list every store of ds: s3:// ones with the
-// credentials of their Secrets, and a pvc:// source through its claim server. Other schemes are
-// not probed here: file:// names paths on the nodes, and HTTP servers cannot list.
+// probeable says whether the operator can list every store of ds: s3:// ones with their
+// credentials, http(s):// ones from their directory indexes, and a pvc:// source through its
+// claim server. Not file://, which names paths on the nodes.
 func probeable(ds *datav1alpha1.Dataset) bool {
 	refs := datasetStores(ds)
 	for _, ref := range refs {
-		if !strings.HasPrefix(ref.src.URI, "s3://") && !strings.HasPrefix(ref.src.URI, "pvc://") {
+		if strings.HasPrefix(ref.src.URI, "file://") {
 			return false
 		}
 	}
@@ -207,13 +208,18 @@ func storeProblem(ds *datav1alpha1.Dataset, ref storeRef, err error) *problem {
 		}
 		return &problem{ReasonSourceUnreachable, fmt.Sprintf(
 			"cannot list %s through its claim server %s: check that pods of this namespace can be reached from Strata's namespace (network policies) (%v)",
-			src.URI, claimServerName(ds), err)}
+			src.URI, claimServerFor(ds, ref).name, err)}
 	}
 	switch {
 	case errors.Is(err, understore.ErrMissingCredentials):
 		return &problem{ReasonSecretIncomplete, fmt.Sprintf(
 			"%s needs credentials and %s gives none: set %s.secretRef to a Secret with accessKeyID and secretAccessKey (%v)",
 			src.URI, secret, field, err)}
+	case errors.Is(err, understore.ErrAccessDenied) && src.WebIdentity != nil:
+		w := src.WebIdentity
+		return &problem{ReasonSourceAccessDenied, fmt.Sprintf(
+			"the under-store refuses ServiceAccount %q as role %s: check that the role trusts this cluster's ServiceAccount tokens for the audience %q and the subject system:serviceaccount:%s:%s, and that it may list %s (%v)",
+			w.ServiceAccountName, w.RoleARN, w.Audience, ds.Namespace, w.ServiceAccountName, src.URI, err)}
 	case errors.Is(err, understore.ErrAccessDenied) && src.SecretRef == nil:
 		return &problem{ReasonSourceAccessDenied, fmt.Sprintf(
 			"the under-store refuses anonymous access to %s: it is not public, so set %s.secretRef to a Secret with accessKeyID and secretAccessKey that may list it (%v)",
@@ -224,6 +230,10 @@ func storeProblem(ds *datav1alpha1.Dataset, ref storeRef, err error) *problem {
 			secret, src.URI, err)}
 	case errors.Is(err, understore.ErrNotFound):
 		return &problem{ReasonSourceNotFound, fmt.Sprintf("%s does not exist: check the bucket in %s.uri (%v)", src.URI, field, err)}
+	case errors.Is(err, errors.ErrUnsupported):
+		return &problem{ReasonSourceNotListable, fmt.Sprintf(
+			"%s cannot be listed: point %s.uri at a folder whose server answers with an HTML directory index, or copy the data to S3 (%v)",
+			src.URI, field, err)}
 	case errors.Is(err, understore.ErrInvalidPath):
 		return &problem{ReasonSourceNotFound, fmt.Sprintf("%s is not usable: %v", field, err)}
 	}

@@ -61,6 +61,9 @@ func (w *WorkerSyncs) SyncDataset(ctx context.Context, pool, uid string) (SyncOu
 		return w.Peers.SyncDataset(ctx, addrs[id], uid, listingFrom)
 	}
 	var out SyncOutcome
+	// passed are the workers asked before the first that mounts the Dataset: they are asked
+	// again with its listing, so that they drop what they hold of replaced versions too.
+	var passed []string
 	for i, id := range ids {
 		r, err := syncOne(ctx, id, "")
 		switch {
@@ -68,11 +71,12 @@ func (w *WorkerSyncs) SyncDataset(ctx context.Context, pool, uid string) (SyncOu
 			out.Failures = append(out.Failures, fmt.Sprintf("worker %s: %v", id, err))
 			continue
 		case !r.GetMounted():
+			passed = append(passed, id)
 			continue
 		}
 		out.merge(r.GetAdded(), r.GetRemoved(), r.GetChanged())
 		out.View = &DatasetView{Files: r.GetFiles(), Bytes: r.GetBytes(), Worker: id}
-		rest := syncEach(ctx, ids[i+1:], func(ctx context.Context, other string) (bool, int64, int64, int64, error) {
+		rest := syncEach(ctx, append(passed, ids[i+1:]...), func(ctx context.Context, other string) (bool, int64, int64, int64, error) {
 			r, err := syncOne(ctx, other, addrs[id])
 			if err != nil {
 				return false, 0, 0, 0, err

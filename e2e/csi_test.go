@@ -153,6 +153,30 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		waitReady(ctx, ds)
 		Expect(ds.Status.Files).To(BeEquivalentTo(len(written)), "the operator counted the claim's files through the claim server")
 		Expect(sumClaim(ctx, namespace, nodes[1], "from-claim")).To(Equal(contents(written)))
+
+		By("mounting the claim beside a folder of the bucket, each at a folder of one tree, through a claim server of the mount's own")
+		bucketFolder := minioDataset(namespace, "unused", pool, "s3://"+bucket+"/"+namespace+"/données/").Spec.Source
+		both := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "claim-and-bucket", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{
+				Mounts: []datav1alpha1.DatasetMount{
+					{Path: "/claim", Source: datav1alpha1.DatasetSource{URI: "pvc://raw/tree"}},
+					{Path: "/csv", Source: *bucketFolder},
+				},
+				TierPoolName: pool,
+			},
+		}
+		Expect(k8sClient.Create(ctx, both)).To(Succeed())
+		waitReady(ctx, both)
+		var want []object
+		for _, o := range written {
+			if name, ok := strings.CutPrefix(o.Key, "données/"); ok {
+				want = append(want, object{Key: "csv/" + name, Bytes: o.Bytes, SHA256: o.SHA256})
+			}
+			o.Key = "claim/" + o.Key
+			want = append(want, o)
+		}
+		Expect(sumClaim(ctx, namespace, nodes[1], "claim-and-bucket")).To(Equal(contents(want)))
 	})
 
 	It("runs a pipeline of Lineages whose outputs live in memory, and serves them whole on the other node", func(ctx SpecContext) {

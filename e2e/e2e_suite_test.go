@@ -30,6 +30,7 @@ var (
 	strataNamespace = envOr("E2E_STRATA_NAMESPACE", "strata-system")
 	kubectlPath     = envOr("KUBECTL", "kubectl")
 	testkitImage    = envOr("E2E_TESTKIT_IMAGE", "strata-cache/testkit:e2e")
+	minioImage      = envOr("E2E_MINIO_IMAGE", "strata-cache/minio:e2e")
 )
 
 var (

@@ -159,10 +159,15 @@ type CheckpointTarget struct {
 // +kubebuilder:validation:XValidation:rule="!self.uri.startsWith('file://') || self.uri.startsWith('file:///')",message="a file:// source must be an absolute path: file:///path"
 // +kubebuilder:validation:XValidation:rule="!has(self.endpoint) || self.uri.startsWith('s3://')",message="a source's endpoint only applies to s3:// sources"
 // +kubebuilder:validation:XValidation:rule="!has(self.secretRef) || !self.uri.startsWith('pvc://')",message="a pvc:// source takes no secretRef: Strata reads the claim itself, through a server it runs in the Dataset's namespace"
+// +kubebuilder:validation:XValidation:rule="!has(self.webIdentity) || self.uri.startsWith('s3://')",message="webIdentity only applies to s3:// sources: it trades a ServiceAccount's token for S3 credentials"
+// +kubebuilder:validation:XValidation:rule="!(has(self.webIdentity) && has(self.secretRef))",message="set one of secretRef (keys in a Secret) and webIdentity (a role assumed with a ServiceAccount's token), not both"
 type DatasetSource struct {
 	// URI of the data: s3://bucket/prefix, file:///path (only under the TierPool's
 	// fileSourceRoots), pvc://claim/path (a folder of a claim in the Dataset's namespace, which
-	// Strata mounts read-only in a claim server it runs there), or http(s)://host/path.
+	// Strata mounts read-only in a claim server it runs there), or http(s)://host/path/ (a
+	// folder whose server answers with HTML directory indexes, as nginx's autoindex, Apache's
+	// Indexes and python3 -m http.server do: its links are walked, each file described by a
+	// HEAD).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	URI string `json:"uri"`
@@ -180,15 +185,60 @@ type DatasetSource struct {
 
 	// SecretRef names a Secret in the Dataset's namespace with the credentials: keys
 	// accessKeyID and secretAccessKey for s3://, username and password or token for https://.
-	// Without it, the source is read anonymously: a public bucket or server.
+	// Without it (and without webIdentity), the source is read anonymously: a public bucket or
+	// server.
 	// +optional
 	SecretRef *SecretReference `json:"secretRef,omitempty"`
+
+	// WebIdentity reads an s3:// source with temporary credentials of a role, assumed with a
+	// token of a ServiceAccount of the Dataset's namespace (AssumeRoleWithWebIdentity, as IRSA
+	// and its peers do), instead of keys in a Secret.
+	// +optional
+	WebIdentity *WebIdentity `json:"webIdentity,omitempty"`
+}
+
+// WebIdentity is a role an s3:// source is read as, assumed with a ServiceAccount's token.
+//
+// The operator asks the API server for a token of the ServiceAccount (TokenRequest), for the
+// audience given and valid for an hour, keeps it in the Secret <dataset>-web-identity (or the
+// mounts' Secret) beside the Dataset, and asks for a new one when a fifth of its life is left;
+// the workers trade it at the STS endpoint for credentials of the role, and take each new token
+// without a remount. So whoever may create Datasets in a namespace may read as any of its
+// ServiceAccounts that the role trusts, as whoever may create pods there may; a token the API
+// server itself would accept (an audience of its own) is refused, never kept.
+type WebIdentity struct {
+	// RoleARN is the role to assume, such as arn:aws:iam::123456789012:role/training-data.
+	// Its trust policy must accept the token's issuer (the cluster's service account issuer),
+	// audience and subject (system:serviceaccount:<namespace>:<serviceAccountName>).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	RoleARN string `json:"roleARN"`
+
+	// ServiceAccountName is the ServiceAccount of the Dataset's namespace whose token is
+	// traded for the role's credentials.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	ServiceAccountName string `json:"serviceAccountName"`
+
+	// Audience the token is issued for: what the STS endpoint expects (AWS: sts.amazonaws.com;
+	// MinIO: its OpenID client ID).
+	// +kubebuilder:default=sts.amazonaws.com
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Audience string `json:"audience,omitempty"`
+
+	// STSEndpoint is where the token is traded, such as https://sts.eu-west-1.amazonaws.com.
+	// Empty means the source's endpoint when it has one (MinIO serves STS there), else AWS's
+	// STS of the source's region.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^https?://[^\s/]+/?$`
+	// +kubebuilder:validation:MaxLength=2048
+	STSEndpoint string `json:"stsEndpoint,omitempty"`
 }
 
 // DatasetMount is one under-store of a Dataset of several (spec.mounts), at a folder of its tree.
 //
 // +kubebuilder:validation:XValidation:rule="!self.path.matches('/[.][.]?(/|$)')",message="a mount path has no '.' or '..' elements: write it as /folder/sub"
-// +kubebuilder:validation:XValidation:rule="!self.source.uri.startsWith('pvc://')",message="a pvc:// source goes in spec.source: a Dataset reads at most one claim, through the claim server Strata runs for it; spec.mounts take s3://, file://, http:// and https:// sources"
 type DatasetMount struct {
 	// Path is the folder of the Dataset's tree the store is shown at, such as /raw or
 	// /ref/genomes: absolute, without a trailing slash, never the root.
@@ -198,7 +248,8 @@ type DatasetMount struct {
 	Path string `json:"path"`
 
 	// Source is the store, as spec.source describes one; its secretRef names a Secret of the
-	// Dataset's namespace.
+	// Dataset's namespace. A pvc:// mount is read through a claim server of its own, which
+	// Strata runs in the Dataset's namespace as for spec.source.
 	Source DatasetSource `json:"source"`
 }
 

@@ -163,6 +163,14 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(k8sClient.Create(ctx, dataset)).To(Succeed())
 		Expect(dataset.Spec.TierPoolName).To(Equal("default"))
 
+		asRole := &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "as-role", Namespace: namespace},
+			Spec: datav1alpha1.DatasetSpec{Source: &datav1alpha1.DatasetSource{URI: "s3://bucket/prefix",
+				WebIdentity: &datav1alpha1.WebIdentity{RoleARN: "arn:aws:iam::1:role/r", ServiceAccountName: "reader"}}},
+		}
+		Expect(k8sClient.Create(ctx, asRole)).To(Succeed())
+		Expect(asRole.Spec.Source.WebIdentity.Audience).To(Equal("sts.amazonaws.com"), "what AWS STS expects")
+
 		pool := sample("TierPool/default")
 		pool.SetName("defaults-" + namespace)
 		set(pool, "spec.tiers[0]", tier("mem", "MEM", "1Gi"))
@@ -254,6 +262,30 @@ var _ = Describe("Admission of the Strata API", func() {
 				set(o, "spec.source.endpoint", nil)
 			},
 			"a file:// source must be an absolute path: file:///path"),
+		Entry("a web identity on a source that is not S3", "Dataset/imagenet-mini",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.source", map[string]any{"uri": "https://example.com/data/",
+					"webIdentity": map[string]any{"roleARN": "arn:aws:iam::1:role/r", "serviceAccountName": "reader"}})
+			},
+			"webIdentity only applies to s3:// sources"),
+		Entry("a web identity beside a Secret", "Dataset/imagenet-mini",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.source.webIdentity", map[string]any{"roleARN": "arn:aws:iam::1:role/r", "serviceAccountName": "reader"})
+			},
+			"set one of secretRef (keys in a Secret) and webIdentity (a role assumed with a ServiceAccount's token), not both"),
+		Entry("a web identity without a role", "Dataset/imagenet-mini",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.source.secretRef", nil)
+				set(o, "spec.source.webIdentity", map[string]any{"serviceAccountName": "reader"})
+			},
+			"spec.source.webIdentity.roleARN: Required value"),
+		Entry("a web identity whose STS endpoint has a path", "Dataset/imagenet-mini",
+			func(o *unstructured.Unstructured) {
+				set(o, "spec.source.secretRef", nil)
+				set(o, "spec.source.webIdentity", map[string]any{"roleARN": "arn:aws:iam::1:role/r", "serviceAccountName": "reader",
+					"stsEndpoint": "https://sts.example.com/assume"})
+			},
+			"spec.source.webIdentity.stsEndpoint"),
 		Entry("an endpoint on a source that is not S3", "Dataset/imagenet-mini",
 			func(o *unstructured.Unstructured) { set(o, "spec.source.uri", "https://example.com/data/") },
 			"a source's endpoint only applies to s3:// sources"),
@@ -286,11 +318,11 @@ var _ = Describe("Admission of the Strata API", func() {
 		Entry("a mount path with '.'", "Dataset/speech-corpus",
 			func(o *unstructured.Unstructured) { set(o, "spec.mounts[1].path", "/./x") },
 			"a mount path has no '.' or '..' elements"),
-		Entry("a pvc:// mount", "Dataset/speech-corpus",
+		Entry("a pvc:// mount with a Secret", "Dataset/speech-corpus",
 			func(o *unstructured.Unstructured) {
-				set(o, "spec.mounts[1].source", map[string]any{"uri": "pvc://claim/data"})
+				set(o, "spec.mounts[1].source", map[string]any{"uri": "pvc://claim/data", "secretRef": map[string]any{"name": "keys"}})
 			},
-			"a pvc:// source goes in spec.source"),
+			"a pvc:// source takes no secretRef"),
 		Entry("a mount whose source has an unknown scheme", "Dataset/speech-corpus",
 			func(o *unstructured.Unstructured) {
 				set(o, "spec.mounts[0].source.uri", "ftp://files.example.com/data")

@@ -52,7 +52,8 @@ func MasterDatasetRoot(namespace, name, uid string) string {
 	return "/datasets/" + MasterDatasetName(namespace, name, uid)
 }
 
-// VolumeMount is one entry of VolumeAttributeMounts: a mount of spec.mounts without its Secret.
+// VolumeMount is one entry of VolumeAttributeMounts: a mount of spec.mounts without its
+// Secret, and with the endpoint of the claim server that serves a pvc:// one.
 type VolumeMount struct {
 	Path     string `json:"path"`
 	URI      string `json:"uri"`
@@ -61,12 +62,8 @@ type VolumeMount struct {
 }
 
 // EncodeVolumeMounts is the VolumeAttributeMounts of mounts.
-func EncodeVolumeMounts(mounts []DatasetMount) string {
-	out := make([]VolumeMount, len(mounts))
-	for i, m := range mounts {
-		out[i] = VolumeMount{Path: m.Path, URI: m.Source.URI, Endpoint: m.Source.Endpoint, Region: m.Source.Region}
-	}
-	b, err := json.Marshal(out)
+func EncodeVolumeMounts(mounts []VolumeMount) string {
+	b, err := json.Marshal(mounts)
 	if err != nil {
 		panic(fmt.Sprintf("encoding mounts: %v", err)) // strings only: cannot fail
 	}

@@ -36,6 +36,7 @@ type BlockStore interface {
 	cache.BlockStore
 	OpenBlock(ctx context.Context, id string) (*os.File, tierstore.BlockInfo, error)
 	Delete(ctx context.Context, id string) error
+	Blocks() []tierstore.BlockInfo
 }
 
 // Outputs is what serving output Datasets (written by pods) takes besides the tier store.
@@ -562,13 +563,13 @@ func storeError(doing, dataset string, err error) error {
 	case errors.Is(err, understore.ErrOutsideRoots):
 		code, hint = codes.FailedPrecondition, "file:// sources must lie under one of the TierPool's fileSourceRoots"
 	case errors.Is(err, understore.ErrAccessDenied):
-		code, hint = codes.FailedPrecondition, "check the credentials in the Secret of "+field("secretRef")+", and that they may list and read the bucket or path (without a Secret, the bucket is read anonymously, so it must be public)"
+		code, hint = codes.FailedPrecondition, "check the credentials in the Secret of "+field("secretRef")+" (or the role of "+field("webIdentity")+"), and that they may list and read the bucket or path (without either, the bucket is read anonymously, so it must be public)"
 	case errors.Is(err, understore.ErrNotFound):
 		code, hint = codes.FailedPrecondition, "check "+field("uri")+": the bucket or path does not exist"
 	case errors.Is(err, understore.ErrUnreachable):
 		code, hint = codes.Unavailable, "check "+field("endpoint")+" and that this node can reach it"
 	case errors.Is(err, errors.ErrUnsupported):
-		code, hint = codes.FailedPrecondition, "the source cannot be listed, so it cannot be mounted as a folder"
+		code, hint = codes.FailedPrecondition, "the source cannot be listed, so it cannot be mounted as a folder: an http(s) source must be a folder whose server answers with HTML directory indexes"
 	case errors.Is(err, context.DeadlineExceeded):
 		code, hint = codes.DeadlineExceeded, "listing the source took too long"
 	case errors.Is(err, context.Canceled):

@@ -8,6 +8,8 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +33,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/miniotest"
@@ -53,8 +56,16 @@ func randomBytes(n int, seed uint64) []byte {
 
 // fixture is a Mounter over a real tier store, served over gRPC on a Unix socket, with a
 // Dataset in a real MinIO.
+// The OpenID provider of every fixture's MinIO, whose tokens it trades for a role's credentials.
+const (
+	tokenIssuer   = "https://issuer.test"
+	tokenAudience = "strata-test-sts"
+)
+
 type fixture struct {
-	srv       *miniotest.Server
+	srv *miniotest.Server
+	// signer signs the tokens the fixture's MinIO takes (for tokenAudience).
+	signer    *miniotest.TokenSigner
 	files     map[string][]byte
 	mountsDir string
 	m         *Mounter
@@ -68,7 +79,9 @@ type fixture struct {
 func newFixture(t *testing.T, change func(*Config)) *fixture {
 	t.Helper()
 	fusetest.Require(t)
-	f := &fixture{srv: miniotest.Start(t), files: map[string][]byte{
+	signer := miniotest.NewTokenSigner(t)
+	provider := miniotest.ServeOpenID(t, tokenIssuer, signer.JWKS())
+	f := &fixture{srv: miniotest.Start(t, provider.Env(tokenAudience, "readwrite")...), signer: signer, files: map[string][]byte{
 		"a.txt":                []byte("hello"),
 		"dir/b.bin":            randomBytes(3*blockSize+17, 1),
 		"données/été 2024.csv": []byte("jour,température\n"),
@@ -147,6 +160,15 @@ func (f *fixture) request(id string) *workerpb.MountDatasetRequest {
 	}
 }
 
+// roleCredentials are the credentials of a web identity: a token signed by signer, and the
+// role the fixture's MinIO gives for tokens of its provider.
+func (f *fixture) roleCredentials(t *testing.T, signer *miniotest.TokenSigner) map[string]string {
+	return map[string]string{
+		understore.CredentialWebIdentityToken: signer.Sign(t, tokenIssuer, tokenAudience, "system:serviceaccount:team-a:reader", time.Hour),
+		understore.CredentialRoleARN:          miniotest.OpenIDRoleARN(tokenAudience),
+	}
+}
+
 func (f *fixture) mount(t *testing.T, req *workerpb.MountDatasetRequest) string {
 	t.Helper()
 	resp, err := f.client.MountDataset(context.Background(), req)
@@ -204,7 +226,7 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 			"blocks are reported under a root of the Dataset's UID, so a new Dataset of the same name starts afresh")
 	})
 
-	t.Run("mounting again answers the same path, and the next read uses rotated credentials", func(t *testing.T) {
+	t.Run("mounting again answers the same path, and the next read uses rotated keys or a renewed token", func(t *testing.T) {
 		g := NewWithT(t)
 		// A block of dir/b.bin that is neither in a tier nor in the page cache: its next read
 		// goes to the under-store, with whatever credentials the mount holds then.
@@ -234,24 +256,38 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 		}
 		rotations := testutil.ToFloat64(f.m.rotations)
 
-		revoked := f.request(uid)
-		revoked.Source.Credentials["secretAccessKey"] = "not-the-key-any-more"
-		g.Expect(f.mount(t, revoked)).To(Equal(path))
-		mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
-		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(mounts).To(HaveLen(1), "mounted once")
-		uncache()
-		_, err = readBlock1()
-		g.Expect(err).To(MatchError(syscall.EIO), "the read went to MinIO with the Secret's new (wrong) keys")
-
-		g.Expect(f.mount(t, f.request(uid))).To(Equal(path))
-		uncache()
-		got, err := readBlock1()
-		g.Expect(err).NotTo(HaveOccurred(), "the keys put right in the Secret are used by the next read, without a remount")
-		g.Expect(got).To(Equal(f.files["dir/b.bin"][blockSize : 2*blockSize]))
-		g.Expect(testutil.ToFloat64(f.m.rotations) - rotations).To(Equal(2.0))
-		g.Expect(f.mount(t, f.request(uid))).To(Equal(path))
-		g.Expect(testutil.ToFloat64(f.m.rotations)-rotations).To(Equal(2.0), "the same keys again rotate nothing")
+		// The kubelet's republishes, each with the credentials the volume's Secret holds then.
+		republishes := []struct {
+			what  string
+			creds map[string]string
+			fails bool
+		}{
+			{"the Secret's new (wrong) keys", map[string]string{"accessKeyID": miniotest.AccessKey, "secretAccessKey": "not-the-key-any-more"}, true},
+			{"the keys put right in the Secret", f.request(uid).Source.Credentials, false},
+			{"a web identity token the store does not trust", f.roleCredentials(t, miniotest.NewTokenSigner(t)), true},
+			{"a renewed web identity token", f.roleCredentials(t, f.signer), false},
+		}
+		for _, r := range republishes {
+			req := f.request(uid)
+			req.Source.Credentials = r.creds
+			g.Expect(f.mount(t, req)).To(Equal(path))
+			mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(mounts).To(HaveLen(1), "mounted once")
+			uncache()
+			got, err := readBlock1()
+			if r.fails {
+				g.Expect(err).To(MatchError(syscall.EIO), "the read went to MinIO with %s", r.what)
+				continue
+			}
+			g.Expect(err).NotTo(HaveOccurred(), "%s are used by the next read, without a remount", r.what)
+			g.Expect(got).To(Equal(f.files["dir/b.bin"][blockSize : 2*blockSize]))
+		}
+		g.Expect(testutil.ToFloat64(f.m.rotations) - rotations).To(Equal(float64(len(republishes))))
+		last := f.request(uid)
+		last.Source.Credentials = republishes[len(republishes)-1].creds
+		g.Expect(f.mount(t, last)).To(Equal(path))
+		g.Expect(testutil.ToFloat64(f.m.rotations)-rotations).To(Equal(float64(len(republishes))), "the same credentials again rotate nothing")
 	})
 
 	t.Run("the same uid with another source is refused until unmounted", func(t *testing.T) {
@@ -314,6 +350,11 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 
 func TestMountDatasetSaysWhatToFix(t *testing.T) {
 	f := newFixture(t, func(c *Config) { c.FileRoots = []string{"/nonexistent-root"} })
+	noIndex := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"objects": []}`))
+	}))
+	t.Cleanup(noIndex.Close)
 	type failure struct {
 		change func(r *workerpb.MountDatasetRequest)
 		code   codes.Code
@@ -395,12 +436,10 @@ func TestMountDatasetSaysWhatToFix(t *testing.T) {
 			code:   codes.FailedPrecondition,
 			says:   []string{"file:///etc", "fileSourceRoots"},
 		},
-		"an HTTP source cannot be listed, so not mounted": {
-			change: func(r *workerpb.MountDatasetRequest) {
-				r.Source = &workerpb.DatasetSource{Uri: "http://" + f.srv.Endpoint + "/data"}
-			},
-			code: codes.FailedPrecondition,
-			says: []string{"cannot be listed"},
+		"an HTTP source whose server gives no directory index cannot be listed, so not mounted": {
+			change: func(r *workerpb.MountDatasetRequest) { r.Source = &workerpb.DatasetSource{Uri: noIndex.URL + "/api/"} },
+			code:   codes.FailedPrecondition,
+			says:   []string{"cannot be listed", "HTML directory indexes"},
 		},
 	}
 	// mounts makes req read the fixture's bucket at /raw and, at the given folders, the same
@@ -465,10 +504,21 @@ func TestMountDatasetShowsEachMountAtItsFolder(t *testing.T) {
 	for p, b := range open {
 		f.srv.Put(t, "public", "shared/"+p, b)
 	}
+	// A web server's folder, listed from its index pages (Go's file server writes them).
+	web := map[string][]byte{"papers/2024/cache.pdf": randomBytes(2*blockSize+9, 8), "index-notes.txt": []byte("served over HTTP")}
+	webRoot := t.TempDir()
+	for p, b := range web {
+		g.Expect(os.MkdirAll(filepath.Join(webRoot, filepath.Dir(p)), 0o750)).To(Succeed())
+		g.Expect(os.WriteFile(filepath.Join(webRoot, p), b, 0o640)).To(Succeed())
+	}
+	webServer := httptest.NewServer(http.FileServer(http.Dir(webRoot)))
+	t.Cleanup(webServer.Close)
+
 	req := f.request(uid)
 	req.Mounts = []*workerpb.SourceMount{
 		{Path: "private/v1", Source: req.Source},
 		{Path: "public", Source: &workerpb.DatasetSource{Uri: "s3://public/shared", Endpoint: req.Source.Endpoint}},
+		{Path: "web", Source: &workerpb.DatasetSource{Uri: webServer.URL + "/"}},
 	}
 	req.Source = nil
 	path := f.mount(t, req)
@@ -479,6 +529,9 @@ func TestMountDatasetShowsEachMountAtItsFolder(t *testing.T) {
 	}
 	for p, b := range open {
 		want["public/"+p] = b
+	}
+	for p, b := range web {
+		want["web/"+p] = b
 	}
 	var got []string
 	g.Expect(filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
@@ -495,7 +548,7 @@ func TestMountDatasetShowsEachMountAtItsFolder(t *testing.T) {
 		g.Expect(b).To(Equal(want[rel]), rel)
 		return nil
 	})).To(Succeed())
-	g.Expect(got).To(ConsistOf(slices.Collect(maps.Keys(want))), "every object of both buckets, each under its mount's folder, and nothing else")
+	g.Expect(got).To(ConsistOf(slices.Collect(maps.Keys(want))), "every object of both buckets and every file of the web server, each under its mount's folder, and nothing else")
 
 	again := proto.Clone(req).(*workerpb.MountDatasetRequest)
 	again.Mounts[1].Source.Uri = "s3://public/other"

@@ -3,11 +3,13 @@ package mounter
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
@@ -94,7 +96,9 @@ func (m *Mounter) sync(ctx context.Context, uid, listingFrom string) (*workerpb.
 	}
 	defer unlock()
 	if mnt == nil {
-		return &workerpb.SyncDatasetResponse{}, nil
+		dropped := m.pruneUnmounted(ctx, uid, listingFrom, m.log.WithValues("uid", uid))
+		m.syncs.dropped.Add(float64(dropped))
+		return &workerpb.SyncDatasetResponse{BlocksDropped: int64(dropped)}, nil
 	}
 	input, ok := mnt.fs.(*fusefs.Server)
 	if !ok {
@@ -162,6 +166,59 @@ func (m *Mounter) input(uid string) (*fusefs.Server, bool) {
 	}
 	input, ok := mnt.fs.(*fusefs.Server)
 	return input, ok
+}
+
+// pruneUnmounted removes, on a worker that does not mount Dataset uid, the blocks of it that
+// it holds from an earlier mount and whose object is now of another version, or gone, in the
+// listing the worker at listingFrom has just synced to: no mount would read them again (a
+// block id names its version), and they would hold tier space until evicted. Without that
+// listing it removes nothing. It returns how many it removed.
+func (m *Mounter) pruneUnmounted(ctx context.Context, uid, listingFrom string, log logr.Logger) int {
+	if listingFrom == "" || m.cfg.ListingPeers == nil {
+		return 0
+	}
+	type held struct {
+		id            string
+		path, version string
+	}
+	var blocks []held
+	for _, b := range m.cfg.Store.Blocks() {
+		var origin workerpb.BlockOrigin
+		if len(b.Origin) == 0 || proto.Unmarshal(b.Origin, &origin) != nil ||
+			origin.GetSourceVersion() == "" || !strings.HasSuffix(origin.GetRoot(), "/"+uid) {
+			continue // another Dataset's, an output's, or of no known version
+		}
+		blocks = append(blocks, held{id: b.ID, path: strings.TrimPrefix(origin.GetPath(), origin.GetRoot()+"/"), version: origin.GetSourceVersion()})
+	}
+	if len(blocks) == 0 {
+		return 0
+	}
+	listing, err := m.cfg.ListingPeers.ListingAt(ctx, listingFrom, uid)
+	if err != nil {
+		log.Error(err, "taking the synced listing to remove blocks of replaced versions; eviction will take them", "worker", listingFrom)
+		return 0
+	}
+	current := make(map[string]string, len(listing.Objects))
+	for _, o := range listing.Objects {
+		current[o.Path] = o.ETag
+	}
+	dropped := 0
+	for _, b := range blocks {
+		if v, ok := current[b.path]; ok && v == b.version {
+			continue
+		}
+		switch err := m.cfg.Store.Delete(ctx, b.id); {
+		case err == nil:
+			dropped++
+		case errors.Is(err, tierstore.ErrNotFound):
+		default:
+			log.Error(err, "removing a block of a replaced version", "file", b.path, "version", b.version)
+		}
+	}
+	if dropped > 0 {
+		log.Info("removed the blocks of replaced versions of a Dataset this node does not mount", "droppedBlocks", dropped)
+	}
+	return dropped
 }
 
 // dropReplaced removes from the tiers the blocks of versions a sync replaced, except those of

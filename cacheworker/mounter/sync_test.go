@@ -219,3 +219,57 @@ func TestEveryNodeShowsOneTree(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect([]int64{resp.GetAdded(), resp.GetRemoved(), resp.GetChanged()}).To(Equal([]int64{1, 0, 0}), "a.txt is back")
 }
+
+func TestASyncRemovesReplacedBlocksFromANodeThatNoLongerMountsTheDataset(t *testing.T) {
+	g := NewWithT(t)
+	peers := &poolOfOne{}
+	f := newFixture(t, func(c *Config) { c.ListingPeers = peers })
+	ctx := context.Background()
+	const uid = "mounted-here-before"
+	store := f.cfg.Store.(*tierstore.Store)
+	blockOf := func(p string, index int64) string {
+		info, err := f.srv.Client.StatObject(ctx, bucket, "sets/v1/"+p, minio.StatObjectOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		return cache.BlockID(uid, p, info.ETag, index)
+	}
+
+	dir := f.mount(t, f.request(uid))
+	for p, want := range f.files {
+		g.Expect(os.ReadFile(filepath.Join(dir, p))).To(Equal(want))
+	}
+	oldB, a := blockOf("dir/b.bin", 3), blockOf("a.txt", 0)
+	g.Eventually(func() error {
+		for _, id := range []string{oldB, a} {
+			if _, err := store.Info(id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}).WithTimeout(10*time.Second).Should(Succeed(), "the blocks read are stored in the background")
+	_, err := f.client.UnmountDataset(ctx, &workerpb.UnmountDatasetRequest{Uid: uid})
+	g.Expect(err).NotTo(HaveOccurred())
+
+	// dir/b.bin is replaced in the bucket, and another node's mount syncs to it.
+	f.srv.Put(t, bucket, "sets/v1/dir/b.bin", randomBytes(blockSize, 9))
+	peers.synced = listings.Listing{Taken: time.Now()}
+	for o := range f.srv.Client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: "sets/v1/", Recursive: true}) {
+		g.Expect(o.Err).NotTo(HaveOccurred())
+		peers.synced.Objects = append(peers.synced.Objects, understore.ObjectInfo{
+			Path: strings.TrimPrefix(o.Key, "sets/v1/"), Size: o.Size, ModTime: o.LastModified, ETag: strings.Trim(o.ETag, `"`),
+		})
+	}
+
+	sync := f.m.SyncServer()
+	resp, err := sync.SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, ListingFrom: "node-c:7100"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetBlocksDropped()).To(BeZero(), "without the synced listing, nothing is taken for replaced")
+
+	resp, err = sync.SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, ListingFrom: "node-b:7100"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetMounted()).To(BeFalse())
+	g.Expect(resp.GetBlocksDropped()).To(BeEquivalentTo(4), "the four blocks of the old dir/b.bin")
+	_, err = store.Info(oldB)
+	g.Expect(err).To(MatchError(tierstore.ErrNotFound))
+	_, err = store.Info(a)
+	g.Expect(err).NotTo(HaveOccurred(), "a block of an unchanged object stays for the next mount here")
+}

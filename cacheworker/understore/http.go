@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"net"
 	"net/http"
 	"net/url"
@@ -138,11 +137,6 @@ func (h *HTTP) Stat(ctx context.Context, p string) (ObjectInfo, error) {
 		info.ModTime = t
 	}
 	return info, nil
-}
-
-// List implements Store: HTTP has no listing, so it fails with errors.ErrUnsupported.
-func (h *HTTP) List(_ context.Context, prefix string) iter.Seq2[ObjectInfo, error] {
-	return errorSeq(h.fail("list", prefix, errors.ErrUnsupported, errors.New("HTTP servers have no standard listing; name the files explicitly")))
 }
 
 // ReadAt implements Store with a ranged GET. A server that ignores ranges answers 200 with the

@@ -35,12 +35,26 @@ type S3Config struct {
 	Region string
 	// AccessKey, SecretKey and SessionToken sign requests.
 	AccessKey, SecretKey, SessionToken string
+	// WebIdentity, when set, signs requests with temporary credentials of a role assumed with
+	// a token instead of the keys above.
+	WebIdentity *WebIdentity
 	// Anonymous sends unsigned requests, for public buckets; without it, missing keys are an error.
 	Anonymous bool
 	// MaxRetries per request; 0 means DefaultS3MaxRetries, 1 means no retry.
 	MaxRetries int
 	// Transport replaces the HTTP transport, for custom CAs or proxies.
 	Transport http.RoundTripper
+}
+
+// WebIdentity is a role an S3 store is read as: the STS endpoint trades Token for the role's
+// temporary credentials (AssumeRoleWithWebIdentity), again whenever they expire.
+type WebIdentity struct {
+	// Token is the JWT traded, such as a Kubernetes ServiceAccount's token.
+	Token string
+	// RoleARN is the role to assume.
+	RoleARN string
+	// STSEndpoint is the STS service's URL, http(s)://host[:port].
+	STSEndpoint string
 }
 
 // S3 is an S3-compatible under-store.
@@ -68,7 +82,11 @@ func NewS3(cfg S3Config) (*S3, error) {
 	if cfg.Bucket == "" {
 		return nil, connectErr(ErrInvalidPath, "no bucket given")
 	}
-	if !cfg.Anonymous {
+	if w := cfg.WebIdentity; w != nil {
+		if w.Token == "" || w.RoleARN == "" || w.STSEndpoint == "" {
+			return nil, connectErr(ErrMissingCredentials, "a web identity needs a token, a role ARN and an STS endpoint")
+		}
+	} else if !cfg.Anonymous {
 		var missing []string
 		if cfg.AccessKey == "" {
 			missing = append(missing, "accessKey")
@@ -87,10 +105,15 @@ func NewS3(cfg S3Config) (*S3, error) {
 	if cfg.MaxRetries == 0 {
 		cfg.MaxRetries = DefaultS3MaxRetries
 	}
-	creds := credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, cfg.SessionToken)
-	if cfg.Anonymous {
+	var creds *credentials.Credentials
+	switch {
+	case cfg.WebIdentity != nil:
+		creds = credentials.New(newAssumedRole(*cfg.WebIdentity, cfg.Transport))
+	case cfg.Anonymous:
 		// minio-go leaves requests unsigned when the access key is empty.
 		creds = credentials.NewStaticV4("", "", "")
+	default:
+		creds = credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, cfg.SessionToken)
 	}
 	client, err := minio.New(cfg.Endpoint, &minio.Options{
 		Creds:      creds,
@@ -121,6 +144,13 @@ func (s *S3) fail(op, p string, err error) error {
 // s3Kind classifies an error from minio-go by the S3 error code, then by the HTTP status
 // (HEAD responses carry no code), then by the network error beneath.
 func s3Kind(err error) error {
+	var refused *roleRefusedError
+	if errors.As(err, &refused) {
+		if unreachable(refused.Err) {
+			return ErrUnreachable
+		}
+		return ErrAccessDenied
+	}
 	resp := minio.ToErrorResponse(err)
 	switch resp.Code {
 	case "NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchVersion":

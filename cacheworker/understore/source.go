@@ -19,6 +19,11 @@ const (
 	CredentialUsername        = "username"
 	CredentialPassword        = "password"
 	CredentialToken           = "token"
+	// A web identity for s3:// (see WebIdentity): the token, the role it is traded for and,
+	// optionally, where (default: the source's endpoint, else AWS's STS of its region).
+	CredentialWebIdentityToken = "webIdentityToken"
+	CredentialRoleARN          = "roleARN"
+	CredentialSTSEndpoint      = "stsEndpoint"
 )
 
 // DefaultS3Endpoint is where s3:// sources are read when no endpoint is given: AWS S3, over HTTPS.
@@ -35,8 +40,9 @@ type Source struct {
 	Endpoint string
 	// Region of an S3 bucket; empty means DefaultS3Region.
 	Region string
-	// Credentials are the Secret's keys: accessKeyID and secretAccessKey (and sessionToken) for
-	// s3://, none for a public bucket, read anonymously; token, or username and password, for http(s)://; token (the claim server's) for
+	// Credentials are the Secret's keys: accessKeyID and secretAccessKey (and sessionToken), or
+	// webIdentityToken and roleARN (and stsEndpoint), for s3://, none for a public bucket, read
+	// anonymously; token, or username and password, for http(s)://; token (the claim server's) for
 	// pvc://. Other keys are ignored.
 	Credentials map[string]string
 	// FileRoots are the directories file:// sources must lie under (the TierPool's
@@ -96,36 +102,81 @@ func openS3(src Source, rest string) (Store, error) {
 	if err != nil {
 		return nil, invalidSource(src.URI, "%w", err)
 	}
+	cfg := S3Config{Endpoint: endpoint, Secure: secure, Bucket: bucket, Prefix: prefix, Region: src.Region}
 	creds := src.Credentials
-	// No credentials at all is a public bucket, read without signing (a Dataset without
-	// spec.source.secretRef); a Secret that holds some keys and not others is a mistake.
-	anonymous := creds[CredentialAccessKeyID] == "" && creds[CredentialSecretAccessKey] == "" && creds[CredentialSessionToken] == ""
+	signing := signWithKeys
+	if creds[CredentialWebIdentityToken] != "" || creds[CredentialRoleARN] != "" {
+		signing = signAsRole
+	}
+	if kind, err := signing(&cfg, src); err != nil {
+		return nil, &Error{Op: "connect", Store: "s3://" + rest, Endpoint: endpoint, Kind: kind, Err: err}
+	}
+	s, err := NewS3(cfg)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return s, nil
+}
+
+// signWithKeys has cfg sign with the access keys of src's credentials; with none at all, a
+// public bucket is read without signing (a Dataset without spec.source.secretRef). A Secret
+// that holds some keys and not others is a mistake, of the kind returned.
+func signWithKeys(cfg *S3Config, src Source) (kind, _ error) {
+	creds := src.Credentials
+	cfg.Anonymous = creds[CredentialAccessKeyID] == "" && creds[CredentialSecretAccessKey] == "" && creds[CredentialSessionToken] == ""
 	var missing []string
 	for _, k := range []string{CredentialAccessKeyID, CredentialSecretAccessKey} {
 		if creds[k] == "" {
 			missing = append(missing, k)
 		}
 	}
-	if !anonymous && len(missing) > 0 {
-		return nil, &Error{Op: "connect", Store: "s3://" + rest, Endpoint: endpoint, Kind: ErrMissingCredentials,
-			Err: fmt.Errorf("no %s in the credentials: set spec.source.secretRef to a Secret with the keys %s and %s (and %s for temporary credentials)",
-				strings.Join(missing, " or "), CredentialAccessKeyID, CredentialSecretAccessKey, CredentialSessionToken)}
+	if !cfg.Anonymous && len(missing) > 0 {
+		return ErrMissingCredentials, fmt.Errorf("no %s in the credentials: set spec.source.secretRef to a Secret with the keys %s and %s (and %s for temporary credentials)",
+			strings.Join(missing, " or "), CredentialAccessKeyID, CredentialSecretAccessKey, CredentialSessionToken)
 	}
-	s, err := NewS3(S3Config{
-		Endpoint:     endpoint,
-		Secure:       secure,
-		Bucket:       bucket,
-		Prefix:       prefix,
-		Region:       src.Region,
-		AccessKey:    creds[CredentialAccessKeyID],
-		SecretKey:    creds[CredentialSecretAccessKey],
-		SessionToken: creds[CredentialSessionToken],
-		Anonymous:    anonymous,
-	})
+	cfg.AccessKey, cfg.SecretKey, cfg.SessionToken = creds[CredentialAccessKeyID], creds[CredentialSecretAccessKey], creds[CredentialSessionToken]
+	return nil, nil
+}
+
+// signAsRole has cfg sign as the role of src's web identity credentials, assumed at their STS
+// endpoint, or says what is wrong with them, of the kind returned.
+func signAsRole(cfg *S3Config, src Source) (kind, _ error) {
+	creds := src.Credentials
+	if creds[CredentialAccessKeyID] != "" || creds[CredentialSecretAccessKey] != "" {
+		return ErrInvalidPath, fmt.Errorf("the credentials have both keys (%s) and a web identity (%s): keep one",
+			CredentialAccessKeyID, CredentialWebIdentityToken)
+	}
+	token, role := creds[CredentialWebIdentityToken], creds[CredentialRoleARN]
+	if token == "" || role == "" {
+		return ErrMissingCredentials, fmt.Errorf("a web identity needs both %s and %s in the credentials; spec.source.webIdentity makes the operator keep both",
+			CredentialWebIdentityToken, CredentialRoleARN)
+	}
+	sts, err := stsEndpoint(creds[CredentialSTSEndpoint], src.Endpoint, src.Region)
 	if err != nil {
-		return nil, err // not a typed nil in the interface
+		return ErrInvalidPath, err
 	}
-	return s, nil
+	cfg.WebIdentity = &WebIdentity{Token: token, RoleARN: role, STSEndpoint: sts}
+	return nil, nil
+}
+
+// stsEndpoint is where a web identity token is traded: the one given; else the source's
+// endpoint, since an S3-compatible server (MinIO) serves STS beside S3; else AWS's STS, in the
+// source's region when it has one.
+func stsEndpoint(given, sourceEndpoint, region string) (string, error) {
+	switch {
+	case given != "":
+		u, err := url.Parse(given)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" {
+			return "", fmt.Errorf("STS endpoint %q: want http://host:port or https://host[:port]", given)
+		}
+		return given, nil
+	case sourceEndpoint != "":
+		return sourceEndpoint, nil
+	case region != "":
+		return "https://sts." + region + ".amazonaws.com", nil
+	default:
+		return "https://sts.amazonaws.com", nil
+	}
 }
 
 // s3Endpoint turns a Dataset's endpoint URL into minio-go's host[:port] and TLS flag.

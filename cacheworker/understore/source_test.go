@@ -92,6 +92,28 @@ func TestOpenPicksTheStoreOfTheSourceURI(t *testing.T) {
 			kind:    ErrMissingCredentials,
 			message: []string{"no accessKeyID or secretAccessKey"},
 		},
+		"an s3 source with a web identity is read as the role": {
+			src: Source{URI: "s3://bucket/p", Endpoint: "http://h:1", Credentials: map[string]string{
+				CredentialWebIdentityToken: "jwt", CredentialRoleARN: "arn:aws:iam::1:role/r"}},
+			name: "s3://bucket/p/ at http://h:1",
+		},
+		"a web identity without a role names the missing key": {
+			src:     Source{URI: "s3://bucket/p", Credentials: map[string]string{CredentialWebIdentityToken: "jwt"}},
+			kind:    ErrMissingCredentials,
+			message: []string{"needs both webIdentityToken and roleARN"},
+		},
+		"a web identity beside keys is refused": {
+			src: Source{URI: "s3://bucket/p", Credentials: map[string]string{
+				CredentialWebIdentityToken: "jwt", CredentialRoleARN: "arn:aws:iam::1:role/r", CredentialAccessKeyID: "id"}},
+			kind:    ErrInvalidPath,
+			message: []string{"both keys (accessKeyID) and a web identity", "keep one"},
+		},
+		"a web identity with an STS endpoint that is not a URL is refused": {
+			src: Source{URI: "s3://bucket/p", Credentials: map[string]string{
+				CredentialWebIdentityToken: "jwt", CredentialRoleARN: "arn:aws:iam::1:role/r", CredentialSTSEndpoint: "sts.example.com"}},
+			kind:    ErrInvalidPath,
+			message: []string{`STS endpoint "sts.example.com"`},
+		},
 		"an s3 source without a bucket is refused": {
 			src:     Source{URI: "s3:///p", Credentials: keys},
 			kind:    ErrInvalidPath,

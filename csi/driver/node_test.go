@@ -275,9 +275,9 @@ func TestNodePublishHandsTheWorkerEachMountWithItsOwnKeys(t *testing.T) {
 	for _, k := range []string{datav1alpha1.VolumeAttributeSourceURI, datav1alpha1.VolumeAttributeSourceEndpoint, datav1alpha1.VolumeAttributeSourceRegion} {
 		delete(req.VolumeContext, k)
 	}
-	req.VolumeContext[datav1alpha1.VolumeAttributeMounts] = datav1alpha1.EncodeVolumeMounts([]datav1alpha1.DatasetMount{
-		{Path: "/raw", Source: datav1alpha1.DatasetSource{URI: "s3://private/rec/", Endpoint: "http://minio.minio:9000"}},
-		{Path: "/ref/corpus", Source: datav1alpha1.DatasetSource{URI: "s3://public/corpus/", Region: "eu-west-1"}},
+	req.VolumeContext[datav1alpha1.VolumeAttributeMounts] = datav1alpha1.EncodeVolumeMounts([]datav1alpha1.VolumeMount{
+		{Path: "/raw", URI: "s3://private/rec/", Endpoint: "http://minio.minio:9000"},
+		{Path: "/ref/corpus", URI: "s3://public/corpus/", Region: "eu-west-1"},
 	})
 	req.Secrets = map[string]string{
 		datav1alpha1.MountCredentialKey(0, "accessKeyID"):     "AKIA",

@@ -73,8 +73,9 @@ func Binary() string {
 	return ""
 }
 
-// Start runs a MinIO server for tb, or skips tb if no binary is found.
-func Start(tb TB) *Server {
+// Start runs a MinIO server for tb, or skips tb if no binary is found. env is added to its
+// environment (such as OpenIDProvider.Env).
+func Start(tb TB, env ...string) *Server {
 	tb.Helper()
 	bin := Binary()
 	if bin == "" {
@@ -89,6 +90,7 @@ func Start(tb TB) *Server {
 		"MINIO_BROWSER=off",
 		"MINIO_UPDATE=off",
 	)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("starting MinIO %s: %v", bin, err)
