@@ -9,50 +9,26 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/strata-cache/strata/cacheworker/cache"
-	"github.com/strata-cache/strata/cacheworker/checkpoint"
-	"github.com/strata-cache/strata/cacheworker/dataplane"
-	"github.com/strata-cache/strata/cacheworker/listings"
-	"github.com/strata-cache/strata/cacheworker/locations"
-	"github.com/strata-cache/strata/cacheworker/membership"
 	"github.com/strata-cache/strata/cacheworker/mounter"
-	"github.com/strata-cache/strata/cacheworker/outputfs"
-	"github.com/strata-cache/strata/cacheworker/policy"
-	"github.com/strata-cache/strata/cacheworker/shortcircuit"
-	"github.com/strata-cache/strata/cacheworker/tiermount"
-	"github.com/strata-cache/strata/cacheworker/tierstore"
-	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/warmup"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
-	"github.com/strata-cache/strata/internal/authz"
 	"github.com/strata-cache/strata/internal/daemon"
-	"github.com/strata-cache/strata/internal/fdstore"
-	"github.com/strata-cache/strata/internal/periodic"
 	"github.com/strata-cache/strata/internal/pki"
-	"github.com/strata-cache/strata/internal/unixsock"
 	masterclient "github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -96,305 +72,13 @@ const (
 // of a node at about the same time.
 const handoverRefillInterval = time.Second
 
-func run(ctx context.Context, opts options, log logr.Logger) (err error) {
-	cfg, err := opts.resolve()
+// run builds a worker and runs it until ctx ends or a part of it fails.
+func run(ctx context.Context, opts options, log logr.Logger) error {
+	w, err := build(ctx, opts, log)
 	if err != nil {
 		return err
 	}
-	id, err := opts.resolveIdentity()
-	if err != nil {
-		return err
-	}
-	if opts.mountMemory {
-		if err := tiermount.EnsureMemoryTiers(cfg.Tiers, log.WithName("tiermount")); err != nil {
-			return err
-		}
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	creds, renewer, err := opts.tls.Load(ctx, log.WithName("tls"))
-	if err != nil {
-		return err
-	}
-	// The certificate is the worker's word at the master and to its peers: it must be this
-	// pool's worker on this node, or the worker would speak for another.
-	if cert := creds.Identity(); id.id != "" && cert.WorkerID() != id.id {
-		return fmt.Errorf("the certificate is for %s, not for worker %s (--worker-id, or --pool and --node-name)", cert, id.id)
-	}
-	authorizer, err := authz.New("worker", dataplane.Policy, reg, log.WithName("authz"))
-	if err != nil {
-		return err
-	}
-
-	// Without a master the worker serves its blocks but reports nothing: enough for a single
-	// node, and for tests. With one, the directory exists before the store opens, so that the
-	// store can tell it of every block that leaves.
-	var dir *locations.Directory
-	var masters *masterclient.Client
-	var peers *dataplane.Peers
-	if len(id.masters) > 0 {
-		if masters, err = masterclient.New(id.masters, masterclient.Options{
-			Logger: log.WithName("master-client"), DialOptions: []grpc.DialOption{creds.DialOption(pki.RoleMaster)},
-		}); err != nil {
-			return fmt.Errorf("creating the master client: %w", err)
-		}
-		defer func() { _ = masters.Close() }()
-		peers = dataplane.NewPeers(creds.DialOption(pki.RoleWorker))
-		defer func() { _ = peers.Close() }()
-		dir = locations.NewDirectory(masters, peers, id.id, log.WithName("locations"))
-		cfg.OnRemove = func(info tierstore.BlockInfo) {
-			if len(info.Origin) > 0 { // only blocks with an origin were reported
-				dir.Forget(info)
-			}
-		}
-	}
-	// Output files are checkpointed by the worker that holds them; with the store's persist
-	// callback its, nothing that exists nowhere else is ever dropped. It needs the master.
-	var checkpoints *checkpoint.Checkpointer
-	if dir != nil {
-		cpMetrics, err := checkpoint.NewMetrics(reg)
-		if err != nil {
-			return err
-		}
-		checkpoints = checkpoint.New(checkpoint.Config{Master: masters, Stored: dir.Enqueue, Metrics: cpMetrics, Log: log.WithName("checkpoint")})
-		cfg.Persist = checkpoints.Persist
-	}
-
-	cfg.Log = log.WithName("tierstore")
-	store, err := tierstore.Open(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	// From here on, every goroutine runs in g and everything opened is closed once g is done,
-	// in the reverse order of opening, whichever way run returns: a goroutine never outlives
-	// what it uses.
-	ctx, cancel := context.WithCancel(ctx)
-	g, gctx := errgroup.WithContext(ctx)
-	closers := []func(){func() {
-		if err := store.Close(); err != nil {
-			log.Error(err, "closing the tier store")
-		}
-	}}
-	defer func() {
-		cancel()
-		if werr := g.Wait(); err == nil {
-			err = werr
-		}
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}()
-
-	if checkpoints != nil {
-		checkpoints.Attach(store)
-	}
-	cacheMetrics, err := cache.NewMetrics(reg, store)
-	if err != nil {
-		return err
-	}
-	dpMetrics, err := dataplane.NewMetrics(reg)
-	if err != nil {
-		return err
-	}
-
-	g.Go(func() error { return store.Run(gctx) })
-	if renewer != nil {
-		g.Go(func() error { renewer.Run(gctx); return nil })
-	}
-
-	var stored dataplane.StoredFunc
-	var peerReader cache.PeerReader
-	ready := func() bool { return true }
-	if dir != nil {
-		// Blocks the start-up check dropped (torn, corrupt, gone with a rebooted memory tier)
-		// may still be listed at the master from before.
-		for _, f := range store.Recovery().Findings {
-			if f.ID != "" {
-				dir.Forget(tierstore.BlockInfo{ID: f.ID})
-			}
-		}
-		member, err := membership.New(membership.Config{
-			ID: id.id, Address: id.advertise, Node: id.node, Interval: opts.heartbeat,
-			Report: dir.ReportAll, Log: log.WithName("membership"),
-		}, masters, store, reg)
-		if err != nil {
-			return err
-		}
-		stored, peerReader = dir.Enqueue, dir
-		// Ready once the master knows the worker: until then no peer can find its blocks.
-		ready = member.Registered
-		g.Go(func() error { return member.Run(gctx) })
-		g.Go(func() error { return dir.Run(gctx) })
-		sweeper := &locations.Sweeper{Master: masters, Store: store, Grace: orphanGrace, Log: log.WithName("sweeper")}
-		g.Go(func() error { sweeper.Run(gctx, orphanSweepInterval); return nil })
-	}
-
-	dataLis, err := net.Listen("tcp", opts.dataAddr)
-	if err != nil {
-		return fmt.Errorf("listening on %s for the data plane: %w", opts.dataAddr, err)
-	}
-	grpcSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()), authorizer.ServerOptions()...)...)
-	dataServer := dataplane.NewServer(store, stored, opts.blockSize, dpMetrics, log.WithName("dataplane"))
-	syncs := &datasetSync{}
-	var kept *listings.Store
-	if opts.listingsDir != "" {
-		if kept, err = listings.Open(opts.listingsDir); err != nil {
-			return err
-		}
-		dataServer.ServeListings(kept, syncs.Mounted)
-	}
-	workerpb.RegisterWorkerServer(grpcSrv, dataServer)
-	workerpb.RegisterDatasetSyncServer(grpcSrv, syncs)
-	if opts.mountSocket == "" {
-		syncs.serve(noMounts{})
-	}
-	serveGRPC(g, gctx, grpcSrv, dataLis, "the data plane", opts.shutdownTimeout)
-
-	if opts.shortCircuit != "" {
-		scMetrics, err := shortcircuit.NewMetrics(reg)
-		if err != nil {
-			return err
-		}
-		scLis, err := unixsock.Listen(opts.shortCircuit)
-		if err != nil {
-			return fmt.Errorf("listening on %s for short-circuit reads: %w", opts.shortCircuit, err)
-		}
-		sc := shortcircuit.NewServer(store, log.WithName("shortcircuit"), shortcircuit.WithMetrics(scMetrics))
-		g.Go(func() error { return sc.Serve(gctx, scLis) })
-	}
-
-	policies := &policy.Applier{Store: store, Log: log.WithName("policy")}
-	if opts.policies != "" {
-		policies.Applied = prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "strata_worker_policies_applied_total",
-			Help: "Changes of the pool's CachePolicies file the worker has applied.",
-		})
-		reg.MustRegister(policies.Applied)
-		g.Go(func() error { policies.Run(gctx, opts.policies, settingsPoll, policiesResweep); return nil })
-	}
-
-	if checkpoints != nil {
-		g.Go(func() error { checkpoints.Run(gctx); return nil })
-		if opts.checkpointsURL != "" {
-			fetch := settingsFetcher(opts.checkpointsURL, creds)
-			g.Go(func() error {
-				periodic.Watch(gctx, opts.checkpointsURL, settingsPoll, log.WithName("checkpoint"), fetch, func(raw []byte) error {
-					settings, err := checkpoint.Parse(raw)
-					if err != nil {
-						return err
-					}
-					checkpoints.Apply(settings)
-					return nil
-				})
-				return nil
-			})
-		}
-	}
-
-	if opts.mountSocket != "" {
-		mcfg := mounter.Config{
-			MountsDir: opts.mountsDir, Store: store, BlockSize: opts.blockSize, CacheMetrics: cacheMetrics,
-			Peers: peerReader, Stored: stored, Pinned: policies.Pinned, FileRoots: splitList(opts.fileRoots),
-			ClaimServerTLS: understore.ClaimClientTLS(creds),
-			Listings:       kept,
-			Log:            log.WithName("mounter"), Registerer: reg,
-		}
-		if dir != nil {
-			outMetrics, err := outputfs.NewMetrics(reg)
-			if err != nil {
-				return err
-			}
-			// Outputs are staged on the top tier's file system (tmpfs for MEM), in a folder
-			// the tier store's start-up check leaves alone (it only looks at block files).
-			mcfg.Outputs = &mounter.Outputs{Master: masters, Locations: dir, Metrics: outMetrics, Checkpoints: checkpoints,
-				StagingDir: filepath.Join(cfg.Tiers[0].Dirs[0], ".staging")}
-		}
-		if kept != nil && masters != nil {
-			mcfg.ListingPeers = dataplane.PoolListings{Peers: peers, Workers: poolPeers(masters, id.id)}
-		}
-		if opts.fdStoreSocket != "" {
-			if mcfg.Handovers, err = fdstore.NewClient(opts.fdStoreSocket, opts.pool); err != nil {
-				return err
-			}
-		}
-		mounts, err := mounter.New(mcfg)
-		if err != nil {
-			return err
-		}
-		// Take over the mounts an earlier worker process left in the file descriptor store, and
-		// detach the dead ones, so that the CSI plugin's next publish mounts them afresh.
-		if err := mounts.Recover(ctx); err != nil {
-			return err
-		}
-		closers = append(closers, func() {
-			if err := mounts.Close(); err != nil {
-				log.Error(err, "unmounting the Datasets")
-			}
-		})
-		syncs.serve(mounts.SyncServer())
-		g.Go(func() error { mounts.RefillHandovers(gctx, handoverRefillInterval); return nil })
-		mountLis, err := unixsock.Listen(opts.mountSocket)
-		if err != nil {
-			return fmt.Errorf("listening for the CSI plugin's mount requests: %w", err)
-		}
-		// The CSI node plugin of this node calls over the socket, with its certificate.
-		mountSrv := grpc.NewServer(append(append(daemon.ServerLimits(), creds.ServerOption()),
-			authorizer.For(mounter.Policy).ServerOptions()...)...)
-		workerpb.RegisterMounterServer(mountSrv, mounts)
-		serveGRPC(g, gctx, mountSrv, mountLis, "the mount socket", opts.shutdownTimeout)
-	}
-
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	// The store is open, so recovery has run and what it serves is verified; with a master,
-	// the worker is ready once registered.
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
-			http.Error(w, "not registered with the master yet", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	lis, err := net.Listen("tcp", opts.metricsAddr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", opts.metricsAddr, err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	g.Go(func() error {
-		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serving metrics: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), opts.shutdownTimeout)
-		defer cancel()
-		return srv.Shutdown(sctx)
-	})
-	log.Info("worker running", "tiers", store.Tiers(), "data", dataLis.Addr().String(), "metrics", lis.Addr().String(),
-		"worker", id.id, "masters", id.masters)
-	return g.Wait()
-}
-
-// serveGRPC serves srv on lis in g, and stops it once gctx ends: gracefully, within timeout.
-// Both are started together, so that whatever makes run return stops the server.
-func serveGRPC(g *errgroup.Group, gctx context.Context, srv *grpc.Server, lis net.Listener, what string, timeout time.Duration) {
-	g.Go(func() error {
-		if err := srv.Serve(lis); err != nil {
-			return fmt.Errorf("serving %s: %w", what, err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), timeout)
-		defer cancel()
-		daemon.StopGRPC(sctx, srv)
-		return nil
-	})
+	return w.run(ctx)
 }
 
 // settingsFetcher reads what the operator serves at url to this worker, with its certificate:

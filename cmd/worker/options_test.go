@@ -15,6 +15,8 @@ import (
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
@@ -246,8 +248,20 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 	g.Expect(os.WriteFile(o.tiersFile, []byte(tiers), 0o600)).To(Succeed())
 
 	ctx, cancel := context.WithCancel(context.Background())
+	// Another worker of the pool, as peers are: the data plane speaks mutual TLS only.
+	peers := dataplane.NewPeers(ca.Credentials(t, pki.Worker("default", "node-b")).DialOption(pki.RoleWorker))
+	defer func() { _ = peers.Close() }()
+
+	// Built, the worker has opened everything and started nothing: its data plane listens,
+	// and answers no one.
+	w, err := build(ctx, o, logr.Discard())
+	g.Expect(err).NotTo(HaveOccurred())
+	asked, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, _, err = peers.ReadBlock(asked, o.dataAddr, "b0")
+	stop()
+	g.Expect(status.Code(err)).To(Equal(codes.DeadlineExceeded), "a built worker serves nothing until it runs: %v", err)
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, o, logr.Discard()) }()
+	go func() { done <- w.run(ctx) }()
 
 	g.Eventually(func() (int, error) {
 		code, _, err := get("http://" + o.metricsAddr + "/readyz")
@@ -261,9 +275,6 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		HaveField("Tiers", ConsistOf(HaveField("CapacityBytes", int64(64<<20))))),
 	), "the master knows the worker, its address and its tiers")
 
-	// Another worker of the pool, as peers are: the data plane speaks mutual TLS only.
-	peers := dataplane.NewPeers(ca.Credentials(t, pki.Worker("default", "node-b")).DialOption(pki.RoleWorker))
-	defer func() { _ = peers.Close() }()
 	data := []byte("a block written through the data plane")
 	_, err = peers.WriteBlock(ctx, o.dataAddr, &workerpb.WriteBlockHeader{BlockId: "b0"}, data)
 	g.Expect(err).NotTo(HaveOccurred())

@@ -52,10 +52,13 @@ const (
 //   - With Raft state on disk it resumes: Raft knows its peers.
 //   - Otherwise it probes the peers. When one knows a leader, it asks to join: this is how new
 //     replicas arrive, and how a replica whose volume was replaced comes back.
-//   - When none knows a leader and none has state, the replica allowed to bootstrap does so:
-//     the first start of a new cluster, when the others do not exist yet.
-//   - Otherwise (a cluster exists but is electing, or peers are unreachable and this replica may
-//     not bootstrap) it waits and probes again, until ctx ends.
+//   - When every peer answers, none knows a leader and none has state, the replica allowed to
+//     bootstrap does so: the first start of a new cluster (the StatefulSet starts its pods in
+//     parallel, so the peers answer, stateless, within moments).
+//   - Otherwise it waits and probes again, until ctx ends: a cluster exists but is electing; or
+//     this replica may not bootstrap; or a peer does not answer, and may hold the cluster's
+//     state (ordinal 0 on an empty disk while the others are down must not start a second
+//     cluster beside theirs: it joins when they are back).
 //
 // Joining is idempotent on the leader, so a replica that crashes half-way simply starts again.
 func Start(ctx context.Context, local Local, peers Peers, cfg Config) (string, error) {
@@ -87,14 +90,14 @@ func Start(ctx context.Context, local Local, peers Peers, cfg Config) (string, e
 				return Joined, nil
 			}
 			log.Info("joining failed; retrying", "error", err.Error())
-		case !clusterExists && cfg.MayBootstrap:
+		case !clusterExists && cfg.MayBootstrap && reachable == len(cfg.Peers):
 			if err := local.Bootstrap(ctx); err != nil {
 				return "", fmt.Errorf("bootstrapping: %w", err)
 			}
 			log.Info("bootstrapped a new cluster", "peersReachable", reachable)
 			return Bootstrapped, nil
 		default:
-			log.Info("waiting for a leader to join", "round", round, "peersReachable", reachable, "clusterExists", clusterExists)
+			log.Info("waiting for a leader to join", "round", round, "peersReachable", reachable, "peers", len(cfg.Peers), "clusterExists", clusterExists)
 		}
 		t := time.NewTimer(cfg.RetryInterval)
 		select {

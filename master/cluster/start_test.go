@@ -63,11 +63,15 @@ func TestStart(t *testing.T) {
 		"a replica with raft state resumes": {
 			state: true, mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{}}, want: Resumed,
 		},
-		"ordinal 0 bootstraps when no peer exists yet": {
-			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{}}, want: Bootstrapped,
+		"ordinal 0 bootstraps once every peer answers, fresh too": {
+			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{}, {peers[0]: fresh}, {peers[0]: fresh, peers[1]: fresh}},
+			want: Bootstrapped,
 		},
-		"ordinal 0 bootstraps when the peers are fresh too": {
-			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: fresh, peers[1]: fresh}}, want: Bootstrapped,
+		"ordinal 0 never bootstraps while no peer answers: they may hold the cluster": {
+			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{}}, wantErr: true,
+		},
+		"ordinal 0 never bootstraps while a peer does not answer, though the others are fresh": {
+			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: fresh}}, wantErr: true,
 		},
 		"ordinal 0 with an empty disk joins the running cluster": {
 			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: leader, peers[1]: leader}},
@@ -110,6 +114,14 @@ func TestStart(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestASingleReplicaBootstraps(t *testing.T) {
+	local := &fakeLocal{}
+	got, err := Start(context.Background(), local, &fakePeers{}, Config{MayBootstrap: true})
+	if err != nil || got != Bootstrapped || !local.bootstrapped {
+		t.Fatalf("Start without peers: %q, %v; want %q", got, err, Bootstrapped)
 	}
 }
 

@@ -80,6 +80,30 @@ func TestStatefulSetBootstrapAndRejoinWithEmptyDisk(t *testing.T) {
 	if got, err := startOne(ctx, c, zero); err != nil || got != cluster.Joined {
 		t.Fatalf("restarted pod 0: %q, %v; want %q", got, err, cluster.Joined)
 	}
+	// Pod 0 on an empty volume again, while the other two, which hold the cluster, are down: it
+	// must wait for them, not bootstrap a second cluster; it joins once they are back.
+	c.Kill(c.Nodes[1])
+	c.Kill(c.Nodes[2])
+	c.Kill(zero)
+	c.Wipe(zero)
+	c.Restart(zero)
+	alone, stop := context.WithTimeout(ctx, 2*time.Second)
+	got, err := startOne(alone, c, zero)
+	stop()
+	if err == nil || zero.Store.HasState() {
+		t.Fatalf("pod 0 alone on an empty disk: %q, %v, state %v; want it waiting, with no state", got, err, zero.Store.HasState())
+	}
+	c.Restart(c.Nodes[1])
+	c.Restart(c.Nodes[2])
+	for _, n := range c.Nodes[1:] {
+		if got, err := startOne(ctx, c, n); err != nil || got != cluster.Resumed {
+			t.Fatalf("restarted %s: %q, %v; want %q", n.ID, got, err, cluster.Resumed)
+		}
+	}
+	if got, err := startOne(ctx, c, zero); err != nil || got != cluster.Joined {
+		t.Fatalf("pod 0, its peers back: %q, %v; want %q", got, err, cluster.Joined)
+	}
+
 	// A restart with its disk intact resumes.
 	c.Kill(c.Nodes[1])
 	c.Restart(c.Nodes[1])
