@@ -476,8 +476,8 @@ func (m *Mounter) rotate(ctx context.Context, old *mount, req *workerpb.MountDat
 	if err != nil {
 		return storeError("mounting", old.dataset(), err)
 	}
-	// Calls under way may still use the old store; one with resources (file://) takes no
-	// credentials, so is never replaced.
+	// Calls under way finish with the old store, which is closed once they are done (it may
+	// hold resources: a Union of mounts with a file:// one beside a rotated one).
 	old.store.Replace(store)
 	// sameMount found req the same as old.req but for the credentials.
 	old.req = proto.Clone(req).(*workerpb.MountDatasetRequest)
