@@ -67,6 +67,9 @@ const (
 	ReasonDeletionBlocked      = "DeletionBlocked"
 	// ReasonObjectsLeftOut is the Warning event of a source with objects the tree cannot show.
 	ReasonObjectsLeftOut = "ObjectsLeftOut"
+	// ReasonListingsKept is the Warning event of a deleted Dataset whose listing some workers
+	// could not be told to drop.
+	ReasonListingsKept = "ListingsKept"
 )
 
 // ConditionDeletionBlocked is True while a deleted Dataset waits for its dependents.
@@ -644,6 +647,8 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 		return ctrl.Result{}, err
 	}
 
+	r.forgetListings(ctx, ds)
+
 	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: ds.Name, Namespace: ds.Namespace}}
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err == nil && metav1.IsControlledBy(pvc, ds) {
 		if err := r.Client.Delete(ctx, pvc); client.IgnoreNotFound(err) != nil {
@@ -659,6 +664,22 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 	patch := client.MergeFrom(ds.DeepCopy())
 	controllerutil.RemoveFinalizer(ds, DatasetFinalizer)
 	return ctrl.Result{}, r.Client.Patch(ctx, ds, patch)
+}
+
+// forgetListings tells the workers of a deleted Dataset's pool to drop the listings they keep
+// of its source (a listing of a million objects is 92 MB on a node's disk). A worker that
+// cannot be told keeps its copy, which no mount reads again: said in the log and an event, not
+// worth holding the deletion for.
+func (r *DatasetReconciler) forgetListings(ctx context.Context, ds *datav1alpha1.Dataset) {
+	if r.Syncer == nil || !readsStores(ds) {
+		return
+	}
+	if err := r.Syncer.ForgetDataset(ctx, ds.Spec.TierPoolName, string(ds.UID)); err != nil {
+		ctrl.LoggerFrom(ctx).Info("some workers keep the listing of the deleted Dataset's source", "error", err.Error())
+		r.Recorder.Eventf(ds, corev1.EventTypeWarning, ReasonListingsKept,
+			"some workers of TierPool %s could not be told to drop their listing of the Dataset's source; it stays on their nodes' disks: %v",
+			ds.Spec.TierPoolName, err)
+	}
 }
 
 // refreshUsage reads from the master what the workers hold of the Dataset. A master that does

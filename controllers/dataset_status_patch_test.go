@@ -34,6 +34,8 @@ func (s *countingSyncer) DescribeDataset(context.Context, string, string) (Datas
 	return DatasetView{}, false, nil
 }
 
+func (s *countingSyncer) ForgetDataset(context.Context, string, string) error { return nil }
+
 // TestWhatAReconcileFoundIsRecordedWhenALaterStepFails: the status is written on every way
 // out of a reconcile, so a sync that ran is not run again, nor its counts lost, because
 // creating the volume failed after it.

@@ -31,6 +31,9 @@ type DatasetSyncer interface {
 	// DescribeDataset finds a worker of the pool that mounts the Dataset and says what its
 	// mount shows; mounted is false when none does.
 	DescribeDataset(ctx context.Context, pool, uid string) (view DatasetView, mounted bool, err error)
+	// ForgetDataset tells every live worker of the pool that the Dataset is deleted, so that
+	// none keeps its listing; it names the workers that could not be told.
+	ForgetDataset(ctx context.Context, pool, uid string) error
 }
 
 // SyncOutcome is what the workers of a pool answered to a sync.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,11 +61,17 @@ type syncingWorker struct {
 	listingFrom []string
 	// shows is what the worker's mount shows, when asked (DescribeDataset).
 	shows *workerpb.DescribeDatasetResponse
+	// forgotten are the UIDs of the deleted Datasets the worker was told of.
+	forgotten []string
 }
 
 func (w *syncingWorker) SyncDataset(_ context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if req.GetForget() {
+		w.forgotten = append(w.forgotten, req.GetUid())
+		return &workerpb.SyncDatasetResponse{}, nil
+	}
 	w.calls = append(w.calls, req.GetUid())
 	w.listingFrom = append(w.listingFrom, req.GetListingFrom())
 	return w.answer, w.err
@@ -80,6 +87,12 @@ func (w *syncingWorker) show(files, bytes int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.shows = &workerpb.DescribeDatasetResponse{Mounted: true, Files: files, Bytes: bytes}
+}
+
+func (w *syncingWorker) forgottenUIDs() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.forgotten)
 }
 
 func (w *syncingWorker) listingsFrom() []string {
@@ -195,6 +208,20 @@ var _ = Describe("Syncing a Dataset's mounts with its source", func() {
 		}).Should(Succeed())
 		return cond
 	}
+
+	It("tells every worker of the pool to drop its listing of a Dataset that is deleted", func() {
+		workers := []*syncingWorker{startSyncingWorker(poolName, "node-a"), startSyncingWorker(poolName, "node-b")}
+		other := startSyncingWorker("pool-of-someone-else-"+namespace, "node-a")
+		ds := dataset("deleted")
+		Expect(k8sClient.Delete(ctx, ds)).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), &datav1alpha1.Dataset{}))
+		}).Should(BeTrue(), "the deletion is done")
+		for _, w := range workers {
+			Expect(w.forgottenUIDs()).To(Equal([]string{string(ds.UID)}))
+		}
+		Expect(other.forgottenUIDs()).To(BeEmpty(), "no worker of another pool")
+	})
 
 	It("syncs every worker's mount when a user asks, one listing for all, and records what changed", func() {
 		early := startSyncingWorker(poolName, "node-0") // asked first (ids are sorted), and mounts nothing

@@ -90,6 +90,23 @@ func (w *WorkerSyncs) SyncDataset(ctx context.Context, pool, uid string) (SyncOu
 	return out, nil
 }
 
+// ForgetDataset implements DatasetSyncer.
+func (w *WorkerSyncs) ForgetDataset(ctx context.Context, pool, uid string) error {
+	addrs, ids, err := w.liveWorkers(ctx, pool)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		fctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+		if err := w.Peers.ForgetDataset(fctx, addrs[id], uid); err != nil {
+			errs = append(errs, fmt.Errorf("worker %s: %w", id, err))
+		}
+		cancel()
+	}
+	return errors.Join(errs...)
+}
+
 // DescribeDataset implements DatasetSyncer: the first worker of the pool, in order, that
 // mounts the Dataset describes its mount. Workers that cannot be asked are passed over; if
 // none answers at all, the error says why.

@@ -92,6 +92,17 @@ func (p *Peers) SyncDataset(ctx context.Context, addr, uid, listingFrom string) 
 	return workerpb.NewDatasetSyncClient(c).SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, ListingFrom: listingFrom})
 }
 
+// ForgetDataset tells the worker at addr that Dataset uid is deleted, so that it drops the
+// listing it keeps of it: the operator's call (DatasetSync).
+func (p *Peers) ForgetDataset(ctx context.Context, addr, uid string) error {
+	c, err := p.conn(addr)
+	if err != nil {
+		return err
+	}
+	_, err = workerpb.NewDatasetSyncClient(c).SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, Forget: true})
+	return err
+}
+
 // DescribeDataset asks the worker at addr what its mount of Dataset uid shows: the operator's
 // call (DatasetSync), over the same connections.
 func (p *Peers) DescribeDataset(ctx context.Context, addr, uid string) (*workerpb.DescribeDatasetResponse, error) {

@@ -100,6 +100,18 @@ func (s *Store) Save(uid string, l Listing) error {
 	return nil
 }
 
+// Remove drops the listing kept of Dataset uid, if one is: the Dataset is deleted.
+func (s *Store) Remove(uid string) error {
+	p, err := s.path(uid)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("dropping the listing of %s: %w", uid, err)
+	}
+	return nil
+}
+
 // Load returns the listing kept of Dataset uid, ErrNotFound if none is.
 func (s *Store) Load(uid string) (Listing, error) {
 	p, err := s.path(uid)

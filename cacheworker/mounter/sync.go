@@ -73,6 +73,9 @@ type syncServer struct {
 
 // SyncDataset implements workerpb.DatasetSyncServer.
 func (s syncServer) SyncDataset(ctx context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
+	if req.GetForget() {
+		return s.m.forgetDeleted(ctx, req.GetUid())
+	}
 	resp, err := s.m.sync(ctx, req.GetUid(), req.GetListingFrom())
 	switch {
 	case err != nil:
@@ -135,6 +138,24 @@ func (m *Mounter) sync(ctx context.Context, uid, listingFrom string) (*workerpb.
 		return resp, status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)
 	}
 	return resp, nil
+}
+
+// forgetDeleted drops the listing this worker keeps of Dataset uid, which is deleted, holding the
+// UID's lock so that no mount of it keeps one meanwhile. A mount that pods still hold keeps
+// serving the tree it has; it keeps no listing again.
+func (m *Mounter) forgetDeleted(ctx context.Context, uid string) (*workerpb.SyncDatasetResponse, error) {
+	mnt, unlock, err := m.lockedMount(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if m.cfg.Listings != nil {
+		if err := m.cfg.Listings.Remove(uid); err != nil {
+			return nil, status.Errorf(codes.Internal, "forgetting Dataset %s: %v", uid, err)
+		}
+	}
+	m.log.V(1).Info("forgot the listing of a deleted Dataset", "uid", uid)
+	return &workerpb.SyncDatasetResponse{Mounted: mnt != nil}, nil
 }
 
 // DescribeDataset implements workerpb.DatasetSyncServer.

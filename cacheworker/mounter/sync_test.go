@@ -218,6 +218,17 @@ func TestEveryNodeShowsOneTree(t *testing.T) {
 	resp, err = f.m.SyncServer().SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, ListingFrom: "node-c:7100"})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect([]int64{resp.GetAdded(), resp.GetRemoved(), resp.GetChanged()}).To(Equal([]int64{1, 0, 0}), "a.txt is back")
+
+	// The Dataset is deleted: its listing goes, while the mount pods still hold serves on.
+	resp, err = f.m.SyncServer().SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: uid, Forget: true})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetMounted()).To(BeTrue())
+	_, err = kept.Load(uid)
+	g.Expect(err).To(MatchError(listings.ErrNotFound))
+	g.Expect(os.ReadFile(filepath.Join(dir, "c.txt"))).To(Equal([]byte("added since")))
+	resp, err = f.m.SyncServer().SyncDataset(ctx, &workerpb.SyncDatasetRequest{Uid: "never-here", Forget: true})
+	g.Expect(err).NotTo(HaveOccurred(), "forgetting what was never kept succeeds")
+	g.Expect(resp.GetMounted()).To(BeFalse())
 }
 
 func TestASyncRemovesReplacedBlocksFromANodeThatNoLongerMountsTheDataset(t *testing.T) {

@@ -1046,7 +1046,10 @@ type SyncDatasetRequest struct {
 	// listing_from is the data-plane address of a worker that synced the Dataset a moment ago:
 	// the worker takes that worker's listing (GetListing) instead of listing the source again,
 	// so that every node shows one tree. Empty: list the source.
-	ListingFrom   string `protobuf:"bytes,2,opt,name=listing_from,json=listingFrom,proto3" json:"listing_from,omitempty"`
+	ListingFrom string `protobuf:"bytes,2,opt,name=listing_from,json=listingFrom,proto3" json:"listing_from,omitempty"`
+	// forget says the Dataset is deleted: the worker drops the listing it keeps of it, and
+	// syncs nothing (a mount that pods still hold keeps serving the tree it has).
+	Forget        bool `protobuf:"varint,3,opt,name=forget,proto3" json:"forget,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1093,6 +1096,13 @@ func (x *SyncDatasetRequest) GetListingFrom() string {
 		return x.ListingFrom
 	}
 	return ""
+}
+
+func (x *SyncDatasetRequest) GetForget() bool {
+	if x != nil {
+		return x.Forget
+	}
+	return false
 }
 
 type DescribeDatasetRequest struct {
@@ -1367,10 +1377,11 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\")\n" +
 	"\x15UnmountDatasetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\"\x18\n" +
-	"\x16UnmountDatasetResponse\"I\n" +
+	"\x16UnmountDatasetResponse\"a\n" +
 	"\x12SyncDatasetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12!\n" +
-	"\flisting_from\x18\x02 \x01(\tR\vlistingFrom\"*\n" +
+	"\flisting_from\x18\x02 \x01(\tR\vlistingFrom\x12\x16\n" +
+	"\x06forget\x18\x03 \x01(\bR\x06forget\"*\n" +
 	"\x16DescribeDatasetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\"_\n" +
 	"\x17DescribeDatasetResponse\x12\x18\n" +
