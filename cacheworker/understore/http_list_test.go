@@ -18,12 +18,12 @@ import (
 func TestHTTPListsADirectoryTreeFromGosFileServer(t *testing.T) {
 	root := t.TempDir()
 	files := map[string]string{
-		"train/part-0.csv":          "a,b\n1,2\n",
-		"train/part-1.csv":          "a,b\n3,4\n5,6\n",
-		"train/deep/er/x.bin":       "xyz",
-		"README.md":                 "# corpus\n",
-		"noms/été 2024 #1.txt":      "accents, spaces and a hash",
-		"empty-folder/.placeholder": "",
+		"train/part-0.csv":     "a,b\n1,2\n",
+		"train/part-1.csv":     "a,b\n3,4\n5,6\n",
+		"train/deep/er/x.bin":  "xyz",
+		"README.md":            "# corpus\n",
+		"noms/été 2024 #1.txt": "accents, spaces and a hash",
+		"dot-files/.hidden":    "",
 	}
 	for p, data := range files {
 		must(t, os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o750))
@@ -38,7 +38,7 @@ func TestHTTPListsADirectoryTreeFromGosFileServer(t *testing.T) {
 		want         []string
 	}{
 		"the whole tree, every file with its size": {
-			base: srv.URL + "/mirror", want: []string{"README.md", "empty-folder/.placeholder", "noms/été 2024 #1.txt",
+			base: srv.URL + "/mirror", want: []string{"README.md", "dot-files/.hidden", "noms/été 2024 #1.txt",
 				"train/part-0.csv", "train/part-1.csv", "train/deep/er/x.bin"},
 		},
 		"a folder of it": {
