@@ -160,6 +160,19 @@ func (f *fixture) request(id string) *workerpb.MountDatasetRequest {
 	}
 }
 
+// storedTimes counts the times block id was stored and reported.
+func (f *fixture) storedTimes(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, info := range f.stored {
+		if info.ID == id {
+			n++
+		}
+	}
+	return n
+}
+
 // roleCredentials are the credentials of a web identity: a token signed by signer, and the
 // role the fixture's MinIO gives for tokens of its provider.
 func (f *fixture) roleCredentials(t *testing.T, signer *miniotest.TokenSigner) map[string]string {
@@ -232,15 +245,17 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 		// goes to the under-store, with whatever credentials the mount holds then.
 		info, err := f.srv.Client.StatObject(ctx, bucket, "sets/v1/dir/b.bin", minio.StatObjectOptions{})
 		g.Expect(err).NotTo(HaveOccurred())
+		block := cache.BlockID(uid, "dir/b.bin", info.ETag, 1)
+		// The cache stores what a read fetched in the background: a block is removed only once
+		// the store of the last read that fetched it has happened, or it would come back.
+		storedOnce := 1 // by the first subtest's read
 		uncache := func() {
-			g.Eventually(func() error {
-				// Once stored (the cache stores what it fetched in the background), and removed.
-				if err := f.m.cfg.Store.Delete(ctx, cache.BlockID(uid, "dir/b.bin", info.ETag, 1)); !errors.Is(err, tierstore.ErrNotFound) {
-					return err
-				}
-				_, err := f.m.cfg.Store.(*tierstore.Store).Info(cache.BlockID(uid, "dir/b.bin", info.ETag, 1))
-				return err
-			}).WithTimeout(10 * time.Second).Should(MatchError(tierstore.ErrNotFound))
+			g.Eventually(func() int { return f.storedTimes(block) }).WithTimeout(10*time.Second).Should(BeNumerically(">=", storedOnce),
+				"the block a read fetched is stored")
+			err := f.m.cfg.Store.Delete(ctx, block)
+			g.Expect(err == nil || errors.Is(err, tierstore.ErrNotFound)).To(BeTrue(), "removing the block: %v", err)
+			_, err = f.m.cfg.Store.(*tierstore.Store).Info(block)
+			g.Expect(err).To(MatchError(tierstore.ErrNotFound))
 			file, err := os.Open(filepath.Join(path, "dir/b.bin"))
 			g.Expect(err).NotTo(HaveOccurred())
 			defer func() { _ = file.Close() }()
@@ -275,6 +290,7 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(mounts).To(HaveLen(1), "mounted once")
 			uncache()
+			stored := f.storedTimes(block)
 			got, err := readBlock1()
 			if r.fails {
 				g.Expect(err).To(MatchError(syscall.EIO), "the read went to MinIO with %s", r.what)
@@ -282,6 +298,7 @@ func TestMountDatasetServesTheDatasetAtItsMountPoint(t *testing.T) {
 			}
 			g.Expect(err).NotTo(HaveOccurred(), "%s are used by the next read, without a remount", r.what)
 			g.Expect(got).To(Equal(f.files["dir/b.bin"][blockSize : 2*blockSize]))
+			storedOnce = stored + 1 // this read's fetch, stored in the background
 		}
 		g.Expect(testutil.ToFloat64(f.m.rotations) - rotations).To(Equal(float64(len(republishes))))
 		last := f.request(uid)
