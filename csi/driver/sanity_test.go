@@ -15,6 +15,7 @@ import (
 	"github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // skippedSanitySpecs are the csi-sanity specs that publish a volume made by CreateVolume. Such
@@ -79,8 +80,6 @@ func TestCSISanity(t *testing.T) {
 	})
 
 	cfg := sanity.NewTestConfig()
-	cfg.Address = nodeAddr
-	cfg.ControllerAddress = controllerAddr
 	// Sanity creates these as its target and staging parents: under the kubelet's pods folder,
 	// where the node plugin accepts target paths.
 	pods := filepath.Join(env.kubeletDir, "pods")
@@ -93,9 +92,27 @@ func TestCSISanity(t *testing.T) {
 	}
 
 	sc := sanity.GinkgoTest(&cfg)
+	// The connections are made here rather than by sanity from cfg.Address: its connect helper
+	// reads the channel's state only after the first change, so a unix socket that is ready
+	// before that first read leaves it waiting a minute for a change that never comes (the
+	// suite's first spec then fails with "Connection timed out"). With no address in cfg,
+	// sanity reuses these for every spec.
+	sc.Conn = dialSanity(t, nodeAddr)
+	sc.ControllerConn = dialSanity(t, controllerAddr)
 	defer sc.Finalize()
 	gomega.RegisterFailHandler(ginkgo.Fail)
 	suite, reporter := ginkgo.GinkgoConfiguration()
 	suite.SkipStrings = append(suite.SkipStrings, skippedSanitySpecs...)
 	ginkgo.RunSpecs(t, "csi-sanity of csi.strata.dev", suite, reporter)
+}
+
+// dialSanity opens a lazily connecting client to one of the test's sockets; the first RPC
+// connects it.
+func dialSanity(t *testing.T, address string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("dial %s: %v", address, err)
+	}
+	return conn
 }
