@@ -61,8 +61,8 @@ help: ## Show the targets.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} /^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) } ' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: kind-up deploy minio-deploy ## Run the demo: a Kind cluster, Strata installed by Helm, a Dataset from a local S3 server read by a pod.
-	KUBECTL=$(KUBECTL) KUBE_CONTEXT=$(KUBE_CONTEXT) TESTKIT_IMAGE=$(IMAGE_PREFIX)/testkit:e2e hack/demo.sh
+demo: kind-up deploy minio-deploy plugin ## Run the demo: a Kind cluster, Strata installed by Helm, a Dataset from a local S3 server read by a pod.
+	KUBECTL=$(KUBECTL) KUBECTL_STRATA=$(LOCALBIN)/kubectl-strata KUBE_CONTEXT=$(KUBE_CONTEXT) TESTKIT_IMAGE=$(IMAGE_PREFIX)/testkit:e2e hack/demo.sh
 
 ##@ Development
 
@@ -129,6 +129,10 @@ lint-fix: $(GOLANGCI_LINT) ## Run golangci-lint and fix what it can.
 	$(GOLANGCI_LINT) run --fix ./...
 
 ##@ Build
+
+.PHONY: plugin
+plugin: ## Build kubectl-strata, the kubectl plugin, into bin/ (put bin/ on your PATH, or copy it there).
+	CGO_ENABLED=0 go build -o $(LOCALBIN)/kubectl-strata ./cmd/kubectl-strata
 
 .PHONY: build
 build: manifests generate fmt vet ## Build the binaries into bin/.

@@ -99,6 +99,9 @@ type DatasetReconciler struct {
 	// Syncer syncs the workers' mounts of a Dataset with its source (spec.sync, or the
 	// sync-requested annotation); nil, with no master, fails every sync and says why.
 	Syncer DatasetSyncer
+	// Reports makes the block reports users ask for (the block-report-requested annotation);
+	// nil, with no master, answers each with why there is none.
+	Reports BlockReporter
 	// SyncCounter, if set, counts the syncs by result.
 	SyncCounter *prometheus.CounterVec
 	// ReachCheck is how often a source whose listing stands is checked to answer at all
@@ -137,13 +140,14 @@ const usageRefresh = 30 * time.Second
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;list;watch
-// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=create;update
 // +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;update
 
 // Reconcile runs the deletion or the normal path of one Dataset.
 func (r *DatasetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -205,7 +209,7 @@ func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alph
 	}
 	// A sync runs before the probe, so that the status counts the tree the mounts now show.
 	var syncRequeue time.Duration
-	if problem == nil && readsStores(ds) {
+	if problem == nil && ds.ReadsStores() {
 		var synced bool
 		if syncRequeue, synced = r.syncMounts(ctx, ds); synced {
 			r.probes.forget(ds.UID)
@@ -255,6 +259,9 @@ func (r *DatasetReconciler) reconcileServing(ctx context.Context, ds *datav1alph
 	}
 	ds.Status.MountPaths = mountPaths(ds)
 	setSourceReachable(ds, summary, outage, problem)
+	if err := r.answerBlockReport(ctx, ds, pool, problem); err != nil {
+		return ctrl.Result{}, err
+	}
 	var result ctrl.Result
 	switch {
 	case target != nil && target.Status != metav1.ConditionTrue:
@@ -671,7 +678,7 @@ func (r *DatasetReconciler) reconcileDelete(ctx context.Context, ds *datav1alpha
 // cannot be told keeps its copy, which no mount reads again: said in the log and an event, not
 // worth holding the deletion for.
 func (r *DatasetReconciler) forgetListings(ctx context.Context, ds *datav1alpha1.Dataset) {
-	if r.Syncer == nil || !readsStores(ds) {
+	if r.Syncer == nil || !ds.ReadsStores() {
 		return
 	}
 	if err := r.Syncer.ForgetDataset(ctx, ds.Spec.TierPoolName, string(ds.UID)); err != nil {

@@ -60,18 +60,7 @@ var _ = Describe("The Dataset reconciler", func() {
 	// s3Dataset reads the prefix <namespace>/<name>/ of the suite's MinIO, where it puts two
 	// objects, with the credentials of the Secret "creds".
 	s3Dataset := func(name string) *datav1alpha1.Dataset {
-		s3.Put(GinkgoT(), "datasets", namespace+"/"+name+"/a.bin", make([]byte, 1000))
-		s3.Put(GinkgoT(), "datasets", namespace+"/"+name+"/dir/b.bin", make([]byte, 3*1024*1024))
-		return &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://datasets/" + namespace + "/" + name + "/", Endpoint: "http://" + s3.Endpoint,
-					SecretRef: &datav1alpha1.SecretReference{Name: "creds"},
-				},
-				TierPoolName: poolName,
-			},
-		}
+		return s3DatasetOf(namespace, name, poolName, map[string]int{"a.bin": 1000, "dir/b.bin": 3 * 1024 * 1024})
 	}
 	createCredentials := func(secretKey string) {
 		Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: namespace},
@@ -529,7 +518,7 @@ var _ = Describe("The Dataset reconciler", func() {
 			var cond metav1.Condition
 			Eventually(func(g Gomega) {
 				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-				c := meta.FindStatusCondition(ds.Status.Conditions, ConditionPreloaded)
+				c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionPreloaded)
 				g.Expect(c).NotTo(BeNil())
 				g.Expect(c.Reason).To(Equal(reason))
 				g.Expect(ds.Status.Phase).To(Equal(phase))
@@ -550,7 +539,7 @@ var _ = Describe("The Dataset reconciler", func() {
 		ds := s3Dataset("warm")
 		ds.Spec.Preload = true
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
-		cond := preloaded(ds, ReasonPreloading, datav1alpha1.DatasetLoading)
+		cond := preloaded(ds, datav1alpha1.ReasonPreloading, datav1alpha1.DatasetLoading)
 		Expect(cond.Message).To(ContainSubstring("kubectl -n " + namespace + " logs job/warm-preload"))
 
 		job := &batchv1.Job{}
@@ -567,15 +556,15 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(pod.Volumes).To(ConsistOf(HaveField("VolumeSource.PersistentVolumeClaim.ClaimName", "warm")))
 
 		endJob(ds, true)
-		preloaded(ds, ReasonPreloaded, datav1alpha1.DatasetReady)
+		preloaded(ds, datav1alpha1.ReasonPreloaded, datav1alpha1.DatasetReady)
 
 		failing := s3Dataset("cold")
 		failing.Spec.Preload = true
 		Expect(k8sClient.Create(ctx, failing)).To(Succeed())
-		preloaded(failing, ReasonPreloading, datav1alpha1.DatasetLoading)
+		preloaded(failing, datav1alpha1.ReasonPreloading, datav1alpha1.DatasetLoading)
 		endJob(failing, false)
-		cond = preloaded(failing, ReasonPreloadFailed, datav1alpha1.DatasetReady)
-		Expect(cond.Message).To(And(ContainSubstring("BackoffLimitExceeded"), ContainSubstring("delete the Job to try again")))
+		cond = preloaded(failing, datav1alpha1.ReasonPreloadFailed, datav1alpha1.DatasetReady)
+		Expect(cond.Message).To(And(ContainSubstring("BackoffLimitExceeded"), ContainSubstring("kubectl strata -n "+namespace+" load cold")))
 	})
 
 	It("refuses a file:// source outside the TierPool's fileSourceRoots", func() {

@@ -17,17 +17,9 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 )
 
-// ConditionPreloaded says whether a Dataset with spec.preload has been read once, so that its
-// node's worker holds all of it.
-const ConditionPreloaded = "Preloaded"
-
-// Reasons of the Preloaded condition.
-const (
-	ReasonPreloading          = "Preloading"
-	ReasonPreloaded           = "Preloaded"
-	ReasonPreloadFailed       = "PreloadFailed"
-	ReasonPreloadNotAvailable = "PreloadNotAvailable"
-)
+// annotationJobLoadRequest is the annotation of a preload Job that says which load request
+// (the Dataset's load-requested annotation) it answers.
+const annotationJobLoadRequest = "data.strata.dev/load-request"
 
 // WorkerImage is the image of the worker binary, which the operator also runs in Datasets'
 // namespaces: as `worker preload`, a Job that mounts the Dataset's claim and reads every file,
@@ -44,20 +36,23 @@ type WorkerImage struct {
 // carry in their job-name label.
 func preloadJobName(ds *datav1alpha1.Dataset) string { return childName(ds, "-preload") }
 
-// preloadCondition runs a Dataset's preload once per generation and says how it went; nil when
-// the Dataset asks for none. It is called once the Dataset's claim can be served.
+// preloadCondition runs a Dataset's preload and says how it went: once per generation for a
+// Dataset with spec.preload, and again for each new value of its load-requested annotation
+// (which also loads a Dataset without spec.preload). nil when the Dataset asks for none. It
+// is called once the Dataset's claim can be served.
 func (r *DatasetReconciler) preloadCondition(ctx context.Context, ds *datav1alpha1.Dataset) (*metav1.Condition, error) {
-	if !ds.Spec.Preload {
+	request := ds.Annotations[datav1alpha1.AnnotationLoadRequested]
+	if !ds.Spec.Preload && request == "" {
 		return nil, nil
 	}
-	cond := &metav1.Condition{Type: ConditionPreloaded, Status: metav1.ConditionFalse, ObservedGeneration: ds.Generation}
-	if done := meta.FindStatusCondition(ds.Status.Conditions, ConditionPreloaded); done != nil &&
-		done.Status == metav1.ConditionTrue && done.ObservedGeneration == ds.Generation {
+	cond := &metav1.Condition{Type: datav1alpha1.ConditionPreloaded, Status: metav1.ConditionFalse, ObservedGeneration: ds.Generation}
+	if done := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionPreloaded); done != nil &&
+		done.Status == metav1.ConditionTrue && done.ObservedGeneration == ds.Generation && ds.Status.LoadRequest == request {
 		// Read once already: nothing to do, even if its Job has gone since.
 		return done.DeepCopy(), nil
 	}
 	if r.WorkerImage.Image == "" {
-		cond.Reason = ReasonPreloadNotAvailable
+		cond.Reason = datav1alpha1.ReasonPreloadNotAvailable
 		cond.Message = "the operator was started without a worker image (--worker-image), so it cannot preload: pods still read the Dataset, cold"
 		return cond, nil
 	}
@@ -65,14 +60,24 @@ func (r *DatasetReconciler) preloadCondition(ctx context.Context, ds *datav1alph
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: preloadJobName(ds)}, job)
 	switch {
 	case apierrors.IsNotFound(err):
-		if err := r.createPreloadJob(ctx, ds); err != nil {
+		if err := r.createPreloadJob(ctx, ds, request); err != nil {
 			return nil, err
 		}
-		cond.Reason = ReasonPreloading
+		cond.Reason = datav1alpha1.ReasonPreloading
 		cond.Message = fmt.Sprintf("reading every file of the Dataset once through its claim: see `kubectl -n %s logs job/%s`", ds.Namespace, preloadJobName(ds))
 		return cond, nil
 	case err != nil:
 		return nil, fmt.Errorf("reading preload Job %s/%s: %w", ds.Namespace, preloadJobName(ds), err)
+	}
+	if job.Annotations[annotationJobLoadRequest] != request {
+		// The Job read the Dataset for an earlier request: a new one starts once it is gone
+		// (its deletion brings the Dataset back here).
+		if err := r.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return nil, fmt.Errorf("deleting the preload Job %s/%s of an earlier load request: %w", ds.Namespace, job.Name, err)
+		}
+		cond.Reason = datav1alpha1.ReasonPreloading
+		cond.Message = fmt.Sprintf("loading the Dataset again, as asked (%s=%q): the Job of the last load is being replaced", datav1alpha1.AnnotationLoadRequested, request)
+		return cond, nil
 	}
 	for _, c := range job.Status.Conditions {
 		if c.Status != corev1.ConditionTrue {
@@ -80,28 +85,31 @@ func (r *DatasetReconciler) preloadCondition(ctx context.Context, ds *datav1alph
 		}
 		switch c.Type {
 		case batchv1.JobComplete:
-			cond.Status, cond.Reason = metav1.ConditionTrue, ReasonPreloaded
+			ds.Status.LoadRequest = request
+			cond.Status, cond.Reason = metav1.ConditionTrue, datav1alpha1.ReasonPreloaded
 			cond.Message = "every file was read once through the Dataset's claim; the workers hold it (see status.cachedPercentage)"
 			return cond, nil
 		case batchv1.JobFailed:
-			cond.Reason = ReasonPreloadFailed
-			cond.Message = fmt.Sprintf("the preload Job %s failed (%s: %s): see `kubectl -n %s logs job/%s`; delete the Job to try again",
-				job.Name, c.Reason, c.Message, ds.Namespace, job.Name)
+			cond.Reason = datav1alpha1.ReasonPreloadFailed
+			cond.Message = fmt.Sprintf("the preload Job %s failed (%s: %s): see `kubectl -n %s logs job/%s`; `kubectl strata -n %s load %s` (or deleting the Job) tries again",
+				job.Name, c.Reason, c.Message, ds.Namespace, job.Name, ds.Namespace, ds.Name)
 			return cond, nil
 		}
 	}
-	cond.Reason = ReasonPreloading
+	cond.Reason = datav1alpha1.ReasonPreloading
 	cond.Message = fmt.Sprintf("reading every file of the Dataset once through its claim: see `kubectl -n %s logs job/%s`", ds.Namespace, job.Name)
 	return cond, nil
 }
 
 // createPreloadJob creates the Job that reads a Dataset once. It runs as a tenant's pod would:
-// in the Dataset's namespace, with the claim read-only, as a user without privileges.
-func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alpha1.Dataset) error {
+// in the Dataset's namespace, with the claim read-only, as a user without privileges. The
+// request is the load request it answers (empty for spec.preload's).
+func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alpha1.Dataset, request string) error {
 	labels := datasetLabels(ds)
 	labels["app.kubernetes.io/component"] = "preload"
 	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: preloadJobName(ds), Namespace: ds.Namespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: preloadJobName(ds), Namespace: ds.Namespace, Labels: labels,
+			Annotations: map[string]string{annotationJobLoadRequest: request}},
 		Spec: batchv1.JobSpec{
 			BackoffLimit: ptr.To[int32](2),
 			Template: corev1.PodTemplateSpec{
@@ -146,6 +154,6 @@ func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alph
 	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating preload Job %s/%s: %w", job.Namespace, job.Name, err)
 	}
-	r.Recorder.Eventf(ds, corev1.EventTypeNormal, ReasonPreloading, "created Job %s to read the Dataset once", job.Name)
+	r.Recorder.Eventf(ds, corev1.EventTypeNormal, datav1alpha1.ReasonPreloading, "created Job %s to read the Dataset once", job.Name)
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/humanize"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
@@ -35,12 +36,12 @@ func setDatasetStatus(ds *datav1alpha1.Dataset, p *problem, serving, preloaded *
 		meta.SetStatusCondition(&ds.Status.Conditions, *preloaded)
 	} else if ready.Status == metav1.ConditionTrue {
 		// No preload asked for (any more); a Dataset not yet servable keeps what it had.
-		meta.RemoveStatusCondition(&ds.Status.Conditions, ConditionPreloaded)
+		meta.RemoveStatusCondition(&ds.Status.Conditions, datav1alpha1.ConditionPreloaded)
 	}
 	switch {
 	case ready.Status != metav1.ConditionTrue:
 		ds.Status.Phase = datav1alpha1.DatasetPending
-	case preloaded != nil && preloaded.Reason == ReasonPreloading:
+	case preloaded != nil && preloaded.Reason == datav1alpha1.ReasonPreloading:
 		// Servable already, and being read once so that pods find it warm.
 		ds.Status.Phase = datav1alpha1.DatasetLoading
 	default:
@@ -82,13 +83,13 @@ func setUsage(ds *datav1alpha1.Dataset, usage *masterpb.DatasetUsage) {
 		// An output has no source to probe: its files are those written so far.
 		ds.Status.TotalBytes = usage.GetTotalBytes()
 		ds.Status.Files = int64(usage.GetFiles())
-		ds.Status.Size = humanBytes(usage.GetTotalBytes())
+		ds.Status.Size = humanize.Bytes(usage.GetTotalBytes())
 	}
 	ds.Status.CheckpointedBytes = usage.GetCheckpointedBytes()
 	ds.Status.CachedBytes = usage.GetCachedBytes()
 	ds.Status.CachedPercentage = ""
 	if total := ds.Status.TotalBytes; total > 0 {
-		ds.Status.CachedPercentage = fmt.Sprintf("%d%%", min(100, usage.GetCachedBytes()*100/total))
+		ds.Status.CachedPercentage = humanize.Percent(usage.GetCachedBytes(), total)
 	}
 	ds.Status.Tiers = nil
 	for _, t := range usage.GetTiers() {
@@ -110,7 +111,7 @@ func setSourceSummary(ds *datav1alpha1.Dataset, sum *sourceSummary) {
 	}
 	ds.Status.Files = sum.files
 	ds.Status.TotalBytes = sum.bytes
-	ds.Status.Size = humanBytes(sum.bytes)
+	ds.Status.Size = humanize.Bytes(sum.bytes)
 	ds.Status.LeftOutObjects = int64(len(sum.leftOut))
 	ds.Status.LeftOut = nil
 	for _, o := range sum.leftOut[:min(len(sum.leftOut), maxLeftOutNamed)] {
@@ -148,22 +149,6 @@ func setSourceReachable(ds *datav1alpha1.Dataset, probed *sourceSummary, outage,
 	}
 }
 
-// humanBytes writes n in binary units with one decimal, as `kubectl get` readers expect.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	v, suffix := float64(n)/unit, "Ki"
-	for _, s := range []string{"Mi", "Gi", "Ti", "Pi"} {
-		if v < unit {
-			break
-		}
-		v, suffix = v/unit, s
-	}
-	return fmt.Sprintf("%.1f%s", v, suffix)
-}
-
 // setCheckpointTarget records an output's CheckpointTargetReachable condition, or removes it
 // from a Dataset that has no spec.checkpoint (any more).
 func setCheckpointTarget(ds *datav1alpha1.Dataset, cond *metav1.Condition) {
@@ -182,7 +167,7 @@ func setMountedView(ds *datav1alpha1.Dataset, view *DatasetView) {
 	}
 	ds.Status.Files = view.Files
 	ds.Status.TotalBytes = view.Bytes
-	ds.Status.Size = humanBytes(view.Bytes)
+	ds.Status.Size = humanize.Bytes(view.Bytes)
 }
 
 // setSyncFailed records a sync that did not reach every mount in the Synced condition, and

@@ -42,12 +42,6 @@ func datasetStores(ds *datav1alpha1.Dataset) []storeRef {
 	return refs
 }
 
-// readsStores says whether ds is read from under-stores (spec.source or spec.mounts), rather
-// than written by a Lineage.
-func readsStores(ds *datav1alpha1.Dataset) bool {
-	return ds.Spec.Source != nil || len(ds.Spec.Mounts) > 0
-}
-
 // readsClaims says whether a store of ds is a claim, read through a claim server.
 func readsClaims(ds *datav1alpha1.Dataset) bool {
 	for _, ref := range datasetStores(ds) {

@@ -63,6 +63,37 @@ type syncingWorker struct {
 	shows *workerpb.DescribeDatasetResponse
 	// forgotten are the UIDs of the deleted Datasets the worker was told of.
 	forgotten []string
+	// tree is what its mount shows, for GetListing; nil: it mounts nothing.
+	tree []*workerpb.ListedObject
+	// kept is the listing it keeps of a Dataset it does not mount any more; nil: none.
+	kept []*workerpb.ListedObject
+}
+
+// keep makes the worker keep a listing of tree, with no mount.
+func (w *syncingWorker) keep(tree ...*workerpb.ListedObject) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.kept = append([]*workerpb.ListedObject{}, tree...)
+}
+
+// mount makes the worker's mount show tree (GetListing of a mounted Dataset).
+func (w *syncingWorker) mount(tree ...*workerpb.ListedObject) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.tree = append([]*workerpb.ListedObject{}, tree...)
+}
+
+func (w *syncingWorker) GetListing(req *workerpb.GetListingRequest, stream workerpb.Worker_GetListingServer) error {
+	w.mu.Lock()
+	tree := w.tree
+	if tree == nil && !req.GetMountedOnly() {
+		tree = w.kept
+	}
+	w.mu.Unlock()
+	if tree == nil {
+		return status.Errorf(codes.NotFound, "no listing of Dataset %s here (mounted only: %v)", req.GetUid(), req.GetMountedOnly())
+	}
+	return stream.Send(&workerpb.GetListingResponse{TakenUnixNano: time.Now().UnixNano(), Objects: tree})
 }
 
 func (w *syncingWorker) SyncDataset(_ context.Context, req *workerpb.SyncDatasetRequest) (*workerpb.SyncDatasetResponse, error) {
@@ -113,6 +144,15 @@ func (w *syncingWorker) callCount() int {
 	return len(w.calls)
 }
 
+type listingService struct {
+	workerpb.UnimplementedWorkerServer
+	w *syncingWorker
+}
+
+func (s listingService) GetListing(req *workerpb.GetListingRequest, stream workerpb.Worker_GetListingServer) error {
+	return s.w.GetListing(req, stream)
+}
+
 type syncService struct {
 	workerpb.UnimplementedDatasetSyncServer
 	w *syncingWorker
@@ -134,6 +174,7 @@ func startSyncingWorker(pool, node string) *syncingWorker {
 	srv := grpc.NewServer(append([]grpc.ServerOption{creds.ServerOption()}, authorizer.ServerOptions()...)...)
 	w := &syncingWorker{answer: &workerpb.SyncDatasetResponse{}, shows: &workerpb.DescribeDatasetResponse{}}
 	workerpb.RegisterDatasetSyncServer(srv, syncService{w: w})
+	workerpb.RegisterWorkerServer(srv, listingService{w: w})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	Expect(err).NotTo(HaveOccurred())
 	served := make(chan struct{})
@@ -168,17 +209,7 @@ var _ = Describe("Syncing a Dataset's mounts with its source", func() {
 	})
 
 	dataset := func(name string) *datav1alpha1.Dataset {
-		s3.Put(GinkgoT(), "datasets", namespace+"/"+name+"/a.bin", make([]byte, 1000))
-		ds := &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Source: &datav1alpha1.DatasetSource{
-					URI: "s3://datasets/" + namespace + "/" + name + "/", Endpoint: "http://" + s3.Endpoint,
-					SecretRef: &datav1alpha1.SecretReference{Name: "creds"},
-				},
-				TierPoolName: poolName,
-			},
-		}
+		ds := s3DatasetOf(namespace, name, poolName, map[string]int{"a.bin": 1000})
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
 		// Served (no CSI driver in envtest is the only thing missing): syncs may run.
 		Eventually(func(g Gomega) {

@@ -32,7 +32,7 @@ type viewRecord struct {
 // once a reachCheck; nil when no node mounts it (or the workers cannot be asked, and never
 // answered before), and the status then counts the operator's own listing.
 func (r *DatasetReconciler) mountedView(ctx context.Context, ds *datav1alpha1.Dataset) *DatasetView {
-	if r.Syncer == nil || !readsStores(ds) || ds.Status.PersistentVolumeClaimName == "" {
+	if r.Syncer == nil || !ds.ReadsStores() || ds.Status.PersistentVolumeClaimName == "" {
 		return nil
 	}
 	now := time.Now()

@@ -39,11 +39,3 @@ func TestProbeMemoReusesAProbeOnlyForTheSameSpecAndSecret(t *testing.T) {
 	_, ok := m.get("uid", 3, "v1", at)
 	NewWithT(t).Expect(ok).To(BeFalse(), "a deleted Dataset's probe is forgotten")
 }
-
-func TestHumanBytes(t *testing.T) {
-	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1024: "1.0Ki", 3<<20 + 1000: "3.0Mi", 5 << 40: "5.0Ti"} {
-		if got := humanBytes(n); got != want {
-			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-}

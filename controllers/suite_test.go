@@ -222,6 +222,9 @@ var _ = BeforeSuite(func() {
 	}
 	Expect(workerReconciler.SetupWithManager(mgr)).To(Succeed())
 	testCA = pkitest.New(GinkgoT())
+	syncs := &WorkerSyncs{Workers: syncWorkers, Peers: dataplane.NewPeers(
+		testCA.Credentials(GinkgoT(), pki.Operator()).DialOption(pki.RoleWorker),
+	)}
 	Expect((&DatasetReconciler{
 		Client:              mgr.GetClient(),
 		Recorder:            mgr.GetEventRecorderFor("strata-operator"),
@@ -231,9 +234,8 @@ var _ = BeforeSuite(func() {
 		OpenSource:          openSourceWithHiddenKeys,
 		// Every reconcile checks that a source answers: specs make sources unreachable.
 		ReachCheck: time.Nanosecond,
-		Syncer: &WorkerSyncs{Workers: syncWorkers, Peers: dataplane.NewPeers(
-			testCA.Credentials(GinkgoT(), pki.Operator()).DialOption(pki.RoleWorker),
-		)},
+		Syncer:     syncs,
+		Reports:    &MasterBlockReports{Master: lineageMaster, Trees: syncs},
 		ClaimServerTLS: &ClaimServerTLS{
 			CA: testCA.CA, Client: understore.ClaimClientTLS(testCA.Credentials(GinkgoT(), pki.Operator())),
 		},
@@ -264,3 +266,22 @@ var _ = AfterSuite(func() {
 		Expect(testEnv.Stop()).To(Succeed())
 	}
 })
+
+// s3DatasetOf is a Dataset of the prefix <namespace>/<name>/ of the suite's MinIO, into which it
+// puts the objects given (path → size, zeros), read with the Secret "creds" of the namespace.
+// The caller creates it.
+func s3DatasetOf(namespace, name, pool string, objects map[string]int) *datav1alpha1.Dataset {
+	for p, size := range objects {
+		s3.Put(GinkgoT(), "datasets", namespace+"/"+name+"/"+p, make([]byte, size))
+	}
+	return &datav1alpha1.Dataset{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: datav1alpha1.DatasetSpec{
+			Source: &datav1alpha1.DatasetSource{
+				URI: "s3://datasets/" + namespace + "/" + name + "/", Endpoint: "http://" + s3.Endpoint,
+				SecretRef: &datav1alpha1.SecretReference{Name: "creds"},
+			},
+			TierPoolName: pool,
+		},
+	}
+}

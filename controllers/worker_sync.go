@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/listings"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -131,4 +133,52 @@ func (w *WorkerSyncs) DescribeDataset(ctx context.Context, pool, uid string) (Da
 		return DatasetView{}, false, errors.Join(errs...)
 	}
 	return DatasetView{}, false, nil
+}
+
+// Tree implements DatasetTrees: the tree the first worker of the pool, in order, that mounts
+// the Dataset shows; when none mounts it, the newest listing a worker keeps of it (the tree its
+// next mount starts from). Workers that cannot be asked are passed over; when none has a
+// listing, errNotListed, joined with why the others could not say.
+func (w *WorkerSyncs) Tree(ctx context.Context, pool, uid string) ([]understore.ObjectInfo, error) {
+	addrs, ids, err := w.liveWorkers(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	listing := func(id string, mountedOnly bool) (listings.Listing, bool) {
+		lctx, cancel := context.WithTimeout(ctx, syncCallTimeout)
+		defer cancel()
+		l, err := w.Peers.GetListing(lctx, addrs[id], uid, mountedOnly)
+		switch {
+		case errors.Is(err, listings.ErrNotFound):
+			return l, false
+		case err != nil:
+			errs = append(errs, fmt.Errorf("worker %s: %w", id, err))
+			return l, false
+		}
+		return l, true
+	}
+	for _, id := range ids {
+		if l, ok := listing(id, true); ok {
+			return nonNil(l.Objects), nil
+		}
+	}
+	var newest *listings.Listing
+	for _, id := range ids {
+		if l, ok := listing(id, false); ok && (newest == nil || l.Taken.After(newest.Taken)) {
+			newest = &l
+		}
+	}
+	if newest != nil {
+		return nonNil(newest.Objects), nil
+	}
+	return nil, errors.Join(append([]error{errNotListed}, errs...)...)
+}
+
+// nonNil is objects, empty rather than nil: an empty tree is a tree.
+func nonNil(objects []understore.ObjectInfo) []understore.ObjectInfo {
+	if objects == nil {
+		return []understore.ObjectInfo{}
+	}
+	return objects
 }

@@ -6,14 +6,22 @@
 # pod on the other node that reads the last output, retrying until it is back, reads it whole,
 # recomputed from lineage while the node stays down. The node starts again at the end.
 #
-# Environment (set by the Makefile): KUBECTL, KUBE_CONTEXT, TESTKIT_IMAGE. Needs docker (the
-# Kind nodes are its containers).
+# Along the way, `kubectl strata` (bin/kubectl-strata) shows where each file's blocks are and
+# the pipeline as it runs.
+#
+# Environment (set by the Makefile): KUBECTL, KUBECTL_STRATA, KUBE_CONTEXT, TESTKIT_IMAGE. Needs
+# docker (the Kind nodes are its containers).
 set -euo pipefail
-: "${KUBECTL:?}" "${KUBE_CONTEXT:?}" "${TESTKIT_IMAGE:?}"
+: "${KUBECTL:?}" "${KUBECTL_STRATA:?}" "${KUBE_CONTEXT:?}" "${TESTKIT_IMAGE:?}"
 ns=strata-demo
 endpoint=http://minio.minio.svc:9000
 keys=images/cat.jpg,images/dog.jpg,labels/all.csv
 kubectl() { "$KUBECTL" --context "$KUBE_CONTEXT" "$@"; }
+# strata runs `kubectl strata` in the demo namespace, shown as a user would type it.
+strata() {
+  printf '$ kubectl strata %s\n' "$*"
+  "$KUBECTL_STRATA" --context "$KUBE_CONTEXT" -n "$ns" "$@"
+}
 say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 
 # run_testkit NAME ARGS... runs testkit in a pod of the demo namespace and prints its output.
@@ -115,8 +123,9 @@ echo "$read"
 strip() { jq -c '{key, bytes, sha256}' | sort; }
 if [ "$(echo "$written" | strip)" = "$(echo "$read" | strip)" ]; then
   say "Every byte the pod read matches what was written to S3."
-  say "6. The Dataset, as kubectl shows it (preloaded, so cached before the pod read it)"
+  say "6. The Dataset, as kubectl shows it (preloaded, so cached before the pod read it), and where its blocks are"
   kubectl -n "$ns" get dataset pictures
+  strata ls pictures
 else
   echo "MISMATCH between the objects written and the files the pod read" >&2
   exit 1
@@ -190,6 +199,8 @@ kubectl -n "$ns" get datasets thumbnails index -o wide
 for d in thumbnails index; do
   echo "$d lives on: $(kubectl -n "$ns" get dataset "$d" -o jsonpath='{.status.nodes[*].node}'), in memory, and nowhere else (no checkpoint)"
 done
+strata lineage
+strata ls index
 
 say "8. $writer stops (docker stop): the outputs in its memory are gone (the master notices within a minute)"
 docker stop "$writer" >/dev/null
@@ -221,6 +232,7 @@ if [ "$(echo "$written" | strip)" != "$(echo "$recomputed" | strip)" ]; then
 fi
 say "Every byte of the recomputed index matches what was written to S3, read by a pod that never restarted."
 kubectl -n "$ns" get lineages -o custom-columns="$lineage_columns"
+strata ls index
 
 say "10. $writer starts again"
 docker start "$writer" >/dev/null

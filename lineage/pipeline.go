@@ -76,6 +76,30 @@ func (p *Pipeline) Cycle(step string) []string {
 	return walk(step, []string{step})
 }
 
+// Levels says, for each step, how many steps stand before it on its longest chain of producers: 0 for a step
+// that reads only under-stores. A step on a cycle, or downstream of one, has LevelCycle.
+func (p *Pipeline) Levels() map[string]int {
+	level := func(_ string, ups []int) int {
+		l := 0
+		for _, up := range ups {
+			if up == LevelCycle {
+				return LevelCycle
+			}
+			l = max(l, up+1)
+		}
+		return l
+	}
+	e := newEvaluation(p.upstream, level, LevelCycle)
+	out := make(map[string]int, len(p.steps))
+	for _, name := range p.order {
+		out[name] = e.of(name)
+	}
+	return out
+}
+
+// LevelCycle is the level of a step that a cycle of steps stands before (see Levels).
+const LevelCycle = -1
+
 // Files is the graph of the pipeline's output files, each computed from its step's inputs;
 // ended says which end every chain as a checkpoint does (checkpointed, or not written yet), for
 // Graph.Depth.

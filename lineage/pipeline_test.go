@@ -79,6 +79,22 @@ func TestStagesCountTheStepsBeforeEachRuns(t *testing.T) {
 	}
 }
 
+func TestLevelsCountTheProducersBeforeEachStep(t *testing.T) {
+	steps := []Step{
+		{Name: "c", Inputs: in("y", "raw"), Outputs: in("z")},
+		{Name: "a", Inputs: in("raw"), Outputs: in("x")},
+		{Name: "b", Inputs: in("x"), Outputs: in("y")},
+		{Name: "side", Inputs: in("x", "raw2"), Outputs: in("s")},
+		{Name: "loop1", Inputs: in("l2"), Outputs: in("l1")},
+		{Name: "loop2", Inputs: in("l1"), Outputs: in("l2")},
+		{Name: "after-loop", Inputs: in("l2"), Outputs: in("w")},
+	}
+	NewWithT(t).Expect(NewPipeline(steps).Levels()).To(Equal(map[string]int{
+		"a": 0, "b": 1, "c": 2, "side": 1,
+		"loop1": LevelCycle, "loop2": LevelCycle, "after-loop": LevelCycle,
+	}))
+}
+
 func TestTheFilesOfAPipelineChainThroughItsSteps(t *testing.T) {
 	g := NewWithT(t)
 	p := NewPipeline([]Step{

@@ -30,9 +30,36 @@ const (
 	ConditionSynced = "Synced"
 )
 
+// ConditionPreloaded says whether a Dataset with spec.preload, or a load request, has been read
+// once, so that its pool's workers hold all of it.
+const ConditionPreloaded = "Preloaded"
+
+// Reasons of the Preloaded condition.
+const (
+	ReasonPreloading          = "Preloading"
+	ReasonPreloaded           = "Preloaded"
+	ReasonPreloadFailed       = "PreloadFailed"
+	ReasonPreloadNotAvailable = "PreloadNotAvailable"
+)
+
 // AnnotationSyncRequested is the annotation that asks for a sync of a Dataset's mounts with its
 // source now, whenever it is set to a new value (a timestamp, say).
 const AnnotationSyncRequested = "data.strata.dev/sync-requested"
+
+// AnnotationBlockReportRequested asks the operator, whenever it is set to a new value, where the
+// blocks of a Dataset's files are: it writes the answer to a ConfigMap of the Dataset's
+// namespace, which status.blockReport names (`kubectl strata ls` and `du` ask this way, so a
+// user needs no access to Strata's own components). AnnotationBlockReportDir, if set, narrows
+// the report to one folder of the Dataset's tree ("raw/2024").
+const (
+	AnnotationBlockReportRequested = "data.strata.dev/block-report-requested"
+	AnnotationBlockReportDir       = "data.strata.dev/block-report-dir"
+)
+
+// AnnotationLoadRequested asks, whenever it is set to a new value, that a Dataset be read once
+// more into the cache by a preload Job (see DatasetSpec.Preload), as after a sync or eviction;
+// status.loadRequest says which request the last finished preload answered.
+const AnnotationLoadRequested = "data.strata.dev/load-requested"
 
 // Watermarks bound how full a tier may get. When the used share of a tier's quota passes High,
 // blocks are moved down (or, from the last tier, dropped when that is safe) until it falls to Low.

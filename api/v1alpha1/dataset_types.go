@@ -51,7 +51,8 @@ type DatasetSpec struct {
 	TierPoolName string `json:"tierPoolName,omitempty"`
 
 	// Preload loads the whole Dataset into the cache as soon as it is created, instead of on
-	// first read. Progress shows in status.cachedPercentage.
+	// first read. Progress shows in status.cachedPercentage. The data.strata.dev/load-requested
+	// annotation loads it again, and loads a Dataset without preload once.
 	// +optional
 	Preload bool `json:"preload,omitempty"`
 
@@ -387,6 +388,47 @@ type DatasetStatus struct {
 	// request); the Synced condition says whether the last one failed, and why.
 	// +optional
 	Sync *DatasetSyncStatus `json:"sync,omitempty"`
+
+	// BlockReport is the operator's answer to the last data.strata.dev/block-report-requested
+	// annotation: where the blocks of the Dataset's files are.
+	// +optional
+	BlockReport *DatasetBlockReportStatus `json:"blockReport,omitempty"`
+
+	// LoadRequest is the value of the data.strata.dev/load-requested annotation that the last
+	// finished preload answered.
+	// +optional
+	LoadRequest string `json:"loadRequest,omitempty"`
+}
+
+// DatasetBlockReportStatus says where the operator wrote the report a user asked for with the
+// data.strata.dev/block-report-requested annotation, or why it could not.
+type DatasetBlockReportStatus struct {
+	// Request is the value of the annotation this report answers.
+	Request string `json:"request"`
+
+	// ConfigMapName is the ConfigMap of the Dataset's namespace that holds the report (its key
+	// report.json); empty when there is none, and Message says why.
+	// +optional
+	ConfigMapName string `json:"configMapName,omitempty"`
+
+	// Dir is the folder of the Dataset's tree the report covers; empty for the whole tree.
+	// +optional
+	Dir string `json:"dir,omitempty"`
+
+	// Time is when the report was made.
+	// +optional
+	Time *metav1.Time `json:"time,omitempty"`
+
+	// Files is how many files the report describes, and TotalFiles how many the folder holds:
+	// fewer are described when a report would outgrow a ConfigMap (ask for a folder then).
+	// +optional
+	Files int64 `json:"files,omitempty"`
+	// +optional
+	TotalFiles int64 `json:"totalFiles,omitempty"`
+
+	// Message says why there is no report, or what it leaves out.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // Dataset is data that Strata caches near the pods that read it: existing data in an
@@ -419,6 +461,12 @@ type DatasetList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []Dataset `json:"items"`
+}
+
+// ReadsStores says whether the Dataset is read from under-stores (spec.source or spec.mounts),
+// rather than written by a Lineage's pods.
+func (ds *Dataset) ReadsStores() bool {
+	return ds.Spec.Source != nil || len(ds.Spec.Mounts) > 0
 }
 
 func init() {

@@ -276,7 +276,9 @@ func run(opts options) error {
 		// certificate as the operator checks theirs.
 		workerPeers := dataplane.NewPeers(ids.creds.DialOption(pki.RoleWorker))
 		defer func() { _ = workerPeers.Close() }()
-		datasets.Syncer = &controllers.WorkerSyncs{Workers: masters, Peers: workerPeers}
+		syncs := &controllers.WorkerSyncs{Workers: masters, Peers: workerPeers}
+		datasets.Syncer = syncs
+		datasets.Reports = &controllers.MasterBlockReports{Master: masters, Trees: syncs}
 		pools.Master = masters
 		pools.Forgetter = masters
 		lineageMaster = masters
