@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -122,4 +123,40 @@ func matches(labels, selector map[string]string) bool {
 		}
 	}
 	return true
+}
+
+func TestUsersOfANamespaceGetStrataWithTheRolesTheyHold(t *testing.T) {
+	g := NewWithT(t)
+	objs, failed := render(t)
+	g.Expect(failed).To(BeEmpty())
+	aggregated := map[string][]string{}
+	for _, role := range ofKind(objs, "ClusterRole") {
+		for label, value := range role.GetLabels() {
+			if value == "true" && strings.HasPrefix(label, "rbac.authorization.k8s.io/aggregate-to-") {
+				aggregated[strings.TrimPrefix(label, "rbac.authorization.k8s.io/aggregate-to-")] = append(
+					aggregated[strings.TrimPrefix(label, "rbac.authorization.k8s.io/aggregate-to-")], role.GetName())
+			}
+		}
+	}
+	g.Expect(aggregated).To(HaveKeyWithValue("edit", ConsistOf("strata-edit")))
+	g.Expect(aggregated).To(HaveKeyWithValue("admin", ConsistOf("strata-edit")))
+	g.Expect(aggregated).To(HaveKeyWithValue("view", ConsistOf("strata-view")))
+	for _, role := range ofKind(objs, "ClusterRole") {
+		if role.GetName() != "strata-edit" {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+		// `kubectl strata` asks the operator with an annotation: patch on Datasets.
+		g.Expect(rules).To(ContainElement(And(
+			HaveKeyWithValue("resources", ContainElement("datasets")), HaveKeyWithValue("verbs", ContainElement("patch")))))
+		// Nothing cluster-scoped: aggregated into admin and edit, it would reach every namespace's
+		// users.
+		g.Expect(rules).NotTo(ContainElement(HaveKeyWithValue("resources", ContainElement("tierpools"))))
+	}
+
+	objs, failed = render(t, "userRoles.aggregate=false")
+	g.Expect(failed).To(BeEmpty())
+	for _, role := range ofKind(objs, "ClusterRole") {
+		g.Expect(role.GetName()).NotTo(HaveSuffix("-edit"))
+	}
 }
