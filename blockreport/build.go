@@ -2,6 +2,7 @@ package blockreport
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -35,10 +36,11 @@ type Request struct {
 	// Dir is the folder of the tree to report, as CleanDir gives it.
 	Dir       string
 	BlockSize int64
-	// Tree is what the Dataset's mounts show, for a Dataset read from stores (a worker that
-	// mounts it gives it). Nil for an output, whose files are the master's.
-	Tree []understore.ObjectInfo
-	// MaxFiles bounds the files described (all are counted).
+	// Tree streams the tree of a Dataset read from stores into visit (the workers give it, one
+	// object at a time: a tree may hold millions). Nil for an output, whose files are the
+	// master's.
+	Tree func(ctx context.Context, visit func(understore.ObjectInfo)) error
+	// MaxFiles bounds the files described, the first in path order (all are counted).
 	MaxFiles int
 }
 
@@ -53,18 +55,17 @@ func Build(ctx context.Context, m Master, req Request) (*Report, error) {
 	if req.BlockSize <= 0 {
 		return nil, fmt.Errorf("block report of %s: the block size is unknown", req.Dataset)
 	}
-	entries, err := req.entries(ctx, m)
-	if err != nil {
-		return nil, err
-	}
 	r := &Report{Dataset: req.Dataset, Dir: req.Dir, Generated: time.Now().UTC(), BlockSize: req.BlockSize, Files: []File{}}
-	for _, e := range entries {
+	first := newFirstEntries(req.MaxFiles)
+	add := func(e entry) {
 		r.TotalFiles++
 		r.TotalBytes += e.size
+		first.add(e)
 	}
-	if req.MaxFiles > 0 && len(entries) > req.MaxFiles {
-		entries = entries[:req.MaxFiles]
+	if err := req.entries(ctx, m, add); err != nil {
+		return nil, err
 	}
+	entries := first.sorted()
 	nodes, err := workerNodes(ctx, m)
 	if err != nil {
 		return nil, err
@@ -79,18 +80,14 @@ func Build(ctx context.Context, m Master, req Request) (*Report, error) {
 	return r, nil
 }
 
-// entries are the files of the folder asked for, in path order.
-func (req *Request) entries(ctx context.Context, m Master) ([]entry, error) {
-	var out []entry
+// entries gives add the files of the folder asked for.
+func (req *Request) entries(ctx context.Context, m Master, add func(entry)) error {
 	if req.Tree != nil {
-		for _, o := range req.Tree {
+		return req.Tree(ctx, func(o understore.ObjectInfo) {
 			if InDir(o.Path, req.Dir) {
-				out = append(out, entry{path: o.Path, size: o.Size,
-					masterPath: locations.MasterPath(path.Join(req.Root, o.Path), o.ETag)})
+				add(entry{path: o.Path, size: o.Size, masterPath: locations.MasterPath(path.Join(req.Root, o.Path), o.ETag)})
 			}
-		}
-		slices.SortFunc(out, func(a, b entry) int { return strings.Compare(a.path, b.path) })
-		return out, nil
+		})
 	}
 	dir := path.Join(req.Root, req.Dir)
 	for after := ""; ; {
@@ -98,20 +95,62 @@ func (req *Request) entries(ctx context.Context, m Master) ([]entry, error) {
 		switch {
 		case status.Code(err) == codes.NotFound:
 			// Nothing written below dir (yet).
-			return out, nil
+			return nil
 		case err != nil:
-			return nil, fmt.Errorf("listing the files of %s at the master: %w", req.Dataset, err)
+			return fmt.Errorf("listing the files of %s at the master: %w", req.Dataset, err)
 		}
 		for _, e := range resp.GetEntries() {
 			if e.GetDir() || e.GetFile() == nil {
 				continue
 			}
-			out = append(out, entry{path: strings.TrimPrefix(e.GetPath(), req.Root+"/"), masterPath: e.GetPath(), size: e.GetFile().GetSize()})
+			add(entry{path: strings.TrimPrefix(e.GetPath(), req.Root+"/"), masterPath: e.GetPath(), size: e.GetFile().GetSize()})
 		}
 		if after = resp.GetNextStartAfter(); after == "" {
-			return out, nil
+			return nil
 		}
 	}
+}
+
+// firstEntries keeps the first max entries in path order of those added in any order: a heap
+// of them whose top is the last kept, so that memory stays bounded however many are added.
+type firstEntries struct {
+	max  int
+	heap []entry
+}
+
+func newFirstEntries(max int) *firstEntries { return &firstEntries{max: max} }
+
+func (f *firstEntries) add(e entry) {
+	if f.max <= 0 {
+		f.heap = append(f.heap, e)
+		return
+	}
+	if len(f.heap) < f.max {
+		heap.Push(f, e)
+		return
+	}
+	if e.path < f.heap[0].path {
+		f.heap[0] = e
+		heap.Fix(f, 0)
+	}
+}
+
+// sorted are the entries kept, in path order.
+func (f *firstEntries) sorted() []entry {
+	out := slices.Clone(f.heap)
+	slices.SortFunc(out, func(a, b entry) int { return strings.Compare(a.path, b.path) })
+	return out
+}
+
+// heap.Interface, the greatest path on top.
+func (f *firstEntries) Len() int           { return len(f.heap) }
+func (f *firstEntries) Less(i, j int) bool { return f.heap[i].path > f.heap[j].path }
+func (f *firstEntries) Swap(i, j int)      { f.heap[i], f.heap[j] = f.heap[j], f.heap[i] }
+func (f *firstEntries) Push(x any)         { f.heap = append(f.heap, x.(entry)) }
+func (f *firstEntries) Pop() any {
+	last := f.heap[len(f.heap)-1]
+	f.heap = f.heap[:len(f.heap)-1]
+	return last
 }
 
 // describe finds where the blocks of e are.

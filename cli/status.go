@@ -41,7 +41,7 @@ func (c *CLI) pools(ctx context.Context) error {
 		return nil
 	}
 	tw := c.table()
-	tw.printf("POOL\tNODES\tREADY\tTIER\tMEDIUM\tUSED\tCAPACITY\tUSE\n")
+	tw.printf("POOL\tWORKERS\tREADY\tTIER\tMEDIUM\tUSED\tCAPACITY\tUSE\n")
 	for _, p := range pools.Items {
 		ready := "False"
 		if cond := meta.FindStatusCondition(p.Status.Conditions, datav1alpha1.ConditionReady); cond != nil {

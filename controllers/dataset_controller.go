@@ -102,6 +102,8 @@ type DatasetReconciler struct {
 	// Reports makes the block reports users ask for (the block-report-requested annotation);
 	// nil, with no master, answers each with why there is none.
 	Reports BlockReporter
+	// ReportCounter, if set, counts the block reports by result.
+	ReportCounter *prometheus.CounterVec
 	// SyncCounter, if set, counts the syncs by result.
 	SyncCounter *prometheus.CounterVec
 	// ReachCheck is how often a source whose listing stands is checked to answer at all

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,10 +44,10 @@ type BlockReporter interface {
 	BlockReport(ctx context.Context, ds *datav1alpha1.Dataset, blockSize int64, dir string, maxFiles int) (*blockreport.Report, error)
 }
 
-// DatasetTrees gives the tree of a Dataset that its pool's workers show (see WorkerSyncs.Tree);
-// errNotListed when none has listed it.
+// DatasetTrees streams into visit the tree of a Dataset that its pool's workers show (see
+// WorkerSyncs.Tree); errNotListed when none has listed it.
 type DatasetTrees interface {
-	Tree(ctx context.Context, pool, uid string) ([]understore.ObjectInfo, error)
+	Tree(ctx context.Context, pool, uid string, visit func(understore.ObjectInfo)) error
 }
 
 // MasterBlockReports is the BlockReporter of a cluster: the master says where blocks are, and
@@ -67,13 +68,29 @@ func (m *MasterBlockReports) BlockReport(ctx context.Context, ds *datav1alpha1.D
 		MaxFiles:  maxFiles,
 	}
 	if ds.ReadsStores() {
-		tree, err := m.Trees.Tree(ctx, ds.Spec.TierPoolName, string(ds.UID))
-		if err != nil {
-			return nil, err
+		req.Tree = func(ctx context.Context, visit func(understore.ObjectInfo)) error {
+			return m.Trees.Tree(ctx, ds.Spec.TierPoolName, string(ds.UID), visit)
 		}
-		req.Tree = tree
 	}
 	return blockreport.Build(ctx, m.Master, req)
+}
+
+// NewBlockReportCounter registers the counter of the block reports the operator answered.
+func NewBlockReportCounter(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "strata_operator_block_reports_total",
+		Help: "Block reports users asked for (kubectl strata ls and du), by result: written (to the Dataset's ConfigMap) or failed (the status says why).",
+	}, []string{"result"})
+	if err := reg.Register(c); err != nil {
+		return nil, fmt.Errorf("registering the block report counter: %w", err)
+	}
+	return c, nil
+}
+
+func (r *DatasetReconciler) countReport(result string) {
+	if r.ReportCounter != nil {
+		r.ReportCounter.WithLabelValues(result).Inc()
+	}
 }
 
 // blockReportName is the ConfigMap a Dataset's block report is written to.
@@ -90,6 +107,7 @@ func (r *DatasetReconciler) answerBlockReport(ctx context.Context, ds *datav1alp
 	}
 	answer := &datav1alpha1.DatasetBlockReportStatus{Request: want}
 	fail := func(msg string) error {
+		r.countReport("failed")
 		answer.Message = msg
 		ds.Status.BlockReport = answer
 		r.Recorder.Event(ds, corev1.EventTypeWarning, ReasonBlockReportFailed, msg)
@@ -134,6 +152,7 @@ func (r *DatasetReconciler) answerBlockReport(ctx context.Context, ds *datav1alp
 			answer.Files, answer.TotalFiles)
 	}
 	ds.Status.BlockReport = answer
+	r.countReport("written")
 	r.Recorder.Eventf(ds, corev1.EventTypeNormal, ReasonBlockReportWritten, "wrote the block report of %d of %d files to ConfigMap %s",
 		answer.Files, answer.TotalFiles, name)
 	return nil

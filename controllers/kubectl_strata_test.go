@@ -9,6 +9,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	appsv1 "k8s.io/api/apps/v1"
@@ -106,7 +107,9 @@ var _ = Describe("kubectl strata", func() {
 		// A block of a version the source replaced is not the file's.
 		cacheAt(ds, "node-b", "ssd", "a.bin", "replaced", 1000, 0)
 
+		written := testutil.ToFloat64(blockReports.WithLabelValues("written"))
 		Expect(plugin.List(ctx, "shown", "")).To(Succeed())
+		Expect(testutil.ToFloat64(blockReports.WithLabelValues("written"))).To(Equal(written+1), "counted")
 		Expect(rows(out)).To(Equal([][]string{
 			{"PATH", "SIZE", "BLOCKS", "CACHED", "WHERE"},
 			{"a.bin", "1000B", "1", "0%", "-"},

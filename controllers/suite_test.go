@@ -60,6 +60,8 @@ var (
 	workerReconciler *WorkerReconciler
 	// testCA issues the certificates of the components the specs play.
 	testCA *pkitest.Authority
+	// blockReports counts the block reports the Dataset reconciler answered.
+	blockReports *prometheus.CounterVec
 	// lineageMaster is a real master the Lineage reconciler reads outputs' state from; specs
 	// lose blocks in it to make outputs Lost.
 	lineageMaster *masterclient.Client
@@ -222,6 +224,8 @@ var _ = BeforeSuite(func() {
 	}
 	Expect(workerReconciler.SetupWithManager(mgr)).To(Succeed())
 	testCA = pkitest.New(GinkgoT())
+	blockReports, err = NewBlockReportCounter(prometheus.NewRegistry())
+	Expect(err).NotTo(HaveOccurred())
 	syncs := &WorkerSyncs{Workers: syncWorkers, Peers: dataplane.NewPeers(
 		testCA.Credentials(GinkgoT(), pki.Operator()).DialOption(pki.RoleWorker),
 	)}
@@ -233,9 +237,10 @@ var _ = BeforeSuite(func() {
 		ClaimServerEndpoint: claimServers.endpoint,
 		OpenSource:          openSourceWithHiddenKeys,
 		// Every reconcile checks that a source answers: specs make sources unreachable.
-		ReachCheck: time.Nanosecond,
-		Syncer:     syncs,
-		Reports:    &MasterBlockReports{Master: lineageMaster, Trees: syncs},
+		ReachCheck:    time.Nanosecond,
+		Syncer:        syncs,
+		Reports:       &MasterBlockReports{Master: lineageMaster, Trees: syncs},
+		ReportCounter: blockReports,
 		ClaimServerTLS: &ClaimServerTLS{
 			CA: testCA.CA, Client: understore.ClaimClientTLS(testCA.Credentials(GinkgoT(), pki.Operator())),
 		},

@@ -139,46 +139,50 @@ func (w *WorkerSyncs) DescribeDataset(ctx context.Context, pool, uid string) (Da
 // the Dataset shows; when none mounts it, the newest listing a worker keeps of it (the tree its
 // next mount starts from). Workers that cannot be asked are passed over; when none has a
 // listing, errNotListed, joined with why the others could not say.
-func (w *WorkerSyncs) Tree(ctx context.Context, pool, uid string) ([]understore.ObjectInfo, error) {
+func (w *WorkerSyncs) Tree(ctx context.Context, pool, uid string, visit func(understore.ObjectInfo)) error {
 	addrs, ids, err := w.liveWorkers(ctx, pool)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var errs []error
-	listing := func(id string, mountedOnly bool) (listings.Listing, bool) {
+	// visited says objects went to visit: a listing that fails after that cannot be taken back,
+	// so the tree fails rather than being given twice.
+	visited := false
+	objects := dataplane.ListingVisitor{Object: func(o understore.ObjectInfo) { visited = true; visit(o) }}
+	// stream streams a worker's listing into v; false if it has none, or failed (said in errs).
+	stream := func(id string, mountedOnly bool, v dataplane.ListingVisitor) bool {
 		lctx, cancel := context.WithTimeout(ctx, syncCallTimeout)
 		defer cancel()
-		l, err := w.Peers.GetListing(lctx, addrs[id], uid, mountedOnly)
-		switch {
-		case errors.Is(err, listings.ErrNotFound):
-			return l, false
-		case err != nil:
+		err := w.Peers.VisitListing(lctx, addrs[id], uid, mountedOnly, v)
+		if err != nil && !errors.Is(err, listings.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("worker %s: %w", id, err))
-			return l, false
 		}
-		return l, true
+		return err == nil
 	}
 	for _, id := range ids {
-		if l, ok := listing(id, true); ok {
-			return nonNil(l.Objects), nil
+		if stream(id, true, objects) {
+			return nil
+		}
+		if visited {
+			return errors.Join(errs...)
 		}
 	}
-	var newest *listings.Listing
+	// No node mounts it: of the listings kept, the newest, asked for their time alone first.
+	var newest string
+	var newestTaken time.Time
 	for _, id := range ids {
-		if l, ok := listing(id, false); ok && (newest == nil || l.Taken.After(newest.Taken)) {
-			newest = &l
-		}
+		stream(id, false, dataplane.ListingVisitor{Taken: func(t time.Time) bool {
+			if newest == "" || t.After(newestTaken) {
+				newest, newestTaken = id, t
+			}
+			return false
+		}})
 	}
-	if newest != nil {
-		return nonNil(newest.Objects), nil
+	if newest != "" && stream(newest, false, objects) {
+		return nil
 	}
-	return nil, errors.Join(append([]error{errNotListed}, errs...)...)
-}
-
-// nonNil is objects, empty rather than nil: an empty tree is a tree.
-func nonNil(objects []understore.ObjectInfo) []understore.ObjectInfo {
-	if objects == nil {
-		return []understore.ObjectInfo{}
+	if visited {
+		return errors.Join(errs...)
 	}
-	return objects
+	return errors.Join(append([]error{errNotListed}, errs...)...)
 }

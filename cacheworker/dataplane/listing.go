@@ -66,33 +66,56 @@ func (s *Server) GetListing(req *workerpb.GetListingRequest, stream workerpb.Wor
 // GetListing fetches the listing the worker at addr keeps of Dataset uid (with mountedOnly,
 // only if it mounts the Dataset now); listings.ErrNotFound if it keeps none.
 func (p *Peers) GetListing(ctx context.Context, addr, uid string, mountedOnly bool) (listings.Listing, error) {
-	stub, err := p.stub(addr)
+	var l listings.Listing
+	err := p.VisitListing(ctx, addr, uid, mountedOnly, ListingVisitor{
+		Taken:  func(t time.Time) bool { l.Taken = t; return true },
+		Object: func(o understore.ObjectInfo) { l.Objects = append(l.Objects, o) },
+	})
 	if err != nil {
 		return listings.Listing{}, err
+	}
+	return l, nil
+}
+
+// ListingVisitor takes a listing as it streams in, so that a caller that needs a part of a
+// large listing never holds all of it: Taken first, with when the listing was taken (false
+// stops the stream there), then Object for each object.
+type ListingVisitor struct {
+	Taken  func(time.Time) bool
+	Object func(understore.ObjectInfo)
+}
+
+// VisitListing streams the listing GetListing fetches into v.
+func (p *Peers) VisitListing(ctx context.Context, addr, uid string, mountedOnly bool, v ListingVisitor) error {
+	stub, err := p.stub(addr)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := stub.GetListing(ctx, &workerpb.GetListingRequest{Uid: uid, MountedOnly: mountedOnly})
 	if err != nil {
-		return listings.Listing{}, listingError(uid, addr, err)
+		return listingError(uid, addr, err)
 	}
-	var l listings.Listing
 	for first := true; ; first = false {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			if first {
-				return listings.Listing{}, fmt.Errorf("the listing of %s from %s is empty, not even its time", uid, addr)
+				return fmt.Errorf("the listing of %s from %s is empty, not even its time", uid, addr)
 			}
-			return l, nil
+			return nil
 		}
 		if err != nil {
-			return listings.Listing{}, listingError(uid, addr, err)
+			return listingError(uid, addr, err)
 		}
-		if first {
-			l.Taken = time.Unix(0, msg.GetTakenUnixNano())
+		if first && v.Taken != nil && !v.Taken(time.Unix(0, msg.GetTakenUnixNano())) {
+			return nil
+		}
+		if v.Object == nil {
+			continue
 		}
 		for _, o := range msg.GetObjects() {
-			l.Objects = append(l.Objects, understore.ObjectInfo{Path: o.GetPath(), Size: o.GetSize(), ModTime: time.Unix(0, o.GetModTimeUnixNano()), ETag: o.GetEtag()})
+			v.Object(understore.ObjectInfo{Path: o.GetPath(), Size: o.GetSize(), ModTime: time.Unix(0, o.GetModTimeUnixNano()), ETag: o.GetEtag()})
 		}
 	}
 }

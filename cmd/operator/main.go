@@ -237,10 +237,15 @@ func run(opts options) error {
 	if err != nil {
 		return err
 	}
+	reportCounter, err := controllers.NewBlockReportCounter(crmetrics.Registry)
+	if err != nil {
+		return err
+	}
 	datasets := &controllers.DatasetReconciler{
-		Client:      mgr.GetClient(),
-		SyncCounter: syncCounter,
-		Recorder:    mgr.GetEventRecorderFor(eventSource),
+		Client:        mgr.GetClient(),
+		SyncCounter:   syncCounter,
+		ReportCounter: reportCounter,
+		Recorder:      mgr.GetEventRecorderFor(eventSource),
 		// Preload Jobs and claim servers run the worker binary.
 		WorkerImage:    controllers.WorkerImage{Image: workerSpec.Image, ImagePullPolicy: workerSpec.ImagePullPolicy},
 		APIReader:      mgr.GetAPIReader(),
