@@ -307,3 +307,43 @@ func heapInUse() uint64 {
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse
 }
+
+// BenchmarkHeartbeat sends workers' heartbeats through the client, side by side: "steady",
+// whose tier usage holds still (the leader keeps them in memory), and "moving", whose usage
+// moves by a tenth of the tier each time (each is a Raft entry, as every heartbeat was before).
+// It reports heartbeats per second and Raft entries per heartbeat.
+func BenchmarkHeartbeat(b *testing.B) {
+	const workers = 100
+	for _, bc := range []struct {
+		name string
+		used func(i int) int64
+	}{
+		{"steady", func(int) int64 { return 100 }},
+		{"moving", func(i int) int64 { return int64(i%2) * 100 }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := background(b)
+			c, cl := newCluster(b)
+			for w := range workers {
+				if _, err := cl.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: fmt.Sprintf("pool/node-%d", w), Node: fmt.Sprintf("node-%d", w)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			leader, err := c.Leader(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			before := leader.Store.AppliedIndex()
+			b.ResetTimer()
+			elapsed := parallel(b, b.N, func(_, i int) error {
+				_, err := cl.Heartbeat(ctx, &masterpb.HeartbeatRequest{
+					Worker: fmt.Sprintf("pool/node-%d", i%workers),
+					Tiers:  []*masterpb.TierUsage{{Tier: "mem", CapacityBytes: 1000, UsedBytes: bc.used(i / workers)}},
+				})
+				return err
+			})
+			reportRate(b, b.N, elapsed)
+			b.ReportMetric(float64(leader.Store.AppliedIndex()-before)/float64(b.N), "entries/op")
+		})
+	}
+}

@@ -18,6 +18,9 @@ type Store interface {
 	LeaderSince() time.Time
 	// Workers reads the workers linearizably.
 	Workers(ctx context.Context) ([]*masterpb.Worker, error)
+	// LastHeartbeat is when this replica, as leader, last heard from a worker: heartbeats are
+	// kept in the leader's memory, not in the log (zero if it has not).
+	LastHeartbeat(worker string) time.Time
 	MarkWorkerLost(ctx context.Context, worker, reason string) (*masterpb.MarkWorkerLostResponse, error)
 }
 
@@ -66,7 +69,8 @@ func (d *Detector) Run(ctx context.Context) error {
 }
 
 // Check runs one pass on the leader and returns the workers it declared lost. A worker's
-// silence is counted from its last heartbeat or from when this replica became leader,
+// silence is counted from its last heartbeat (the leader's memory of it, or the log's) or from
+// when this replica became leader,
 // whichever is later: a new leader gives every worker a full timeout, because heartbeats sent
 // while there was no leader could not be recorded. Losses left half-recorded by a previous
 // leader are finished.
@@ -94,6 +98,9 @@ func (d *Detector) Check(ctx context.Context) ([]string, error) {
 			}
 		case masterpb.WorkerState_WORKER_STATE_ALIVE:
 			base := time.Unix(0, w.LastHeartbeatUnixNano)
+			if heard := d.store.LastHeartbeat(w.Id); heard.After(base) {
+				base = heard
+			}
 			if since.After(base) {
 				base = since
 			}

@@ -13,8 +13,12 @@ type fakeStore struct {
 	leader      bool
 	leaderSince time.Time
 	workers     []*masterpb.Worker
-	marked      []string
+	// heard are the heartbeats in the leader's memory, by worker.
+	heard  map[string]time.Time
+	marked []string
 }
+
+func (f *fakeStore) LastHeartbeat(worker string) time.Time { return f.heard[worker] }
 
 func (f *fakeStore) IsLeader() bool         { return f.leader }
 func (f *fakeStore) LeaderSince() time.Time { return f.leaderSince }
@@ -36,6 +40,7 @@ func TestCheck(t *testing.T) {
 		leader      bool
 		leaderFor   time.Duration
 		workers     []*masterpb.Worker
+		heard       map[string]time.Duration // ago, in the leader's memory
 		wantLost    []string
 		wantMarkErr bool
 		wantMarked  []string
@@ -48,6 +53,15 @@ func TestCheck(t *testing.T) {
 		"a worker heard from within the timeout stays alive": {
 			leader: true, leaderFor: time.Hour,
 			workers: []*masterpb.Worker{alive("w1", 29*time.Second)},
+		},
+		"a heartbeat in the leader's memory counts, however old the log's": {
+			leader: true, leaderFor: time.Hour,
+			workers: []*masterpb.Worker{alive("w1", time.Hour)}, heard: map[string]time.Duration{"w1": 5 * time.Second},
+		},
+		"a worker silent in the leader's memory too is declared lost": {
+			leader: true, leaderFor: time.Hour,
+			workers: []*masterpb.Worker{alive("w1", time.Hour)}, heard: map[string]time.Duration{"w1": 31 * time.Second},
+			wantLost: []string{"w1"}, wantMarked: []string{"w1"},
 		},
 		"a new leader gives every worker a full timeout": {
 			leader: true, leaderFor: 10 * time.Second,
@@ -74,7 +88,10 @@ func TestCheck(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			fs := &fakeStore{leader: tc.leader, workers: tc.workers}
+			fs := &fakeStore{leader: tc.leader, workers: tc.workers, heard: map[string]time.Time{}}
+			for w, ago := range tc.heard {
+				fs.heard[w] = now.Add(-ago)
+			}
 			if tc.leader {
 				fs.leaderSince = now.Add(-tc.leaderFor)
 			}

@@ -234,12 +234,14 @@ func (s *Server) RegisterWorker(ctx context.Context, req *masterpb.RegisterWorke
 	return apply[*masterpb.Worker](ctx, s, &masterpb.Command{Op: &masterpb.Command_RegisterWorker{RegisterWorker: req}})
 }
 
-// Heartbeat records that a worker is alive and its tier usage.
+// Heartbeat records that a worker is alive and its tier usage (in the leader's memory; see
+// store.Store.Heartbeat).
 func (s *Server) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest) (*masterpb.HeartbeatResponse, error) {
 	if err := required("worker", req.Worker); err != nil {
 		return nil, err
 	}
-	return apply[*masterpb.HeartbeatResponse](ctx, s, &masterpb.Command{Op: &masterpb.Command_Heartbeat{Heartbeat: req}})
+	resp, err := s.store.Heartbeat(ctx, req)
+	return resp, toStatus(err)
 }
 
 // SealFile creates a file with its blocks committed, in one command.
@@ -283,6 +285,8 @@ func (s *Server) ListWorkers(ctx context.Context, req *masterpb.ListWorkersReque
 	if err != nil {
 		return nil, err
 	}
+	// The leader knows heartbeats newer than the log's (see store.Store.Heartbeat).
+	resp.Workers = s.store.WithHeartbeats(resp.Workers)
 	return resp, nil
 }
 

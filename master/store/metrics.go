@@ -17,6 +17,7 @@ type Collector struct {
 	lastLogIndex  *prometheus.Desc
 	leaderChanges *prometheus.Desc
 	restores      *prometheus.Desc
+	heartbeats    *prometheus.Desc
 }
 
 // NewCollector returns a collector for s; register it with a prometheus.Registerer.
@@ -33,12 +34,14 @@ func NewCollector(s *Store) *Collector {
 		lastLogIndex:  d("raft_last_log_index", "Index of the last entry in the Raft log."),
 		leaderChanges: d("raft_leader_changes_total", "Leader changes this replica observed."),
 		restores:      d("fsm_snapshot_restores_total", "Snapshots the state machine restored since the process started."),
+		heartbeats: d("heartbeats_total", "Workers' heartbeats this replica took as leader, by how: memory (kept in the leader's memory only) or replicated (a Raft entry, because the worker's tier usage moved).",
+			"recorded"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.restores} {
+	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.restores, c.heartbeats} {
 		ch <- d
 	}
 }
@@ -60,4 +63,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.lastLogIndex, prometheus.GaugeValue, float64(r.LastIndex()))
 	ch <- prometheus.MustNewConstMetric(c.leaderChanges, prometheus.CounterValue, float64(c.s.leaderChanges.Load()))
 	ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(c.s.fsm.Restores()))
+	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.inMemory.Load()), "memory")
+	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.replicated.Load()), "replicated")
 }

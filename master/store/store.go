@@ -67,6 +67,8 @@ type Store struct {
 	caughtUpTerm  atomic.Uint64
 	leaderChanges atomic.Uint64
 	leaderSince   atomic.Int64
+	// beats are the heartbeats this replica took as leader (see Heartbeat).
+	beats heartbeats
 
 	// readMu lets Close wait for reads in flight before it closes the state machine's database.
 	readMu    sync.RWMutex
