@@ -2,6 +2,7 @@ package blockreport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -19,7 +20,7 @@ import (
 type blocksAt map[string][]*masterpb.Block
 
 func (blocksAt) ListFiles(context.Context, *masterpb.ListFilesRequest) (*masterpb.ListFilesResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "a Dataset read from stores is listed by its workers")
+	return nil, errors.New("the master was asked to list a Dataset read from stores, which its workers list")
 }
 
 func (b blocksAt) GetBlockLocations(_ context.Context, req *masterpb.GetBlockLocationsRequest) (*masterpb.GetBlockLocationsResponse, error) {

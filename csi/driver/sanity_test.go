@@ -15,7 +15,7 @@ import (
 	"github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials/local"
 )
 
 // skippedSanitySpecs are the csi-sanity specs that publish a volume made by CreateVolume. Such
@@ -106,11 +106,12 @@ func TestCSISanity(t *testing.T) {
 	ginkgo.RunSpecs(t, "csi-sanity of csi.strata.dev", suite, reporter)
 }
 
-// dialSanity opens a lazily connecting client to one of the test's sockets; the first RPC
+// dialSanity opens a lazily connecting client to one of the test's unix sockets, as the
+// kubelet's is (local credentials: the socket's file mode is the access control); the first RPC
 // connects it.
 func dialSanity(t *testing.T, address string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(local.NewCredentials()))
 	if err != nil {
 		t.Fatalf("dial %s: %v", address, err)
 	}
