@@ -1,7 +1,6 @@
 package blockreport
 
 import (
-	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -164,8 +163,7 @@ func (req *Request) describe(ctx context.Context, m Master, nodes map[string]str
 	case err != nil:
 		return File{}, fmt.Errorf("finding the blocks of %s at the master: %w", e.path, err)
 	}
-	copies := map[[2]string]*Copy{}
-	var places [][2]string
+	var copies copyTotals
 	for _, b := range resp.GetBlocks() {
 		cached := false
 		for _, loc := range b.GetLocations() {
@@ -177,25 +175,14 @@ func (req *Request) describe(ctx context.Context, m Master, nodes map[string]str
 			if node == "" {
 				node = loc.GetWorker()
 			}
-			k := [2]string{node, loc.GetTier()}
-			c, ok := copies[k]
-			if !ok {
-				c = &Copy{Node: node, Tier: loc.GetTier()}
-				copies[k] = c
-				places = append(places, k)
-			}
-			c.Blocks++
-			c.Bytes += b.GetSize()
+			copies.add(node, loc.GetTier(), 1, b.GetSize())
 		}
 		if cached {
 			f.CachedBlocks++
 			f.CachedBytes += b.GetSize()
 		}
 	}
-	sortPlaces(places)
-	for _, k := range places {
-		f.Copies = append(f.Copies, *copies[k])
-	}
+	f.Copies = copies.sorted()
 	return f, nil
 }
 
@@ -210,12 +197,6 @@ func workerNodes(ctx context.Context, m Master) (map[string]string, error) {
 		nodes[w.GetId()] = w.GetNode()
 	}
 	return nodes, nil
-}
-
-func sortPlaces(places [][2]string) {
-	slices.SortFunc(places, func(a, b [2]string) int {
-		return cmp.Or(strings.Compare(a[0], b[0]), strings.Compare(a[1], b[1]))
-	})
 }
 
 // ErrTooLarge says a report does not fit its limit even with no file described.

@@ -6,6 +6,7 @@
 package blockreport
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"path"
@@ -100,8 +101,7 @@ type Usage struct {
 // Sum adds up the files of r under dir.
 func (r *Report) Sum(dir string) Usage {
 	var u Usage
-	places := map[[2]string]*Copy{}
-	var order [][2]string
+	var places copyTotals
 	for _, f := range r.Files {
 		if !InDir(f.Path, dir) {
 			continue
@@ -110,20 +110,38 @@ func (r *Report) Sum(dir string) Usage {
 		u.Bytes += f.Size
 		u.CachedBytes += f.CachedBytes
 		for _, c := range f.Copies {
-			k := [2]string{c.Node, c.Tier}
-			p, ok := places[k]
-			if !ok {
-				p = &Copy{Node: c.Node, Tier: c.Tier}
-				places[k] = p
-				order = append(order, k)
-			}
-			p.Blocks += c.Blocks
-			p.Bytes += c.Bytes
+			places.add(c.Node, c.Tier, c.Blocks, c.Bytes)
 		}
 	}
-	sortPlaces(order)
-	for _, k := range order {
-		u.ByPlace = append(u.ByPlace, *places[k])
-	}
+	u.ByPlace = places.sorted()
 	return u
+}
+
+// copyTotals adds up blocks and bytes by node and tier.
+type copyTotals map[[2]string]*Copy
+
+func (t *copyTotals) add(node, tier string, blocks, bytes int64) {
+	if *t == nil {
+		*t = copyTotals{}
+	}
+	k := [2]string{node, tier}
+	c, ok := (*t)[k]
+	if !ok {
+		c = &Copy{Node: node, Tier: tier}
+		(*t)[k] = c
+	}
+	c.Blocks += blocks
+	c.Bytes += bytes
+}
+
+// sorted are the totals by node, then tier; nil for none.
+func (t copyTotals) sorted() []Copy {
+	var out []Copy
+	for _, c := range t {
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(a, b Copy) int {
+		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Tier, b.Tier))
+	})
+	return out
 }

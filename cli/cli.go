@@ -34,17 +34,8 @@ type CLI struct {
 	Out       io.Writer
 	// Wait bounds how long a request waits for the operator's answer (0: DefaultWait).
 	Wait time.Duration
-	// Now gives the request tokens' time; nil is time.Now.
-	Now func() time.Time
 
 	writeErr error
-}
-
-func (c *CLI) now() time.Time {
-	if c.Now != nil {
-		return c.Now()
-	}
-	return time.Now()
 }
 
 func (c *CLI) wait() time.Duration {
@@ -105,7 +96,7 @@ func (c *CLI) dataset(ctx context.Context, name string) (*datav1alpha1.Dataset, 
 // request sets annotations on a Dataset, with a token of the moment as the value of key, and
 // returns the token: the operator answers in the status with the same token.
 func (c *CLI) request(ctx context.Context, ds *datav1alpha1.Dataset, key string, more map[string]string) (string, error) {
-	token := c.now().UTC().Format(time.RFC3339Nano)
+	token := time.Now().UTC().Format(time.RFC3339Nano)
 	if ds.Annotations[key] == token {
 		// Two requests in one instant: this one must still be new.
 		token += "-again"

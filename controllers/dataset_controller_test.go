@@ -501,17 +501,7 @@ var _ = Describe("The Dataset reconciler", func() {
 	It("preloads a Dataset that asks for it with a Job of its namespace, Loading until the Job ends", func() {
 		createPool()
 		createCredentials(miniotest.SecretKey)
-		// envtest runs no DaemonSet controller: give the pool the ready worker it would report.
-		Eventually(func(g Gomega) {
-			workers := &appsv1.DaemonSet{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(poolName)}, workers)).To(Succeed())
-			workers.Status.DesiredNumberScheduled, workers.Status.CurrentNumberScheduled = 1, 1
-			workers.Status.UpdatedNumberScheduled, workers.Status.NumberReady, workers.Status.NumberAvailable = 1, 1, 1
-			g.Expect(k8sClient.Status().Update(ctx, workers)).To(Succeed())
-		}).Should(Succeed(), "reporting a ready worker for pool %s", poolName)
-		driver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: CSIDriverName}}
-		Expect(k8sClient.Create(ctx, driver)).To(Succeed())
-		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, driver)).To(Succeed()) })
+		makeServable(poolName)
 
 		preloaded := func(ds *datav1alpha1.Dataset, reason string, phase datav1alpha1.DatasetPhase) metav1.Condition {
 			GinkgoHelper()

@@ -13,10 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -24,7 +22,6 @@ import (
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/authz"
-	"github.com/strata-cache/strata/internal/miniotest"
 	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -192,20 +189,7 @@ var _ = Describe("Syncing a Dataset's mounts with its source", func() {
 	var namespace, poolName string
 
 	BeforeEach(func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "sync-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
-		poolName = "pool-" + ns.Name
-		pool := &datav1alpha1.TierPool{
-			ObjectMeta: metav1.ObjectMeta{Name: poolName},
-			Spec: datav1alpha1.TierPoolSpec{Tiers: []datav1alpha1.Tier{{
-				Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("1Gi"),
-			}}},
-		}
-		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
-		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pool))).To(Succeed()) })
-		Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: namespace},
-			Data: map[string][]byte{"accessKeyID": []byte(miniotest.AccessKey), "secretAccessKey": []byte(miniotest.SecretKey)}})).To(Succeed())
+		namespace, poolName = newTenant("sync-", "")
 	})
 
 	dataset := func(name string) *datav1alpha1.Dataset {

@@ -12,11 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -25,7 +22,6 @@ import (
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/cli"
-	"github.com/strata-cache/strata/internal/miniotest"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
@@ -38,23 +34,7 @@ var _ = Describe("kubectl strata", func() {
 	var plugin *cli.CLI
 
 	BeforeEach(func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "plugin-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
-		poolName = "pool-" + ns.Name
-		pool := &datav1alpha1.TierPool{
-			ObjectMeta: metav1.ObjectMeta{Name: poolName},
-			Spec: datav1alpha1.TierPoolSpec{
-				BlockSize: resource.MustParse("1Mi"),
-				Tiers: []datav1alpha1.Tier{{
-					Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("1Gi"),
-				}},
-			},
-		}
-		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
-		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, pool))).To(Succeed()) })
-		Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: namespace},
-			Data: map[string][]byte{"accessKeyID": []byte(miniotest.AccessKey), "secretAccessKey": []byte(miniotest.SecretKey)}})).To(Succeed())
+		namespace, poolName = newTenant("plugin-", "1Mi")
 		withWatch, err := client.NewWithWatch(testEnv.Config, client.Options{Scheme: k8sClient.Scheme()})
 		Expect(err).NotTo(HaveOccurred())
 		out = &bytes.Buffer{}
@@ -186,17 +166,7 @@ var _ = Describe("kubectl strata", func() {
 	})
 
 	It("loads a Dataset again for each request, and says when a load fails", func() {
-		// envtest runs no DaemonSet controller: give the pool the ready worker it would report.
-		Eventually(func(g Gomega) {
-			workers := &appsv1.DaemonSet{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(poolName)}, workers)).To(Succeed())
-			workers.Status.DesiredNumberScheduled, workers.Status.CurrentNumberScheduled = 1, 1
-			workers.Status.UpdatedNumberScheduled, workers.Status.NumberReady, workers.Status.NumberAvailable = 1, 1, 1
-			g.Expect(k8sClient.Status().Update(ctx, workers)).To(Succeed())
-		}).Should(Succeed())
-		driver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: CSIDriverName}}
-		Expect(k8sClient.Create(ctx, driver)).To(Succeed())
-		DeferCleanup(func() { Expect(k8sClient.Delete(ctx, driver)).To(Succeed()) })
+		makeServable(poolName)
 		ds := dataset("loaded")
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())

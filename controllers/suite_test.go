@@ -15,7 +15,10 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -289,4 +292,44 @@ func s3DatasetOf(namespace, name, pool string, objects map[string]int) *datav1al
 			TierPoolName: pool,
 		},
 	}
+}
+
+// newTenant makes a namespace (named from prefix) with the Secret "creds" of the suite's MinIO,
+// and a TierPool of one memory tier for it (blockSize "" for the default), deleted after the
+// spec. It returns the two names.
+func newTenant(prefix, blockSize string) (namespace, pool string) {
+	GinkgoHelper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix}}
+	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+	tp := &datav1alpha1.TierPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "pool-" + ns.Name},
+		Spec: datav1alpha1.TierPoolSpec{Tiers: []datav1alpha1.Tier{{
+			Name: "mem", Medium: datav1alpha1.MediumMemory, Paths: []string{"/mnt/strata/mem"}, Quota: resource.MustParse("1Gi"),
+		}}},
+	}
+	if blockSize != "" {
+		tp.Spec.BlockSize = resource.MustParse(blockSize)
+	}
+	Expect(k8sClient.Create(ctx, tp)).To(Succeed())
+	DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, tp))).To(Succeed()) })
+	Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: ns.Name},
+		Data: map[string][]byte{"accessKeyID": []byte(miniotest.AccessKey), "secretAccessKey": []byte(miniotest.SecretKey)}})).To(Succeed())
+	return ns.Name, tp.Name
+}
+
+// makeServable gives a pool what envtest lacks for its Datasets' claims to be served: the ready
+// worker its DaemonSet would report (envtest runs no DaemonSet controller) and Strata's
+// CSIDriver, removed after the spec.
+func makeServable(pool string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		workers := &appsv1.DaemonSet{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(pool)}, workers)).To(Succeed())
+		workers.Status.DesiredNumberScheduled, workers.Status.CurrentNumberScheduled = 1, 1
+		workers.Status.UpdatedNumberScheduled, workers.Status.NumberReady, workers.Status.NumberAvailable = 1, 1, 1
+		g.Expect(k8sClient.Status().Update(ctx, workers)).To(Succeed())
+	}).Should(Succeed(), "reporting a ready worker for pool %s", pool)
+	driver := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: CSIDriverName}}
+	Expect(k8sClient.Create(ctx, driver)).To(Succeed())
+	DeferCleanup(func() { Expect(k8sClient.Delete(ctx, driver)).To(Succeed()) })
 }
