@@ -11,6 +11,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/strata-cache/strata/internal/tlsbatch"
 )
 
 // Credentials are a component's certificate, which a Renewer replaces as it renews, and the CA
@@ -102,12 +104,12 @@ func (c *Credentials) ClientConfig(roles ...Role) *tls.Config {
 
 // ServerOption is the gRPC server option of ServerConfig.
 func (c *Credentials) ServerOption() grpc.ServerOption {
-	return grpc.Creds(credentials.NewTLS(c.ServerConfig()))
+	return grpc.Creds(tlsbatch.Credentials(credentials.NewTLS(c.ServerConfig())))
 }
 
 // DialOption is the gRPC dial option of ClientConfig: the server must be one of roles.
 func (c *Credentials) DialOption(roles ...Role) grpc.DialOption {
-	return grpc.WithTransportCredentials(credentials.NewTLS(c.ClientConfig(roles...)))
+	return grpc.WithTransportCredentials(tlsbatch.Credentials(credentials.NewTLS(c.ClientConfig(roles...))))
 }
 
 // LocalServerName is the name a server reached over a Unix socket is verified for: every
@@ -132,7 +134,7 @@ func (c *Credentials) DialOptionLocal(want Identity) grpc.DialOption {
 		}
 		return nil
 	}
-	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
+	return grpc.WithTransportCredentials(tlsbatch.Credentials(credentials.NewTLS(cfg)))
 }
 
 // peerRole refuses a peer whose verified certificate names no Strata identity, or one of
