@@ -33,6 +33,7 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
+	"net"
 	"net/url"
 	"os"
 	"os/signal"
@@ -120,6 +121,13 @@ func run(args []string) error {
 	client, err := newClient(*endpoint)
 	if err != nil {
 		return err
+	}
+	if args[1] == "put" {
+		// A store a spec has just started is put into before anything else: its Service may
+		// be ready at the API server before this node's proxy routes it (connection refused).
+		if err := waitReachable(ctx, client.EndpointURL().Host); err != nil {
+			return err
+		}
 	}
 	out := json.NewEncoder(os.Stdout)
 	if *prefix != "" {
@@ -352,6 +360,24 @@ func copyTree(src, dst string, rate, progress int64) error {
 		}
 		return out.Close()
 	})
+}
+
+// waitReachable returns once host:port accepts a TCP connection, or ctx ends.
+func waitReachable(ctx context.Context, hostPort string) error {
+	var dialer net.Dialer
+	retry := time.NewTicker(200 * time.Millisecond)
+	defer retry.Stop()
+	for {
+		conn, err := dialer.DialContext(ctx, "tcp", hostPort)
+		if err == nil {
+			return conn.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s never accepted a connection: %w", hostPort, err)
+		case <-retry.C:
+		}
+	}
 }
 
 func newClient(endpoint string) (*minio.Client, error) {
