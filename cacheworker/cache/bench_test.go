@@ -93,7 +93,7 @@ func BenchmarkDataPath(b *testing.B) {
 	// A warm cache over an in-memory source: every block read once.
 	hot := benchCache(b, benchStore(b), newSource(map[string][]byte{"f": obj}), "hot", understore.ParallelOptions{})
 	for i := range benchBlocks {
-		if _, err := hot.ReadBlock(ctx, "f", "", int64(i)); err != nil {
+		if _, err := hot.ReadBlock(ctx, "f", "", -1, int64(i)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -112,7 +112,7 @@ func BenchmarkDataPath(b *testing.B) {
 		b.Run("hot/"+order.name+"/cache", func(b *testing.B) {
 			b.SetBytes(benchBlockSize)
 			for i := 0; b.Loop(); i++ {
-				if _, err := hot.ReadBlock(ctx, "f", "", int64(order.at(i))); err != nil {
+				if _, err := hot.ReadBlock(ctx, "f", "", -1, int64(order.at(i))); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -158,7 +158,7 @@ func BenchmarkDataPath(b *testing.B) {
 				if i%benchBlocks == 0 {
 					cold = benchCache(b, store, s3, fmt.Sprintf("cold-%d", i/benchBlocks), fetch.opts)
 				}
-				if _, err := cold.ReadBlock(ctx, benchObject, "", int64(i%benchBlocks)); err != nil {
+				if _, err := cold.ReadBlock(ctx, benchObject, "", -1, int64(i%benchBlocks)); err != nil {
 					b.Fatal(err)
 				}
 			}

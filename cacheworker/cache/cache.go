@@ -132,12 +132,13 @@ func BlockID(sourceID, file, etag string, index int64) string {
 	return hex.EncodeToString(h[:16]) + "-" + strconv.FormatInt(index, 10)
 }
 
-// ReadBlock returns block index of version etag of file: from a local tier if it is there,
-// otherwise read from that version in the under-store (in parallel ranges), stored in the top
-// tier and returned. Concurrent misses on one block fetch it once. The last block of a file is
-// shorter than BlockSize; a block past the end fails with ErrOutOfRange; a file that is not
-// version etag any more fails with understore.ErrChanged. The caller owns the returned slice.
-func (c *Cache) ReadBlock(ctx context.Context, file, etag string, index int64) ([]byte, error) {
+// ReadBlock returns block index of version etag of file, whose size is as the listing gave it
+// (negative if unknown): from a local tier if it is there, otherwise read from that version in
+// the under-store (in parallel ranges), stored in the top tier and returned. Concurrent misses
+// on one block fetch it once. The last block of a file is shorter than BlockSize; a block past
+// the end fails with ErrOutOfRange; a file that is not version etag any more fails with
+// understore.ErrChanged. The caller owns the returned slice.
+func (c *Cache) ReadBlock(ctx context.Context, file, etag string, size, index int64) ([]byte, error) {
 	if index < 0 {
 		return nil, fmt.Errorf("block %d of %s: %w", index, file, ErrOutOfRange)
 	}
@@ -161,7 +162,7 @@ func (c *Cache) ReadBlock(ctx context.Context, file, etag string, index int64) (
 	}
 	c.m.misses.Inc()
 	data, err = c.flight.do(ctx, id, func(fctx context.Context) ([]byte, func(context.Context), error) {
-		return c.fetch(fctx, id, file, etag, index)
+		return c.fetch(fctx, id, file, etag, size, index)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading block %d of %s: %w", index, file, err)
@@ -170,15 +171,24 @@ func (c *Cache) ReadBlock(ctx context.Context, file, etag string, index int64) (
 }
 
 // fetch reads a block from the under-store and returns it with the function that stores it.
-func (c *Cache) fetch(ctx context.Context, id, file, etag string, index int64) ([]byte, func(context.Context), error) {
+func (c *Cache) fetch(ctx context.Context, id, file, etag string, size, index int64) ([]byte, func(context.Context), error) {
 	// The flight before this one may have stored the block a moment ago.
 	if data, _, err := c.cfg.Store.Get(ctx, id); err == nil {
 		return data, nil, nil
 	}
+	// A block of a file of known size is read to its length and no further: a small file's
+	// block is a small buffer and one request, not BlockSize bytes allocated and cleared and
+	// ranges asked for past the end of the object.
+	length := c.cfg.BlockSize
+	if size >= 0 {
+		if length = min(c.cfg.BlockSize, size-index*c.cfg.BlockSize); length <= 0 {
+			return nil, nil, ErrOutOfRange
+		}
+	}
 	if c.cfg.Peers != nil {
 		data, err := c.cfg.Peers.ReadBlock(ctx, id)
 		switch {
-		case err == nil && int64(len(data)) <= c.cfg.BlockSize && len(data) > 0:
+		case err == nil && len(data) > 0 && (int64(len(data)) == length || size < 0 && int64(len(data)) <= length):
 			c.m.peerFetches.Inc()
 			c.m.peerBytes.Add(float64(len(data)))
 			return data, c.storer(id, file, etag, index, data), nil
@@ -190,7 +200,7 @@ func (c *Cache) fetch(ctx context.Context, id, file, etag string, index int64) (
 			c.log.V(1).Info("no peer served the block; reading the under-store", "file", file, "block", index, "reason", err.Error())
 		}
 	}
-	buf := make([]byte, c.cfg.BlockSize)
+	buf := make([]byte, length)
 	n, err := understore.ParallelReadAt(ctx, c.cfg.Source, file, etag, buf, index*c.cfg.BlockSize, c.cfg.Fetch)
 	if err != nil && !errors.Is(err, io.EOF) {
 		c.m.fetchErrors.Inc()
@@ -198,6 +208,10 @@ func (c *Cache) fetch(ctx context.Context, id, file, etag string, index int64) (
 	}
 	if n == 0 {
 		return nil, nil, ErrOutOfRange
+	}
+	if size >= 0 && int64(n) < length {
+		c.m.fetchErrors.Inc()
+		return nil, nil, fmt.Errorf("%s ends at %d, not at the %d bytes it was listed with: %w", file, index*c.cfg.BlockSize+int64(n), size, understore.ErrChanged)
 	}
 	data := buf[:n]
 	c.m.fetches.Inc()

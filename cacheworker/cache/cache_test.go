@@ -32,6 +32,7 @@ const blockSize = 1024
 type countingSource struct {
 	files     map[string][]byte
 	calls     atomic.Int32
+	asked     atomic.Int64 // bytes asked for, over every read
 	gate      chan struct{}
 	cancelled chan error
 }
@@ -43,6 +44,7 @@ func newSource(files map[string][]byte) *countingSource {
 // ReadVersionAt serves every version: each file has one.
 func (s *countingSource) ReadVersionAt(ctx context.Context, p, _ string, buf []byte, off int64) (int, error) {
 	s.calls.Add(1)
+	s.asked.Add(int64(len(buf)))
 	if s.gate != nil {
 		select {
 		case <-s.gate:
@@ -148,7 +150,7 @@ func TestConcurrentMissesOnOneBlockFetchItOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = f.cache.ReadBlock(context.Background(), "part-0", "", 1)
+			results[i], errs[i] = f.cache.ReadBlock(context.Background(), "part-0", "", -1, 1)
 		}()
 	}
 	// Every reader has missed and joined the one fetch, which the gate holds.
@@ -168,7 +170,7 @@ func TestConcurrentMissesOnOneBlockFetchItOnce(t *testing.T) {
 	g.Expect(results[1][0]).To(Equal(data[blockSize]), "every reader owns its slice")
 
 	f.settled(g, "part-0", 1)
-	again, err := f.cache.ReadBlock(context.Background(), "part-0", "", 1)
+	again, err := f.cache.ReadBlock(context.Background(), "part-0", "", -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(data[blockSize : 2*blockSize]))
 	g.Expect(f.src.calls.Load()).To(BeEquivalentTo(1), "the next read hits the local tier")
@@ -233,7 +235,7 @@ func TestReadBlock(t *testing.T) {
 			}
 			f := newFixture(t, quota, map[string][]byte{"f": file})
 			for i := range 2 {
-				got, err := f.cache.ReadBlock(context.Background(), tc.file, "", tc.index)
+				got, err := f.cache.ReadBlock(context.Background(), tc.file, "", -1, tc.index)
 				if tc.wantErr != nil {
 					g.Expect(err).To(MatchError(tc.wantErr))
 					g.Expect(err.Error()).To(ContainSubstring(fmt.Sprintf("block %d of %s", tc.index, tc.file)))
@@ -262,11 +264,11 @@ func TestAReaderThatGivesUpDoesNotFailTheOthers(t *testing.T) {
 	impatientErr := make(chan error, 1)
 	patient := make(chan []byte, 1)
 	go func() {
-		_, err := f.cache.ReadBlock(impatient, "f", "", 0)
+		_, err := f.cache.ReadBlock(impatient, "f", "", -1, 0)
 		impatientErr <- err
 	}()
 	go func() {
-		b, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
+		b, err := f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 		if err != nil {
 			t.Error(err)
 		}
@@ -288,7 +290,7 @@ func TestWhenEveryReaderGivesUpTheFetchStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.cache.ReadBlock(ctx, "f", "", 0)
+		_, err := f.cache.ReadBlock(ctx, "f", "", -1, 0)
 		done <- err
 	}()
 	g.Eventually(func() int32 { return f.src.calls.Load() }).WithTimeout(10 * time.Second).Should(BeEquivalentTo(1))
@@ -298,7 +300,7 @@ func TestWhenEveryReaderGivesUpTheFetchStops(t *testing.T) {
 
 	// The next reader starts a fresh fetch rather than joining the cancelled one.
 	close(f.src.gate)
-	_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
+	_, err := f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 	g.Expect(err).NotTo(HaveOccurred())
 }
 
@@ -308,14 +310,14 @@ func TestCloseStopsFetchesUnderWay(t *testing.T) {
 	f.src.gate = make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
+		_, err := f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 		done <- err
 	}()
 	g.Eventually(func() int32 { return f.src.calls.Load() }).WithTimeout(10 * time.Second).Should(BeEquivalentTo(1))
 	f.cache.Close()
 	g.Expect(<-f.src.cancelled).To(MatchError(context.Canceled))
 	g.Expect(<-done).To(MatchError(context.Canceled))
-	_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
+	_, err := f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 	g.Expect(err).To(MatchError(ErrClosed))
 }
 
@@ -331,10 +333,10 @@ func TestBlockIDs(t *testing.T) {
 func TestMetricsAreRegisteredOnTheGivenRegistry(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, 1<<20, map[string][]byte{"f": randomBytes(blockSize, 6)})
-	_, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
+	_, err := f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	f.settled(g, "f", 0)
-	_, err = f.cache.ReadBlock(context.Background(), "f", "", 0)
+	_, err = f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 	g.Expect(err).NotTo(HaveOccurred())
 
 	families, err := f.reg.Gather()
@@ -386,7 +388,7 @@ func TestReadThroughFromMinIO(t *testing.T) {
 	for pass := range 2 {
 		var got []byte
 		for i := int64(0); ; i++ {
-			b, err := c.ReadBlock(context.Background(), "part-0", info.ETag, i)
+			b, err := c.ReadBlock(context.Background(), "part-0", info.ETag, -1, i)
 			if errors.Is(err, ErrOutOfRange) {
 				break
 			}
@@ -400,22 +402,22 @@ func TestReadThroughFromMinIO(t *testing.T) {
 	g.Expect(testutil.ToFloat64(m.fetches)).To(Equal(3.0), "three blocks fetched once each")
 	g.Expect(testutil.ToFloat64(m.hits.WithLabelValues("mem"))).To(Equal(3.0))
 
-	_, err = c.ReadBlock(context.Background(), "missing", "", 0)
+	_, err = c.ReadBlock(context.Background(), "missing", "", -1, 0)
 	g.Expect(err).To(MatchError(understore.ErrNotFound))
 	g.Expect(err.Error()).To(ContainSubstring("s3://data/in/missing"))
 
 	// Replacing the object: its cached blocks stay the old version's, and no block mixes the two.
 	replaced := randomBytes(3*blockSize, 8)
 	srv.Put(t, "data", "in/part-0", replaced)
-	old, err := c.ReadBlock(context.Background(), "part-0", info.ETag, 1)
+	old, err := c.ReadBlock(context.Background(), "part-0", info.ETag, -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(old).To(Equal(obj[blockSize:2*blockSize]), "a cached block of the old version is that version's")
 	g.Expect(store.Delete(context.Background(), BlockID("s3://data/in", "part-0", info.ETag, 2))).To(Succeed())
-	_, err = c.ReadBlock(context.Background(), "part-0", info.ETag, 2)
+	_, err = c.ReadBlock(context.Background(), "part-0", info.ETag, -1, 2)
 	g.Expect(err).To(MatchError(understore.ErrChanged), "a block of the old version that is not cached cannot be had any more")
 	now, err := s3.Stat(context.Background(), "part-0")
 	g.Expect(err).NotTo(HaveOccurred())
-	fresh, err := c.ReadBlock(context.Background(), "part-0", now.ETag, 1)
+	fresh, err := c.ReadBlock(context.Background(), "part-0", now.ETag, -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(fresh).To(Equal(replaced[blockSize:2*blockSize]), "the new version's blocks are its own")
 	g.Expect(BlockID("s3://data/in", "part-0", now.ETag, 1)).NotTo(Equal(BlockID("s3://data/in", "part-0", info.ETag, 1)))
@@ -425,13 +427,13 @@ func TestAReaderChangingItsBytesNeverChangesTheCachedBlock(t *testing.T) {
 	g := NewWithT(t)
 	data := randomBytes(blockSize, 8)
 	f := newFixture(t, 1<<20, map[string][]byte{"f": data})
-	got, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
+	got, err := f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	for i := range got {
 		got[i] = 0 // while the block may still be being stored
 	}
 	f.settled(g, "f", 0)
-	again, err := f.cache.ReadBlock(context.Background(), "f", "", 0)
+	again, err := f.cache.ReadBlock(context.Background(), "f", "", -1, 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(data))
 }
@@ -441,7 +443,7 @@ func TestBlocksOfPinnedFilesAreStoredPinned(t *testing.T) {
 	f := newFixture(t, 16*blockSize, map[string][]byte{"labels/a.txt": []byte("pinned"), "images/a.jpg": []byte("not pinned")})
 	f.cache.cfg.Pinned = func(file string) bool { return strings.HasPrefix(file, "labels/") }
 	for _, file := range []string{"labels/a.txt", "images/a.jpg"} {
-		_, err := f.cache.ReadBlock(context.Background(), file, "", 0)
+		_, err := f.cache.ReadBlock(context.Background(), file, "", -1, 0)
 		g.Expect(err).NotTo(HaveOccurred())
 		f.settled(g, file, 0)
 	}
@@ -451,4 +453,48 @@ func TestBlocksOfPinnedFilesAreStoredPinned(t *testing.T) {
 	other, err := f.store.Info(BlockID("dataset-uid", "images/a.jpg", "", 0))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(other.Pinned).To(BeFalse())
+}
+
+// A block of a file whose size the listing gave is read to the file's end and no further: one
+// request for a small file, not a block's worth of ranges past the end of the object.
+func TestReadBlockOfAKnownSize(t *testing.T) {
+	small, large := randomBytes(100, 1), randomBytes(2*blockSize+300, 2)
+	for _, tc := range []struct {
+		name        string
+		file        string
+		size, index int64
+		want        []byte
+		wantErr     error
+		wantReads   int32
+		wantAsked   int64
+	}{
+		{"a small file: one read of its bytes", "small", 100, 0, small, nil, 1, 100},
+		{"a whole block of a large file", "large", int64(len(large)), 1, large[blockSize : 2*blockSize], nil, 4, blockSize},
+		{"the last, short block", "large", int64(len(large)), 2, large[2*blockSize:], nil, 2, 300},
+		{"past the end: no read at all", "small", 100, 1, nil, ErrOutOfRange, 0, 0},
+		{"listed longer than the store holds: a changed file", "small", 150, 0, nil, understore.ErrChanged, 1, 150},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			store := openStore(t, 1<<20)
+			src := newSource(map[string][]byte{"small": small, "large": large})
+			m, err := NewMetrics(prometheus.NewRegistry(), store)
+			g.Expect(err).NotTo(HaveOccurred())
+			// Ranges of a quarter block, as the parallel fetch splits a block.
+			c, err := New(Config{Store: store, Source: src, SourceID: "dataset-uid", BlockSize: blockSize,
+				Fetch: understore.ParallelOptions{ChunkSize: blockSize / 4, Concurrency: 4}, Metrics: m})
+			g.Expect(err).NotTo(HaveOccurred())
+			t.Cleanup(c.Close)
+
+			got, err := c.ReadBlock(context.Background(), tc.file, "", tc.size, tc.index)
+			if tc.wantErr != nil {
+				g.Expect(err).To(MatchError(tc.wantErr))
+			} else {
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(got).To(Equal(tc.want))
+			}
+			g.Expect(src.calls.Load()).To(Equal(tc.wantReads), "reads of the under-store")
+			g.Expect(src.asked.Load()).To(Equal(tc.wantAsked), "bytes asked of the under-store")
+		})
+	}
 }

@@ -28,7 +28,7 @@ import (
 // with no tier store or under-store behind it.
 type memoryBlocks struct{ block []byte }
 
-func (m memoryBlocks) ReadBlock(context.Context, string, string, int64) ([]byte, error) {
+func (m memoryBlocks) ReadBlock(context.Context, string, string, int64, int64) ([]byte, error) {
 	return m.block, nil
 }
 

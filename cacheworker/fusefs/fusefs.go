@@ -20,9 +20,10 @@ import (
 
 // BlockReader reads whole blocks of a Dataset's files: the read-through cache.
 type BlockReader interface {
-	// ReadBlock returns block index of version etag of file, of the cache's block size
-	// (shorter for the last); understore.ErrChanged if that version is not to be had.
-	ReadBlock(ctx context.Context, file, etag string, index int64) ([]byte, error)
+	// ReadBlock returns block index of version etag of file, of size bytes as listed; the
+	// block is of the cache's block size (shorter for the last); understore.ErrChanged if that
+	// version is not to be had.
+	ReadBlock(ctx context.Context, file, etag string, size, index int64) ([]byte, error)
 }
 
 // LocalBlocks opens the copy of a block of a version of a file that a local tier holds,

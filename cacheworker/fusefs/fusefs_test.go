@@ -274,7 +274,7 @@ func TestConcurrentReadersOfOneLargeFileGetTheRightBytes(t *testing.T) {
 // failingBlocks fails every read.
 type failingBlocks struct{ err error }
 
-func (b failingBlocks) ReadBlock(context.Context, string, string, int64) ([]byte, error) {
+func (b failingBlocks) ReadBlock(context.Context, string, string, int64, int64) ([]byte, error) {
 	return nil, b.err
 }
 

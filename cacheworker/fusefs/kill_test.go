@@ -38,7 +38,7 @@ var killDataset = fakeLister{{Path: "stuck.bin", Size: 1000}, {Path: "ok.txt", S
 // stuckBlocks never answers for stuck.bin, as a worker that is killed in the middle of a read.
 type stuckBlocks struct{}
 
-func (stuckBlocks) ReadBlock(ctx context.Context, file, _ string, _ int64) ([]byte, error) {
+func (stuckBlocks) ReadBlock(ctx context.Context, file, _ string, _, _ int64) ([]byte, error) {
 	if file == "stuck.bin" {
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -49,7 +49,7 @@ func (stuckBlocks) ReadBlock(ctx context.Context, file, _ string, _ int64) ([]by
 // wholeBlocks answers every file with its bytes: the worker that takes over.
 type wholeBlocks struct{}
 
-func (wholeBlocks) ReadBlock(_ context.Context, file, _ string, _ int64) ([]byte, error) {
+func (wholeBlocks) ReadBlock(_ context.Context, file, _ string, _, _ int64) ([]byte, error) {
 	if file == "stuck.bin" {
 		return []byte(strings.Repeat("s", 1000)), nil
 	}

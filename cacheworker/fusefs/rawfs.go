@@ -496,7 +496,7 @@ func (fsys *fileSystem) load(ctx context.Context, n *node, index int64) (*blockR
 			return &blockRef{index: index, file: file}, nil
 		}
 	}
-	data, err := fsys.blocks.ReadBlock(ctx, n.path, n.etag, index)
+	data, err := fsys.blocks.ReadBlock(ctx, n.path, n.etag, n.size, index)
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func TestACopyThatIsNotTheRecordedBlockIsRefused(t *testing.T) {
 	ctx := context.Background()
 	content := bytes.Repeat([]byte("strata honest bytes "), 2*blockSize/20+3)
 	master, _, a, b := startPeers(t, content)
-	_, err := a.cache.ReadBlock(ctx, "train.bin", "", 0)
+	_, err := a.cache.ReadBlock(ctx, "train.bin", "", -1, 0)
 	g.Expect(err).NotTo(HaveOccurred())
 	id := cache.BlockID("uid-1", "train.bin", "", 0)
 	g.Eventually(func() ([]string, error) { return holders(ctx, master, id) }).WithTimeout(10*time.Second).
@@ -67,7 +67,7 @@ func TestACopyThatIsNotTheRecordedBlockIsRefused(t *testing.T) {
 
 	// With worker a gone, the liar is the only peer that claims the block.
 	a.srv.Stop()
-	got, err := b.cache.ReadBlock(ctx, "train.bin", "", 0)
+	got, err := b.cache.ReadBlock(ctx, "train.bin", "", -1, 0)
 	g.Expect(err).NotTo(HaveOccurred(), "a reader never fails because a peer lies")
 	g.Expect(bytes.Equal(got, content[:blockSize])).To(BeTrue(), "worker b took the liar's bytes for the block")
 	g.Expect(b.source.reads.Load()).To(BeNumerically(">", 0), "the block came from the under-store")

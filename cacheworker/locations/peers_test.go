@@ -128,7 +128,7 @@ func TestPeersServeWhatTheyHold(t *testing.T) {
 
 	By := func(step string) { t.Log(step) }
 	By("worker a reads block 1 from the under-store and reports it")
-	got, err := a.cache.ReadBlock(ctx, "train.bin", "", 1)
+	got, err := a.cache.ReadBlock(ctx, "train.bin", "", -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(content[blockSize : 2*blockSize]))
 	g.Expect(a.source.reads.Load()).To(BeNumerically(">", 0))
@@ -137,7 +137,7 @@ func TestPeersServeWhatTheyHold(t *testing.T) {
 		Should(ConsistOf("pool/a"), "the master learns that worker a holds the block")
 
 	By("worker b reads the same block from worker a, not from the under-store")
-	got, err = b.cache.ReadBlock(ctx, "train.bin", "", 1)
+	got, err = b.cache.ReadBlock(ctx, "train.bin", "", -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(content[blockSize : 2*blockSize]))
 	g.Expect(b.source.reads.Load()).To(BeZero(), "a block a peer holds is not fetched from the under-store")
@@ -163,7 +163,7 @@ func TestPeersServeWhatTheyHold(t *testing.T) {
 	g.Eventually(c.member.Registered).WithTimeout(10 * time.Second).Should(BeTrue())
 	a.srv.Stop()
 	b.srv.Stop()
-	got, err = c.cache.ReadBlock(ctx, "train.bin", "", 1)
+	got, err = c.cache.ReadBlock(ctx, "train.bin", "", -1, 1)
 	g.Expect(err).NotTo(HaveOccurred(), "a reader never fails because a peer is down")
 	g.Expect(got).To(Equal(content[blockSize : 2*blockSize]))
 	g.Expect(c.source.reads.Load()).To(BeNumerically(">", 0), "the block came from the under-store")
@@ -254,7 +254,7 @@ func TestTheVersionsOfAnObjectAreRecordedApart(t *testing.T) {
 
 	v1, err := under.Stat(ctx, "train.bin")
 	g.Expect(err).NotTo(HaveOccurred())
-	_, err = a.cache.ReadBlock(ctx, "train.bin", v1.ETag, 1)
+	_, err = a.cache.ReadBlock(ctx, "train.bin", v1.ETag, -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Eventually(func() ([]string, error) { return holders(ctx, master, cache.BlockID("uid-1", "train.bin", v1.ETag, 1)) }).
 		WithTimeout(10 * time.Second).Should(ConsistOf("pool/a"))
@@ -265,19 +265,19 @@ func TestTheVersionsOfAnObjectAreRecordedApart(t *testing.T) {
 	g.Expect(os.Chtimes(filepath.Join(dataDir, "train.bin"), later, later)).To(Succeed())
 	v2, err := under.Stat(ctx, "train.bin")
 	g.Expect(err).NotTo(HaveOccurred())
-	got, err := a.cache.ReadBlock(ctx, "train.bin", v2.ETag, 1)
+	got, err := a.cache.ReadBlock(ctx, "train.bin", v2.ETag, -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(second[blockSize : 2*blockSize]))
 	g.Eventually(func() ([]string, error) { return holders(ctx, master, cache.BlockID("uid-1", "train.bin", v2.ETag, 1)) }).
 		WithTimeout(10*time.Second).Should(ConsistOf("pool/a"), "the new version's block is recorded beside the old one's")
 
-	old, err := b.cache.ReadBlock(ctx, "train.bin", v1.ETag, 1)
+	old, err := b.cache.ReadBlock(ctx, "train.bin", v1.ETag, -1, 1)
 	g.Expect(err).NotTo(HaveOccurred(), "a reader of the old version gets its block from the peer that holds it")
 	g.Expect(old).To(Equal(first[blockSize : 2*blockSize]))
-	fresh, err := b.cache.ReadBlock(ctx, "train.bin", v2.ETag, 1)
+	fresh, err := b.cache.ReadBlock(ctx, "train.bin", v2.ETag, -1, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(fresh).To(Equal(second[blockSize : 2*blockSize]))
 	g.Expect(b.source.reads.Load()).To(BeZero(), "both came from the peer")
-	_, err = b.cache.ReadBlock(ctx, "train.bin", v1.ETag, 2)
+	_, err = b.cache.ReadBlock(ctx, "train.bin", v1.ETag, -1, 2)
 	g.Expect(err).To(MatchError(understore.ErrChanged), "a block of the old version that nobody holds is not read from the new one")
 }
