@@ -120,6 +120,19 @@ bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compare
 	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) STRATA_MINIO="$(MINIO)" go test ./cacheworker/listings/ -run '^$$' -bench ListAMillionObjects -benchtime 1x -timeout 2h
 	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) STRATA_MINIO="$(MINIO)" go test ./cacheworker/dataplane/ -run '^$$' -bench ANewMountTakesAPeersListing -benchtime 3x -timeout 2h
 
+# The peers bench-peers runs beside Strata: Debian's packages, pinned (hack/install-peers.sh).
+RCLONE_DEB_VERSION ?= 1.60.1+dfsg-2+b5
+S3FS_DEB_VERSION ?= 1.90-1
+# BENCH_PEERS_ARGS are more flags of hack/benchpeers, such as -rounds 5 or -small-files 1000.
+BENCH_PEERS_ARGS ?=
+
+.PHONY: bench-peers
+bench-peers: $(MINIO) ## Measure Strata's data path on this host beside rclone, s3fs, tmpfs and MinIO direct, on the same objects with the same reader (needs root and FUSE; see docs/benchmarks.md).
+	hack/install-peers.sh "$(RCLONE_DEB_VERSION)" "$(S3FS_DEB_VERSION)"
+	CGO_ENABLED=0 go build -o $(LOCALBIN)/bench-peers/ ./cmd/master ./cmd/worker ./hack/benchpeers
+	$(LOCALBIN)/bench-peers/benchpeers -master $(LOCALBIN)/bench-peers/master -worker $(LOCALBIN)/bench-peers/worker \
+		-minio "$(MINIO)" -rclone /usr/bin/rclone -s3fs /usr/bin/s3fs -out $(LOCALBIN)/bench-peers.json $(BENCH_PEERS_ARGS)
+
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
 	$(GOLANGCI_LINT) run ./...
