@@ -147,6 +147,26 @@ func DisableFilePolling(dir string) error {
 	return nil
 }
 
+// ReadAhead is how far the kernel reads ahead of a sequential reader of a mount: a whole
+// request (MaxRead). The kernel's default for FUSE, 128 KiB, cuts a reader's uncached pages
+// into requests of 128 KiB however large its reads; with 1 MiB, BenchmarkReadThroughTheMount
+// reads 2.2 to 2.3 GB/s instead of 1.7.
+const ReadAhead = MaxRead
+
+// SetReadAhead makes ReadAhead the read-ahead of the mount at dir, which must be served,
+// through its device's entry in /sys/class/bdi: /sys must be writable (a privileged worker).
+func SetReadAhead(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("finding the device of %s: %w", dir, err)
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if err := os.WriteFile(p, []byte(strconv.Itoa(ReadAhead>>10)), 0); err != nil {
+		return fmt.Errorf("setting the read-ahead of %s to %d KiB: %w", dir, ReadAhead>>10, err)
+	}
+	return nil
+}
+
 // ConnectionID is the fusectl name of the FUSE connection mounted at dir, which must be
 // served (stat asks the server for the root's attributes).
 func ConnectionID(dir string) (string, error) {

@@ -129,6 +129,9 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 		return nil, fmt.Errorf("serving FUSE at %s: %w", dir, err)
 	}
+	if err := fuseconn.SetReadAhead(dir); err != nil {
+		lg.Info("uncached pages are read in requests of the kernel's default read-ahead", "dir", dir, "reason", err.Error())
+	}
 	lg.V(1).Info("mounted", "dir", dir, "files", fsys.files, "bytes", fsys.bytes, "passthrough", fsys.passthrough)
 	return s, nil
 }

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"iter"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/minio/minio-go/v7"
 	. "github.com/onsi/gomega"
+	"golang.org/x/sys/unix"
 
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/understore"
@@ -531,4 +534,23 @@ func TestAHandoverKeepsEachFilesVersion(t *testing.T) {
 		}
 	}
 	g.Expect(etags).To(ConsistOf("a/b.txt@v-b", "c.txt@v-c"))
+}
+
+// The kernel reads ahead of a sequential reader a whole request (fuseconn.ReadAhead), not its
+// default of 128 KiB for FUSE, so that uncached pages come in requests of a megabyte.
+func TestAMountReadsAheadAWholeRequest(t *testing.T) {
+	fusetest.Require(t)
+	f := newFixture(t, testDataset())
+	s := mount(t, f.config(nil))
+	var st unix.Stat_t
+	if err := unix.Stat(s.dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprint(fuseconn.ReadAhead >> 10); strings.TrimSpace(string(got)) != want {
+		t.Fatalf("the mount reads ahead %s KiB, want %s", strings.TrimSpace(string(got)), want)
+	}
 }

@@ -160,6 +160,9 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 		return nil, fmt.Errorf("serving output Dataset %s at %s: %w", cfg.Dataset, dir, err)
 	}
+	if err := fuseconn.SetReadAhead(dir); err != nil {
+		o.log.Info("uncached pages are read in requests of the kernel's default read-ahead", "dir", dir, "reason", err.Error())
+	}
 	return s, nil
 }
 
