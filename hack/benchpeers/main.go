@@ -134,7 +134,9 @@ func run(s *setup, out string) (err error) {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
 	}
-	r.print(os.Stdout)
+	if _, err := io.WriteString(os.Stdout, r.table()); err != nil {
+		return err
+	}
 	return r.write(out, s)
 }
 
@@ -413,29 +415,32 @@ func (r *results) summary() []summaryLine {
 	return lines
 }
 
-func (r *results) print(w io.Writer) {
-	fmt.Fprintf(w, "\n%-16s", "median")
+// table is the medians of every workload and system, then the summary lines.
+func (r *results) table() string {
+	var w strings.Builder
+	fmt.Fprintf(&w, "\n%-16s", "median")
 	for _, sys := range systems {
-		fmt.Fprintf(w, " %12s", sys)
+		fmt.Fprintf(&w, " %12s", sys)
 	}
-	fmt.Fprintln(w, "  unit")
+	w.WriteString("  unit\n")
 	for _, wl := range workloads {
-		fmt.Fprintf(w, "%-16s", wl.name)
+		fmt.Fprintf(&w, "%-16s", wl.name)
 		unit := ""
 		for _, sys := range systems {
 			if m, ok := r.median(wl.name, sys); ok {
-				fmt.Fprintf(w, " %12.1f", m.value)
+				fmt.Fprintf(&w, " %12.1f", m.value)
 				unit = m.unit
 			} else {
-				fmt.Fprintf(w, " %12s", "-")
+				fmt.Fprintf(&w, " %12s", "-")
 			}
 		}
-		fmt.Fprintf(w, "  %s\n", unit)
+		fmt.Fprintf(&w, "  %s\n", unit)
 	}
-	fmt.Fprintln(w)
+	w.WriteString("\n")
 	for _, l := range r.summary() {
-		fmt.Fprintf(w, "workload=%s %s=%.1f %s=%.1f ratio=%.2f\n", l.Workload, l.System, l.Value, l.Baseline, l.Base, l.Ratio)
+		fmt.Fprintf(&w, "workload=%s %s=%.1f %s=%.1f ratio=%.2f\n", l.Workload, l.System, l.Value, l.Baseline, l.Base, l.Ratio)
 	}
+	return w.String()
 }
 
 func (r *results) write(path string, s *setup) error {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 )
@@ -52,10 +51,8 @@ func TestSummaryComparesWithTheBaseline(t *testing.T) {
 	set("cold-seq", "rclone", 200)
 	set("hot-seq", "strata", 900) // no tmpfs figure: no line
 
-	var out bytes.Buffer
-	r.print(&out)
 	lines := []string{}
-	for line := range strings.Lines(out.String()) {
+	for line := range strings.Lines(r.table()) {
 		if strings.HasPrefix(line, "workload=") {
 			lines = append(lines, strings.TrimSpace(line))
 		}

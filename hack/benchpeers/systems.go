@@ -97,7 +97,7 @@ func (p *proc) waitFor(what string, ready func() bool) error {
 	for !ready() {
 		select {
 		case <-p.exited:
-			return fmt.Errorf("%s exited (%v) before %s:\n%s", p.name, p.err, what, p.out.tail())
+			return fmt.Errorf("%s exited (%w) before %s:\n%s", p.name, p.err, what, p.out.tail())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
