@@ -33,8 +33,10 @@
 // parent's recomputation Jobs, not of the parent's status, which may lag a loss), so that a
 // chain recovers parents first, a Job from the template is created suspended, the master
 // forgets the outputs, and the Job runs and writes them again, at the lowest PriorityClass,
-// raised to the highest priority of the pods that mount the lost data by recreating the Job
-// while its pod waits for a node (Tachyon's priority inheritance), at most
+// raised to the highest priority of the pods that mount the lost data, or lost data downstream
+// of it that waits for it (transitively: a pod waiting for C raises the recomputation of every
+// lost ancestor of C), by recreating the Job while its pod waits for a node (Tachyon's priority
+// inheritance), at most
 // spec.maxRecomputations times. For an Indexed Job whose Lineage maps completion indexes to
 // partitions of its outputs (lineage_partitions.go), only the indexes whose partitions hold lost
 // files rerun, each as a Job of one completion that finds its index where an Indexed Job's pod

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -196,6 +197,27 @@ func (r *LineageReconciler) namespaceGraph(ctx context.Context, name string) (*n
 		ns.lineages[lineages.Items[i].Name] = &lineages.Items[i]
 	}
 	return ns, nil
+}
+
+// awaiting are the Datasets that wait for outputs to be written again: outputs, and every
+// Dataset downstream of them that is lost too, which its Lineage can recompute only after them.
+// A pod that waits for any of them waits for outputs.
+func (ns *namespace) awaiting(outputs []string) []string {
+	return append(slices.Clone(outputs), ns.pipeline.Downstream(outputs, ns.lost)...)
+}
+
+// lost says whether dataset is an output its Lineage lost (and recomputes, or will).
+func (ns *namespace) lost(dataset string) bool {
+	producer, ok := ns.pipeline.Producer(dataset)
+	if !ok || ns.lineages[producer] == nil {
+		return false
+	}
+	for _, o := range ns.lineages[producer].Status.Outputs {
+		if o.Name == dataset {
+			return o.State == datav1alpha1.OutputLost || o.State == datav1alpha1.OutputRecomputing
+		}
+	}
+	return false
 }
 
 // pipelineOf is the pipeline of a namespace's Lineages.

@@ -228,6 +228,65 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		Eventually(func() *batchv1.Job { return recomputeJob("child") }).ShouldNot(BeNil())
 	})
 
+	It("raises the recomputation of a lost ancestor to the class of a pod that waits for a lost descendant", func() {
+		priorityClass(DefaultRecomputeClass, -100)
+		urgent := "urgent-chain-" + namespace
+		priorityClass(urgent, 1000)
+		chain := [][3]string{{"a", "", "a-out"}, {"b", "a-out", "b-out"}, {"c", "b-out", "c-out"}}
+		for _, step := range chain {
+			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: step[2], Namespace: namespace},
+				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: step[0]}},
+			})).To(Succeed())
+			var inputs []string
+			if step[1] != "" {
+				inputs = []string{step[1]}
+			}
+			Expect(k8sClient.Create(ctx, newLineage(namespace, step[0], inputs, []string{step[2]}))).To(Succeed())
+		}
+		worker := "pool/" + namespace
+		for _, step := range chain {
+			job := &batchv1.Job{}
+			Eventually(func() error {
+				return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: step[0] + "-run"}, job)
+			}).Should(Succeed())
+			writeOn(step[2], worker)
+			finishJob(job, true)
+			Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(step[0]), step[2]) }).
+				Should(Equal(datav1alpha1.OutputInMemory))
+		}
+		_, err := lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+
+		By("a is recomputed at the lowest class, b and c wait for their inputs")
+		Eventually(func(g Gomega) {
+			l := lineageOf("a")
+			g.Expect(l.Status.ActiveRecomputation).NotTo(BeNil())
+			g.Expect(l.Status.ActiveRecomputation.PriorityClassName).To(Equal(DefaultRecomputeClass))
+			g.Expect(outputState(lineageOf("c"), "c-out")).To(Equal(datav1alpha1.OutputLost))
+		}).Should(Succeed())
+
+		By("a pod of a higher class that reads c's output makes a's pending Job come back with that class")
+		Expect(k8sClient.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: namespace},
+			Spec: corev1.PodSpec{
+				PriorityClassName: urgent,
+				Containers:        []corev1.Container{{Name: "read", Image: "example.com/read:1"}},
+				Volumes: []corev1.Volume{{Name: "c", VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c-out", ReadOnly: true}}}},
+			},
+		})).To(Succeed())
+		Eventually(func(g Gomega) {
+			l := lineageOf("a")
+			g.Expect(l.Status.ActiveRecomputation).NotTo(BeNil())
+			g.Expect(l.Status.ActiveRecomputation.PriorityClassName).To(Equal(urgent))
+			job := &batchv1.Job{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: l.Status.ActiveRecomputation.JobName}, job)).To(Succeed())
+			g.Expect(job.Spec.Template.Spec.PriorityClassName).To(Equal(urgent))
+		}).WithTimeout(time.Minute).Should(Succeed())
+		Eventually(func() []string { return eventReasons(namespace, "a") }).Should(ContainElement(ReasonPriorityInherited))
+	})
+
 	It("reruns the Job at the lowest priority, and at the priority of a pod that waits for the data", func() {
 		priorityClass(DefaultRecomputeClass, -100)
 		urgent := "urgent-" + namespace

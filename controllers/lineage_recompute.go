@@ -58,7 +58,7 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 	l.Status.Recomputations = made
 	l.Status.ActiveRecomputation = nil
 	if len(active) > 0 {
-		return r.followRecomputation(ctx, l, active)
+		return r.followRecomputation(ctx, l, ns, active)
 	}
 	if len(last) > 0 && failed(last) {
 		// What a recomputation that failed was to write is missing: the master let go of it first.
@@ -89,7 +89,7 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 		return cond, nil
 	}
 
-	class, err := r.inheritedClass(ctx, l.Namespace, lost)
+	class, err := r.inheritedClass(ctx, l.Namespace, ns.awaiting(lost))
 	if err != nil {
 		return cond, err
 	}
@@ -229,7 +229,7 @@ func jobFinished(job *batchv1.Job) batchv1.JobConditionType {
 // followRecomputation reports the running recomputation, and recreates a Job of it with a
 // higher class when a pod of higher priority waits for the data and the Job's pods have no node
 // yet.
-func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1alpha1.Lineage, jobs []*batchv1.Job) (metav1.Condition, error) {
+func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace, jobs []*batchv1.Job) (metav1.Condition, error) {
 	if err := r.release(ctx, l, jobs); err != nil {
 		// Made by a reconcile that could not let go of the old files, or not let every Job run.
 		return metav1.Condition{}, err
@@ -243,7 +243,7 @@ func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1al
 
 	// Priority inheritance: a pod's priority cannot change, so a Job whose pods all still wait
 	// for room is recreated with the higher class; one that runs is left alone.
-	class, err := r.inheritedClass(ctx, l.Namespace, rewritten)
+	class, err := r.inheritedClass(ctx, l.Namespace, ns.awaiting(rewritten))
 	if err != nil {
 		return cond, err
 	}
@@ -318,10 +318,11 @@ func (r *LineageReconciler) forgetOutput(ctx context.Context, namespace, name st
 	return forgetAtMaster(ctx, r.Master, datav1alpha1.MasterDatasetName(namespace, name, string(ds.UID)))
 }
 
-// inheritedClass is the PriorityClass a recomputation of outputs runs at: the highest of the
-// pods of namespace that mount one of them and are not finished, if it is above the
-// recomputation class; the recomputation class otherwise.
-func (r *LineageReconciler) inheritedClass(ctx context.Context, namespace string, outputs []string) (string, error) {
+// inheritedClass is the PriorityClass a recomputation runs at: the highest of the pods of
+// namespace that mount one of the Datasets awaiting it (its outputs, and what is lost
+// downstream of them: priority inheritance is transitive, Tachyon §5) and are not finished, if
+// it is above the recomputation class; the recomputation class otherwise.
+func (r *LineageReconciler) inheritedClass(ctx context.Context, namespace string, awaiting []string) (string, error) {
 	base := r.RecomputeClass
 	if base == "" {
 		base = DefaultRecomputeClass
@@ -337,7 +338,7 @@ func (r *LineageReconciler) inheritedClass(ctx context.Context, namespace string
 	best := base
 	for _, pod := range pods.Items {
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Labels[lineageLabel] != "" ||
-			pod.Spec.PriorityClassName == "" || pod.Spec.Priority == nil || !mountsAny(&pod, outputs) {
+			pod.Spec.PriorityClassName == "" || pod.Spec.Priority == nil || !mountsAny(&pod, awaiting) {
 			continue
 		}
 		if *pod.Spec.Priority > bestPriority {

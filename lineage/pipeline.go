@@ -1,5 +1,7 @@
 package lineage
 
+import "slices"
+
 // Step is a computation of a namespace's pipeline (a Lineage): the Datasets it reads and the
 // Datasets it writes.
 type Step struct {
@@ -99,6 +101,36 @@ func (p *Pipeline) Levels() map[string]int {
 
 // LevelCycle is the level of a step that a cycle of steps stands before (see Levels).
 const LevelCycle = -1
+
+// Downstream are the Datasets written, directly or through other steps, from datasets: the
+// outputs of every step that reads one of them, then of every step that reads one of those,
+// and so on, going on only through the outputs through says (a Dataset that is there needs
+// nothing from upstream). They are sorted; one of datasets is among them only if it is written
+// from another of them, or by a cycle.
+func (p *Pipeline) Downstream(datasets []string, through func(dataset string) bool) []string {
+	seen := map[string]bool{}
+	frontier := slices.Clone(datasets)
+	var found []string
+	for len(frontier) > 0 {
+		var next []string
+		for _, name := range p.order {
+			s := p.steps[name]
+			if !slices.ContainsFunc(s.Inputs, func(in string) bool { return slices.Contains(frontier, in) }) {
+				continue
+			}
+			for _, out := range s.Outputs {
+				if !seen[out] && through(out) {
+					seen[out] = true
+					found = append(found, out)
+					next = append(next, out)
+				}
+			}
+		}
+		frontier = next
+	}
+	slices.Sort(found)
+	return found
+}
 
 // Files is the graph of the pipeline's output files, each computed from its step's inputs;
 // ended says which end every chain as a checkpoint does (checkpointed, or not written yet), for

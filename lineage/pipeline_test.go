@@ -114,3 +114,31 @@ func TestTheFilesOfAPipelineChainThroughItsSteps(t *testing.T) {
 	checkpointedX := p.Files(func(_, out string) bool { return out == "x" })
 	g.Expect(checkpointedX.Depth("z")).To(Equal(2), "a checkpoint ends the chain a loss would recompute")
 }
+
+func TestDownstreamGoesThroughTheDatasetsItIsToldTo(t *testing.T) {
+	p := NewPipeline([]Step{
+		{Name: "a", Inputs: in("raw"), Outputs: in("x")},
+		{Name: "b", Inputs: in("x"), Outputs: in("y")},
+		{Name: "c", Inputs: in("y", "raw2"), Outputs: in("z")},
+		{Name: "side", Inputs: in("x"), Outputs: in("s")},
+		{Name: "loop1", Inputs: in("l2"), Outputs: in("l1")},
+		{Name: "loop2", Inputs: in("l1"), Outputs: in("l2")},
+	})
+	all := func(string) bool { return true }
+	for _, tc := range []struct {
+		name    string
+		from    []string
+		through func(string) bool
+		want    []string
+	}{
+		{"every step after x", in("x"), all, in("s", "y", "z")},
+		{"not past a Dataset that is there", in("x"), func(d string) bool { return d != "y" }, in("s")},
+		{"nothing reads it", in("z"), all, nil},
+		{"from several", in("y", "raw"), all, in("s", "x", "y", "z")},
+		{"a cycle ends", in("l1"), all, in("l1", "l2")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			NewWithT(t).Expect(p.Downstream(tc.from, tc.through)).To(Equal(tc.want))
+		})
+	}
+}
