@@ -36,11 +36,12 @@
 // raised to the highest priority of the pods that mount the lost data, or lost data downstream
 // of it that waits for it (transitively: a pod waiting for C raises the recomputation of every
 // lost ancestor of C), by recreating the Job while its pod waits for a node (Tachyon's priority
-// inheritance), at most
-// spec.maxRecomputations times. For an Indexed Job whose Lineage maps completion indexes to
-// partitions of its outputs (lineage_partitions.go), only the indexes whose partitions hold lost
-// files rerun, each as a Job of one completion that finds its index where an Indexed Job's pod
-// does, and the master lets go of those partitions' files alone (the outputs opened again).
+// inheritance), at most spec.maxRecomputations times. For an Indexed Job whose Lineage maps
+// completion indexes to partitions of its outputs (lineage_partitions.go), or is Narrow (index i
+// writes output i from input i), only the indexes whose partitions hold lost files rerun, each
+// as a Job of one completion that finds its index where an Indexed Job's pod does, and the
+// master lets go of those partitions' files alone (the outputs opened again); a Narrow rerun
+// waits only for the inputs of the outputs it writes.
 // A recomputation that fails leaves what it was to write lost: it is tried again, within
 // spec.maxRecomputations. One whose pod is disrupted (preempted by the scheduler for work of
 // higher priority, evicted) ends at once (its pod failure policy) and comes back as a new one,

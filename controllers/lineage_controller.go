@@ -262,7 +262,7 @@ func (r *LineageReconciler) ensureRunJob(ctx context.Context, l *datav1alpha1.Li
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: runJobName(l)}, job)
 	switch {
 	case apierrors.IsNotFound(err):
-		if waiting := r.missingInputs(ctx, l, ns); len(waiting) > 0 {
+		if waiting := r.missingInputs(ctx, l, ns, l.Spec.Inputs); len(waiting) > 0 {
 			return nil, waiting, nil
 		}
 		job, err = r.createRunJob(ctx, l)
@@ -276,10 +276,11 @@ func (r *LineageReconciler) ensureRunJob(ctx context.Context, l *datav1alpha1.Li
 // missingInputs are the inputs not available yet: a Dataset that is not Ready, or an output of
 // a Lineage that has not written it, or that has lost some of it. Loss is asked of the master
 // itself: the producer's status may not say it yet (a node's loss reaches every Lineage at
-// once), and a child recomputed before its parent would read holes.
-func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) []string {
+// once), and a child recomputed before its parent would read holes. inputs are those of l's
+// inputs to check: all for a run, those a recomputation reads for one (neededInputs).
+func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace, inputs []string) []string {
 	var missing []string
-	for _, in := range l.Spec.Inputs {
+	for _, in := range inputs {
 		ds := ns.datasets[in]
 		available := meta.IsStatusConditionTrue(ds.Status.Conditions, datav1alpha1.ConditionReady)
 		if p, ok := ns.pipeline.Producer(in); ok && ds.Spec.Lineage != nil {

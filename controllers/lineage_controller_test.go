@@ -482,6 +482,86 @@ var _ = Describe("Recomputation of lost partitions", func() {
 			g.Expect(second.Items).To(HaveExactElements(HaveField("Labels", HaveKeyWithValue(completionIndexLabel, "2"))))
 		}).Should(Succeed())
 	})
+
+	It("reruns, for a Narrow Lineage, only the index of the lost output, without waiting for the inputs of the others", func() {
+		lostWorker, keptWorker := "pool/"+namespace+"-a", "pool/"+namespace+"-b"
+		for _, w := range []string{lostWorker, keptWorker} {
+			_, err := lineageMaster.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: w, Node: w})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		// sealOn makes the master hold one file of output on worker.
+		sealOn := func(output, worker string) {
+			GinkgoHelper()
+			ds := &datav1alpha1.Dataset{}
+			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: output}, ds)).To(Succeed())
+			name, root := datav1alpha1.MasterDatasetName(namespace, output, string(ds.UID)), datav1alpha1.MasterDatasetRoot(namespace, output, string(ds.UID))
+			_, err := lineageMaster.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root})
+			Expect(err).NotTo(HaveOccurred())
+			_, err = lineageMaster.SealFile(ctx, &masterpb.SealFileRequest{Path: root + "/part-0", Dataset: name, ClientToken: output,
+				Blocks: []*masterpb.CommitBlockRequest{{BlockId: uint64(specID.Add(1)) << 40, Size: 100, Worker: worker, Tier: "mem"}}})
+			Expect(err).NotTo(HaveOccurred())
+		}
+		run := func(lineage string, outputs map[string]string) {
+			GinkgoHelper()
+			job := &batchv1.Job{}
+			Eventually(func() error {
+				return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: lineage + "-run"}, job)
+			}).Should(Succeed())
+			for output, worker := range outputs {
+				sealOn(output, worker)
+			}
+			finishJob(job, true)
+			for output := range outputs {
+				Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(namespace, lineage), output) }).
+					Should(Equal(datav1alpha1.OutputInMemory))
+			}
+		}
+		for output, lineage := range map[string]string{"up-0": "u0", "up-1": "u1", "n-0": "pair", "n-1": "pair"} {
+			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+				ObjectMeta: metav1.ObjectMeta{Name: output, Namespace: namespace},
+				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: lineage}},
+			})).To(Succeed())
+		}
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "u0", nil, []string{"up-0"}))).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "u1", nil, []string{"up-1"}))).To(Succeed())
+		pair := newLineage(namespace, "pair", []string{"up-0", "up-1"}, []string{"n-0", "n-1"})
+		pair.Spec.Dependency = datav1alpha1.DependencyNarrow
+		pair.Spec.Template.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
+		pair.Spec.Template.Spec.Completions, pair.Spec.Template.Spec.Parallelism = ptr.To[int32](2), ptr.To[int32](2)
+		Expect(k8sClient.Create(ctx, pair)).To(Succeed())
+
+		By("up-0 and n-1 on one node, up-1 and n-0 on another")
+		run("u0", map[string]string{"up-0": lostWorker})
+		run("u1", map[string]string{"up-1": keptWorker})
+		run("pair", map[string]string{"n-0": keptWorker, "n-1": lostWorker})
+
+		By("the first node is lost: index 1 reruns at once, from up-1, while up-0 is still being recomputed")
+		_, err := lineageMaster.MarkWorkerLost(ctx, lostWorker, "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+		var jobs batchv1.JobList
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.List(ctx, &jobs, client.InNamespace(namespace),
+				client.MatchingLabels{lineageLabel: "pair", recomputationLabel: "1"})).To(Succeed())
+			g.Expect(jobs.Items).To(HaveExactElements(HaveField("Labels", HaveKeyWithValue(completionIndexLabel, "1"))))
+			l := lineageOf(namespace, "pair")
+			g.Expect(l.Status.ActiveRecomputation).To(HaveField("Indexes", Equal([]int32{1})))
+			g.Expect(outputState(l, "n-0")).To(Equal(datav1alpha1.OutputInMemory))
+			g.Expect(outputState(l, "n-1")).To(Equal(datav1alpha1.OutputRecomputing))
+		}).Should(Succeed())
+		Expect(lineageOf(namespace, "u0").Status.ActiveRecomputation).NotTo(BeNil(), "up-0 is being recomputed meanwhile")
+
+		By("the master let go of n-1 and kept n-0")
+		for output, files := range map[string]int{"n-0": 1, "n-1": 0} {
+			ds := &datav1alpha1.Dataset{}
+			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: output}, ds)).To(Succeed())
+			listed, err := lineageMaster.ListFiles(ctx, &masterpb.ListFilesRequest{Dir: datav1alpha1.MasterDatasetRoot(namespace, output, string(ds.UID)), Recursive: true})
+			if status.Code(err) == codes.NotFound {
+				listed, err = &masterpb.ListFilesResponse{}, nil
+			}
+			Expect(err).NotTo(HaveOccurred())
+			Expect(listed.GetEntries()).To(HaveLen(files), "files of %s", output)
+		}
+	})
 })
 
 var _ = Describe("A recomputation whose pod is disrupted", func() {

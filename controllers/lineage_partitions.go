@@ -42,7 +42,8 @@ type PartitionsMaster interface {
 // partition, or a lost file lies in none: then the whole template reruns.
 func (r *LineageReconciler) lostPartitions(ctx context.Context, l *datav1alpha1.Lineage, lost []string) ([]int32, bool, error) {
 	spec := l.Spec.Template.Spec
-	if len(l.Spec.Partitions) == 0 || spec.CompletionMode == nil || *spec.CompletionMode != batchv1.IndexedCompletion || r.Partitions == nil {
+	partitions := partitionsOf(l)
+	if len(partitions) == 0 || spec.CompletionMode == nil || *spec.CompletionMode != batchv1.IndexedCompletion || r.Partitions == nil {
 		return nil, false, nil
 	}
 	log := ctrl.LoggerFrom(ctx)
@@ -66,7 +67,7 @@ func (r *LineageReconciler) lostPartitions(ctx context.Context, l *datav1alpha1.
 		}
 		root := datav1alpha1.MasterDatasetRoot(l.Namespace, out, string(ds.UID)) + "/"
 		for _, p := range usage.GetLostPaths() {
-			index, ok := partitionOf(l.Spec.Partitions, out, strings.TrimPrefix(p, root))
+			index, ok := partitionOf(partitions, out, strings.TrimPrefix(p, root))
 			if !ok {
 				log.Info("a lost file lies in no partition; recomputing the whole Job", "output", out, "file", p)
 				return nil, false, nil
@@ -94,10 +95,38 @@ func failedIndexes(jobs []*batchv1.Job) []int32 {
 	return out
 }
 
+// partitionsOf are the partitions of l's outputs that its completion indexes write: those of
+// spec.partitions, or for a Narrow Lineage without them, output i whole for index i.
+func partitionsOf(l *datav1alpha1.Lineage) []datav1alpha1.OutputPartition {
+	if len(l.Spec.Partitions) > 0 || l.Spec.Dependency != datav1alpha1.DependencyNarrow {
+		return l.Spec.Partitions
+	}
+	whole := make([]datav1alpha1.OutputPartition, len(l.Spec.Outputs))
+	for i, out := range l.Spec.Outputs {
+		whole[i] = datav1alpha1.OutputPartition{Index: int32(i), Output: out} // no path: all of it
+	}
+	return whole
+}
+
+// neededInputs are the inputs a run that writes outputs reads: for a Narrow Lineage input i of
+// each output i, for a Wide one every input.
+func neededInputs(l *datav1alpha1.Lineage, outputs []string) []string {
+	if l.Spec.Dependency != datav1alpha1.DependencyNarrow {
+		return l.Spec.Inputs
+	}
+	var inputs []string
+	for i, out := range l.Spec.Outputs {
+		if i < len(l.Spec.Inputs) && slices.Contains(outputs, out) {
+			inputs = append(inputs, l.Spec.Inputs[i])
+		}
+	}
+	return inputs
+}
+
 // partitionOf is the completion index whose partition of output holds the file rel.
 func partitionOf(partitions []datav1alpha1.OutputPartition, output, rel string) (int32, bool) {
 	for _, p := range partitions {
-		if p.Output == output && (rel == p.Path || strings.HasPrefix(rel, strings.TrimSuffix(p.Path, "/")+"/")) {
+		if p.Output == output && (p.Path == "" || rel == p.Path || strings.HasPrefix(rel, strings.TrimSuffix(p.Path, "/")+"/")) {
 			return p.Index, true
 		}
 	}
@@ -110,7 +139,7 @@ func (r *LineageReconciler) releasePartitions(ctx context.Context, l *datav1alph
 	if r.Partitions == nil {
 		return fmt.Errorf("recomputing partitions of Lineage %s needs the master", l.Name)
 	}
-	for _, p := range l.Spec.Partitions {
+	for _, p := range partitionsOf(l) {
 		if !slices.Contains(indexes, p.Index) {
 			continue
 		}
@@ -119,7 +148,10 @@ func (r *LineageReconciler) releasePartitions(ctx context.Context, l *datav1alph
 			return client.IgnoreNotFound(err)
 		}
 		name := datav1alpha1.MasterDatasetName(l.Namespace, p.Output, string(ds.UID))
-		path := datav1alpha1.MasterDatasetRoot(l.Namespace, p.Output, string(ds.UID)) + "/" + strings.TrimSuffix(p.Path, "/")
+		path := datav1alpha1.MasterDatasetRoot(l.Namespace, p.Output, string(ds.UID))
+		if p.Path != "" {
+			path += "/" + strings.TrimSuffix(p.Path, "/")
+		}
 		if err := r.forgetPartition(ctx, name, path); err != nil {
 			return fmt.Errorf("letting go of partition %s of %s (index %d): %w", p.Path, p.Output, p.Index, err)
 		}
@@ -170,16 +202,30 @@ func (r *LineageReconciler) forgetPartition(ctx context.Context, name, path stri
 // rewritten are the outputs jobs write: those of the partitions of their indexes, or every
 // output of l for a Job of the whole template.
 func (r *LineageReconciler) rewritten(l *datav1alpha1.Lineage, jobs []*batchv1.Job) []string {
-	var out []string
+	if len(jobs) == 0 {
+		return nil
+	}
+	indexes := make([]int32, 0, len(jobs))
 	for _, job := range jobs {
 		index, ok := jobIndex(job)
 		if !ok {
 			return l.Spec.Outputs
 		}
-		for _, p := range l.Spec.Partitions {
-			if p.Index == index && !slices.Contains(out, p.Output) {
-				out = append(out, p.Output)
-			}
+		indexes = append(indexes, index)
+	}
+	return outputsOf(l, indexes)
+}
+
+// outputsOf are the outputs the completion indexes write part of, or every output of l when
+// indexes is empty (the whole template reruns).
+func outputsOf(l *datav1alpha1.Lineage, indexes []int32) []string {
+	if len(indexes) == 0 {
+		return l.Spec.Outputs
+	}
+	var out []string
+	for _, p := range partitionsOf(l) {
+		if slices.Contains(indexes, p.Index) && !slices.Contains(out, p.Output) {
+			out = append(out, p.Output)
 		}
 	}
 	return out

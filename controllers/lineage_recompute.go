@@ -83,16 +83,6 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 		}
 		return cond, nil
 	}
-	if waiting := r.missingInputs(ctx, l, ns); len(waiting) > 0 {
-		cond.Reason = ReasonWaitingForLostInputs
-		cond.Message = fmt.Sprintf("%s lost; recomputing once inputs %s are there again", strings.Join(lost, ", "), strings.Join(waiting, ", "))
-		return cond, nil
-	}
-
-	class, err := r.inheritedClass(ctx, l.Namespace, ns.awaiting(lost))
-	if err != nil {
-		return cond, err
-	}
 	indexes, partial, err := r.lostPartitions(ctx, l, lost)
 	if err != nil {
 		return cond, err
@@ -107,6 +97,17 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 	}
 	if !partial {
 		indexes = nil
+	}
+	// A Narrow Lineage's rerun reads only the inputs of what it writes again.
+	if waiting := r.missingInputs(ctx, l, ns, neededInputs(l, outputsOf(l, indexes))); len(waiting) > 0 {
+		cond.Reason = ReasonWaitingForLostInputs
+		cond.Message = fmt.Sprintf("%s lost; recomputing once inputs %s are there again", strings.Join(lost, ", "), strings.Join(waiting, ", "))
+		return cond, nil
+	}
+
+	class, err := r.inheritedClass(ctx, l.Namespace, ns.awaiting(lost))
+	if err != nil {
+		return cond, err
 	}
 	// Created suspended, then the master lets go of what they write, then they run: from the
 	// moment this Lineage decides to recompute, a Job says so to the Lineages that read its

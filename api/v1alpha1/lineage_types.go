@@ -21,6 +21,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.outputs) && size(self.outputs) > 0",message="spec.outputs must name at least one Dataset that this Lineage writes"
 // +kubebuilder:validation:XValidation:rule="!has(self.inputs) || !has(self.outputs) || self.outputs.all(o, !(o in self.inputs))",message="a Dataset cannot be both an input and an output of one Lineage: remove it from spec.inputs or from spec.outputs"
 // +kubebuilder:validation:XValidation:rule="!has(self.dependency) || self.dependency != 'Narrow' || (has(self.inputs) && has(self.outputs) && size(self.inputs) == size(self.outputs))",message="a Narrow Lineage maps input i to output i, so spec.inputs and spec.outputs must have the same length; use dependency: Wide otherwise"
+// +kubebuilder:validation:XValidation:rule="!has(self.dependency) || self.dependency != 'Narrow' || (has(self.template.spec) && has(self.template.spec.completionMode) && self.template.spec.completionMode == 'Indexed' && (has(self.partitions) || (has(self.template.spec.completions) && has(self.outputs) && self.template.spec.completions == size(self.outputs))))",message="a Narrow Lineage reruns only the completion indexes that write what was lost: its Job must be Indexed, with spec.partitions or with spec.completions equal to the number of outputs (index i reads input i and writes output i); use dependency: Wide otherwise"
 // +kubebuilder:validation:XValidation:rule="has(self.template.spec) && has(self.template.spec.template.spec) && size(self.template.spec.template.spec.containers) > 0",message="spec.template must be a Job template with at least one container in spec.template.spec.template.spec.containers"
 // +kubebuilder:validation:XValidation:rule="!has(self.partitions) || (has(self.outputs) && self.partitions.all(p, p.output in self.outputs))",message="every spec.partitions[].output must be one of spec.outputs"
 type LineageSpec struct {
@@ -39,7 +40,12 @@ type LineageSpec struct {
 	// +kubebuilder:validation:items:MaxLength=253
 	Outputs []string `json:"outputs,omitempty"`
 
-	// Dependency is Narrow (output i depends on input i) or Wide (on all inputs).
+	// Dependency is Narrow (output i depends on input i alone) or Wide (on all inputs). A
+	// Narrow Lineage's Job is Indexed: the indexes spec.partitions maps to what was lost rerun,
+	// or, without partitions, index i for a lost output i (spec.completions equal to the number
+	// of outputs); and a recomputation waits only for the inputs of the outputs it writes, so
+	// output i comes back while input j is still being recomputed. A Wide Lineage reruns as
+	// its partitions say too, but always waits for every input.
 	// +kubebuilder:default=Wide
 	// +optional
 	Dependency DependencyType `json:"dependency,omitempty"`

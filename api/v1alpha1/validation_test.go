@@ -183,6 +183,15 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(stored.Spec.Tiers[0].Watermarks).To(Equal(datav1alpha1.Watermarks{High: 0.9, Low: 0.7}))
 	})
 
+	It("accepts a Narrow Lineage without partitions whose completion index i writes output i", func() {
+		obj := inNamespace(loadSamples()["Lineage/extract-features"])
+		set(obj, "spec.partitions", nil)
+		set(obj, "spec.inputs", []any{"in-0", "in-1"})
+		set(obj, "spec.outputs", []any{"out-0", "out-1"})
+		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, obj))).To(Succeed()) })
+	})
+
 	It("keeps a Dataset's source immutable, because cached blocks belong to it", func() {
 		obj := inNamespace(sample("Dataset/imagenet-mini"))
 		Expect(k8sClient.Create(ctx, obj)).To(Succeed())
@@ -417,6 +426,12 @@ var _ = Describe("Admission of the Strata API", func() {
 		Entry("a Narrow Lineage with more outputs than inputs", "Lineage/extract-features",
 			func(o *unstructured.Unstructured) { set(o, "spec.outputs", []any{"imagenet-features", "thumbnails"}) },
 			"a Narrow Lineage maps input i to output i"),
+		Entry("a Narrow Lineage whose Job is not Indexed", "Lineage/extract-features",
+			func(o *unstructured.Unstructured) { set(o, "spec.template.spec.completionMode", nil) },
+			"a Narrow Lineage reruns only the completion indexes that write what was lost"),
+		Entry("a Narrow Lineage without partitions whose completions are not one per output", "Lineage/extract-features",
+			func(o *unstructured.Unstructured) { set(o, "spec.partitions", nil) },
+			"a Narrow Lineage reruns only the completion indexes that write what was lost"),
 		Entry("a partition of a Dataset that is not an output", "Lineage/extract-features",
 			func(o *unstructured.Unstructured) {
 				set(o, "spec.partitions[0]", map[string]any{"index": int64(0), "output": "other", "path": "part-0"})
