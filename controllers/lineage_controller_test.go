@@ -183,9 +183,11 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		return &jobs.Items[0]
 	}
 
-	It("recomputes a parent before its child when one loss takes both", func() {
-		priorityClass(DefaultRecomputeClass, -100)
-		for _, step := range [][3]string{{"parent", "", "p-out"}, {"child", "p-out", "c-out"}} {
+	// runChain creates a chain of steps (name, input or "", output), each reading the output of
+	// the one before, runs each once with its output written on worker, and loses worker.
+	runChain := func(worker string, chain ...[3]string) {
+		GinkgoHelper()
+		for _, step := range chain {
 			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 				ObjectMeta: metav1.ObjectMeta{Name: step[2], Namespace: namespace},
 				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: step[0]}},
@@ -196,20 +198,23 @@ var _ = Describe("Recomputation of lost outputs", func() {
 			}
 			Expect(k8sClient.Create(ctx, newLineage(namespace, step[0], inputs, []string{step[2]}))).To(Succeed())
 		}
-		worker := "pool/" + namespace
-		for _, name := range []string{"parent", "child"} {
+		for _, step := range chain {
 			job := &batchv1.Job{}
 			Eventually(func() error {
-				return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name + "-run"}, job)
+				return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: step[0] + "-run"}, job)
 			}).Should(Succeed())
-			out := map[string]string{"parent": "p-out", "child": "c-out"}[name]
-			writeOn(out, worker)
+			writeOn(step[2], worker)
 			finishJob(job, true)
-			Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(name), out) }).
+			Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(step[0]), step[2]) }).
 				Should(Equal(datav1alpha1.OutputInMemory))
 		}
 		_, err := lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
 		Expect(err).NotTo(HaveOccurred())
+	}
+
+	It("recomputes a parent before its child when one loss takes both", func() {
+		priorityClass(DefaultRecomputeClass, -100)
+		runChain("pool/"+namespace, [3]string{"parent", "", "p-out"}, [3]string{"child", "p-out", "c-out"})
 
 		By("the parent is recomputed; the child waits for it, however soon it sees its own loss")
 		var parentJob *batchv1.Job
@@ -232,31 +237,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		priorityClass(DefaultRecomputeClass, -100)
 		urgent := "urgent-chain-" + namespace
 		priorityClass(urgent, 1000)
-		chain := [][3]string{{"a", "", "a-out"}, {"b", "a-out", "b-out"}, {"c", "b-out", "c-out"}}
-		for _, step := range chain {
-			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
-				ObjectMeta: metav1.ObjectMeta{Name: step[2], Namespace: namespace},
-				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: step[0]}},
-			})).To(Succeed())
-			var inputs []string
-			if step[1] != "" {
-				inputs = []string{step[1]}
-			}
-			Expect(k8sClient.Create(ctx, newLineage(namespace, step[0], inputs, []string{step[2]}))).To(Succeed())
-		}
-		worker := "pool/" + namespace
-		for _, step := range chain {
-			job := &batchv1.Job{}
-			Eventually(func() error {
-				return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: step[0] + "-run"}, job)
-			}).Should(Succeed())
-			writeOn(step[2], worker)
-			finishJob(job, true)
-			Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(step[0]), step[2]) }).
-				Should(Equal(datav1alpha1.OutputInMemory))
-		}
-		_, err := lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
-		Expect(err).NotTo(HaveOccurred())
+		runChain("pool/"+namespace, [3]string{"a", "", "a-out"}, [3]string{"b", "a-out", "b-out"}, [3]string{"c", "b-out", "c-out"})
 
 		By("a is recomputed at the lowest class, b and c wait for their inputs")
 		Eventually(func(g Gomega) {
