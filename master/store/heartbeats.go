@@ -46,6 +46,14 @@ func (h *heartbeats) record(worker string, at time.Time, tiers []*masterpb.TierU
 	h.last[worker] = heartbeat{at: at, tiers: tiers}
 }
 
+// forget drops what was heard of a worker the state machine forgot, so that the memory holds
+// only workers it knows (a worker forgotten and registered again starts afresh).
+func (h *heartbeats) forget(worker string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.last, worker)
+}
+
 func (h *heartbeats) get(worker string) (heartbeat, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -73,3 +73,27 @@ func TestHeartbeatsCostNoRaftEntryWhileNothingChanges(t *testing.T) {
 		g.Expect(errors.As(err, &notLeader)).To(BeTrue(), "a follower sends heartbeats to the leader: %v", err)
 	}
 }
+
+// A worker the master forgets leaves the leader's memory of heartbeats too.
+func TestAForgottenWorkerLeavesTheHeartbeatMemory(t *testing.T) {
+	g := NewWithT(t)
+	ctx := deadline(t, 30*time.Second)
+	c := mastertest.New(t, 1, mastertest.Options{})
+	leader, err := c.Leader(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = leader.Store.Apply(ctx, &masterpb.Command{Op: &masterpb.Command_RegisterWorker{RegisterWorker: &masterpb.RegisterWorkerRequest{
+		Id: "pool/node-a", Node: "node-a",
+	}}})
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = leader.Store.Heartbeat(ctx, &masterpb.HeartbeatRequest{Worker: "pool/node-a"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(leader.Store.LastHeartbeat("pool/node-a")).NotTo(BeZero())
+
+	_, err = leader.Store.MarkWorkerLost(ctx, "pool/node-a", "test")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(leader.Store.LastHeartbeat("pool/node-a")).NotTo(BeZero(), "a lost worker may come back: what was heard of it stays")
+	resp, err := leader.Store.Apply(ctx, &masterpb.Command{Op: &masterpb.Command_ForgetWorker{ForgetWorker: &masterpb.ForgetWorkerRequest{Worker: "pool/node-a"}}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.(*masterpb.ForgetWorkerResponse).GetForgotten()).To(BeTrue())
+	g.Expect(leader.Store.LastHeartbeat("pool/node-a")).To(BeZero(), "forgotten")
+}

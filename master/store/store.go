@@ -337,6 +337,9 @@ func (s *Store) Apply(ctx context.Context, cmd *masterpb.Command) (proto.Message
 	if !ok {
 		return nil, fmt.Errorf("state machine returned %T for a command", f.Response())
 	}
+	if forgotten := cmd.GetForgetWorker(); forgotten != nil && res.Err == nil {
+		s.beats.forget(forgotten.GetWorker())
+	}
 	return res.Response, res.Err
 }
 
