@@ -202,22 +202,29 @@ func (r *LineageReconciler) namespaceGraph(ctx context.Context, name string) (*n
 // awaiting are the Datasets that wait for outputs to be written again: outputs, and every
 // Dataset downstream of them that is lost too, which its Lineage can recompute only after them.
 // A pod that waits for any of them waits for outputs.
-func (ns *namespace) awaiting(outputs []string) []string {
-	return append(slices.Clone(outputs), ns.pipeline.Downstream(outputs, ns.lost)...)
+func (r *LineageReconciler) awaiting(ctx context.Context, namespace string, ns *namespace, outputs []string) []string {
+	lost := func(dataset string) bool { return r.outputLost(ctx, namespace, ns, dataset) }
+	return append(slices.Clone(outputs), ns.pipeline.Downstream(outputs, lost)...)
 }
 
-// lost says whether dataset is an output its Lineage lost (and recomputes, or will).
-func (ns *namespace) lost(dataset string) bool {
+// outputLost says whether dataset is an output of a Lineage that has lost some of it: as the
+// Lineage's status says, or, since a node's loss reaches every Lineage at once and a status may
+// not say it yet, as the master says.
+func (r *LineageReconciler) outputLost(ctx context.Context, namespace string, ns *namespace, dataset string) bool {
 	producer, ok := ns.pipeline.Producer(dataset)
 	if !ok || ns.lineages[producer] == nil {
 		return false
 	}
-	for _, o := range ns.lineages[producer].Status.Outputs {
-		if o.Name == dataset {
-			return o.State == datav1alpha1.OutputLost || o.State == datav1alpha1.OutputRecomputing
-		}
+	switch state := outputState(ns.lineages[producer], dataset); state {
+	case datav1alpha1.OutputLost, datav1alpha1.OutputRecomputing:
+		return true
+	case datav1alpha1.OutputPending:
+		return false // never written: it waits for its first run, not for a recomputation
+	default:
+		st := datav1alpha1.LineageOutputStatus{Name: dataset, State: state}
+		r.outputUsage(ctx, namespace, dataset, &st)
+		return st.State == datav1alpha1.OutputLost
 	}
-	return false
 }
 
 // pipelineOf is the pipeline of a namespace's Lineages.

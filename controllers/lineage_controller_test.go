@@ -183,8 +183,14 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		return &jobs.Items[0]
 	}
 
+	// lose declares worker lost at the master, as the operator does for a node gone.
+	lose := func(worker string) {
+		GinkgoHelper()
+		_, err := lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
+		Expect(err).NotTo(HaveOccurred())
+	}
 	// runChain creates a chain of steps (name, input or "", output), each reading the output of
-	// the one before, runs each once with its output written on worker, and loses worker.
+	// the one before, and runs each once with its output written on worker.
 	runChain := func(worker string, chain ...[3]string) {
 		GinkgoHelper()
 		for _, step := range chain {
@@ -208,13 +214,25 @@ var _ = Describe("Recomputation of lost outputs", func() {
 			Eventually(func() datav1alpha1.OutputState { return outputState(lineageOf(step[0]), step[2]) }).
 				Should(Equal(datav1alpha1.OutputInMemory))
 		}
-		_, err := lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
-		Expect(err).NotTo(HaveOccurred())
+	}
+	// waitingPod creates a pod of class that mounts the claim of dataset.
+	waitingPod := func(name, class, dataset string) {
+		GinkgoHelper()
+		Expect(k8sClient.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+			Spec: corev1.PodSpec{
+				PriorityClassName: class,
+				Containers:        []corev1.Container{{Name: "read", Image: "example.com/read:1"}},
+				Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: dataset, ReadOnly: true}}}},
+			},
+		})).To(Succeed())
 	}
 
 	It("recomputes a parent before its child when one loss takes both", func() {
 		priorityClass(DefaultRecomputeClass, -100)
 		runChain("pool/"+namespace, [3]string{"parent", "", "p-out"}, [3]string{"child", "p-out", "c-out"})
+		lose("pool/" + namespace)
 
 		By("the parent is recomputed; the child waits for it, however soon it sees its own loss")
 		var parentJob *batchv1.Job
@@ -238,6 +256,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		urgent := "urgent-chain-" + namespace
 		priorityClass(urgent, 1000)
 		runChain("pool/"+namespace, [3]string{"a", "", "a-out"}, [3]string{"b", "a-out", "b-out"}, [3]string{"c", "b-out", "c-out"})
+		lose("pool/" + namespace)
 
 		By("a is recomputed at the lowest class, b and c wait for their inputs")
 		Eventually(func(g Gomega) {
@@ -248,15 +267,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		}).Should(Succeed())
 
 		By("a pod of a higher class that reads c's output makes a's pending Job come back with that class")
-		Expect(k8sClient.Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: namespace},
-			Spec: corev1.PodSpec{
-				PriorityClassName: urgent,
-				Containers:        []corev1.Container{{Name: "read", Image: "example.com/read:1"}},
-				Volumes: []corev1.Volume{{Name: "c", VolumeSource: corev1.VolumeSource{
-					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c-out", ReadOnly: true}}}},
-			},
-		})).To(Succeed())
+		waitingPod("report", urgent, "c-out")
 		Eventually(func(g Gomega) {
 			l := lineageOf("a")
 			g.Expect(l.Status.ActiveRecomputation).NotTo(BeNil())
@@ -266,6 +277,23 @@ var _ = Describe("Recomputation of lost outputs", func() {
 			g.Expect(job.Spec.Template.Spec.PriorityClassName).To(Equal(urgent))
 		}).WithTimeout(time.Minute).Should(Succeed())
 		Eventually(func() []string { return eventReasons(namespace, "a") }).Should(ContainElement(ReasonPriorityInherited))
+	})
+
+	It("starts the recomputation of a lost ancestor at the class of a pod that waits for a lost descendant already", func() {
+		priorityClass(DefaultRecomputeClass, -100)
+		urgent := "urgent-waiting-" + namespace
+		priorityClass(urgent, 1000)
+		runChain("pool/"+namespace, [3]string{"a", "", "a-out"}, [3]string{"b", "a-out", "b-out"}, [3]string{"c", "b-out", "c-out"})
+		waitingPod("report", urgent, "c-out")
+
+		By("the node is lost while the pod waits: a's first Job has the pod's class, though b's and c's statuses may not say they lost anything yet")
+		lose("pool/" + namespace)
+		var first *datav1alpha1.RecomputationStatus
+		Eventually(func() *datav1alpha1.RecomputationStatus {
+			first = lineageOf("a").Status.ActiveRecomputation
+			return first
+		}).ShouldNot(BeNil())
+		Expect(first.PriorityClassName).To(Equal(urgent), "made at the inherited class, not made at the lowest and raised later")
 	})
 
 	It("reruns the Job at the lowest priority, and at the priority of a pod that waits for the data", func() {

@@ -105,7 +105,7 @@ func (r *LineageReconciler) recompute(ctx context.Context, l *datav1alpha1.Linea
 		return cond, nil
 	}
 
-	class, err := r.inheritedClass(ctx, l.Namespace, ns.awaiting(lost))
+	class, err := r.inheritedClass(ctx, l.Namespace, r.awaiting(ctx, l.Namespace, ns, lost))
 	if err != nil {
 		return cond, err
 	}
@@ -244,7 +244,7 @@ func (r *LineageReconciler) followRecomputation(ctx context.Context, l *datav1al
 
 	// Priority inheritance: a pod's priority cannot change, so a Job whose pods all still wait
 	// for room is recreated with the higher class; one that runs is left alone.
-	class, err := r.inheritedClass(ctx, l.Namespace, ns.awaiting(rewritten))
+	class, err := r.inheritedClass(ctx, l.Namespace, r.awaiting(ctx, l.Namespace, ns, rewritten))
 	if err != nil {
 		return cond, err
 	}
