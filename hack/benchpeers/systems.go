@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net"
 	"net/http"
@@ -345,15 +346,9 @@ func (st *strata) mountDataset(ctx context.Context, req *workerpb.MountDatasetRe
 }
 
 func datasetUID(round int, what string) string {
-	return fmt.Sprintf("00000000-0000-4000-8000-%04d%08x", round, crc(what))
-}
-
-func crc(s string) uint32 {
-	var h uint32 = 2166136261
-	for i := range len(s) {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(what))
+	return fmt.Sprintf("00000000-0000-4000-8000-%04d%08x", round, h.Sum32())
 }
 
 // reads serves the large object and the small ones as two Datasets of the bucket.
