@@ -83,6 +83,7 @@ type LineageReconciler struct {
 type LineageMaster interface {
 	DatasetMetadata
 	ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error)
+	SetDatasetRecovery(ctx context.Context, req *masterpb.SetDatasetRecoveryRequest) (*masterpb.Dataset, error)
 }
 
 // NewLineageDepthGauge registers the gauge of uncheckpointed lineage depth on reg.
@@ -151,6 +152,7 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 		if l.Status.ActiveRecomputation == nil {
 			r.completeOutputs(ctx, l, complete)
 		}
+		r.setRecovery(ctx, l)
 	}
 	ns.lineages[l.Name] = l
 	l.Status.UncheckpointedDepth = int32(ns.depth(l))

@@ -229,6 +229,39 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		})).To(Succeed())
 	}
 
+	It("tells the master how long readers of a lost output wait, as the output's CachePolicy says", func() {
+		policy := &datav1alpha1.CachePolicy{ObjectMeta: metav1.ObjectMeta{Name: "patient", Namespace: namespace},
+			Spec: datav1alpha1.CachePolicySpec{Recovery: datav1alpha1.RecoverySpec{ReadWait: &metav1.Duration{Duration: 45 * time.Second}}}}
+		Expect(k8sClient.Create(ctx, policy)).To(Succeed())
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "scores", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "score"}, CachePolicyName: "patient"},
+		})).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "score", nil, []string{"scores"}))).To(Succeed())
+		job := &batchv1.Job{}
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "score-run"}, job)
+		}).Should(Succeed())
+		writeOn("scores", "pool/"+namespace)
+		finishJob(job, true)
+		ds := &datav1alpha1.Dataset{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "scores"}, ds)).To(Succeed())
+		waitSeconds := func() int64 {
+			got, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: datav1alpha1.MasterDatasetName(namespace, "scores", string(ds.UID))})
+			if err != nil || got.GetRecovery() == nil {
+				return -1
+			}
+			return got.GetRecovery().GetWaitSeconds()
+		}
+		Eventually(waitSeconds).Should(BeEquivalentTo(45))
+
+		By("a program with retries of its own sets 0s: its reads of a lost file fail at once")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(policy), policy)).To(Succeed())
+		policy.Spec.Recovery.ReadWait = &metav1.Duration{}
+		Expect(k8sClient.Update(ctx, policy)).To(Succeed())
+		Eventually(waitSeconds).Should(BeZero())
+	})
+
 	It("recomputes a parent before its child when one loss takes both", func() {
 		priorityClass(DefaultRecomputeClass, -100)
 		runChain("pool/"+namespace, [3]string{"parent", "", "p-out"}, [3]string{"child", "p-out", "c-out"})
@@ -335,6 +368,15 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		Eventually(completeAtMaster).Should(BeTrue(), "its writer finished: the output takes no more files")
 		_, err = lineageMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: root + "/late", Dataset: name})
 		Expect(status.Code(err)).To(Equal(codes.FailedPrecondition))
+		readWait := func() *masterpb.DatasetRecovery {
+			ds, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+			if err != nil {
+				return nil
+			}
+			return ds.GetRecovery()
+		}
+		tenMinutes := &masterpb.DatasetRecovery{WaitSeconds: int64(datav1alpha1.DefaultRecoveryReadWait.Seconds())}
+		Eventually(readWait).Should(Equal(tenMinutes), "readers of a lost file wait the default for it (no CachePolicy)")
 
 		By("the node holding it is lost")
 		_, err = lineageMaster.MarkWorkerLost(ctx, worker, "test: node gone")
@@ -361,8 +403,9 @@ var _ = Describe("Recomputation of lost outputs", func() {
 				"the recomputation keeps off the node whose worker is lost")
 		Expect(recompute.Spec.PodFailurePolicy.Rules[0].Action).To(Equal(batchv1.PodFailurePolicyActionFailJob),
 			"a disrupted pod ends the recomputation, for a new one that lets go of what the pod wrote")
-		_, err = lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+		_, err = lineageMaster.GetFile(ctx, &masterpb.GetFileRequest{Path: root + "/part-0"})
 		Expect(status.Code(err)).To(Equal(codes.NotFound))
+		Eventually(readWait).Should(Equal(tenMinutes), "said again once the master forgot the output: its readers wait on")
 
 		By("a pod of a higher class that mounts the output makes the pending Job come back with that class")
 		Expect(k8sClient.Create(ctx, &corev1.Pod{
@@ -655,6 +698,13 @@ var _ = Describe("A recomputation whose pod is disrupted", func() {
 			return c.Reason
 		}).Should(Equal(ReasonRecomputationLimit))
 		Expect(outputState(lineageOf(namespace, "once"), "out")).To(Equal(datav1alpha1.OutputLost), "what it was to write is missing")
+		Eventually(func() string {
+			ds, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+			if err != nil {
+				return ""
+			}
+			return ds.GetRecovery().GetFailed()
+		}).Should(ContainSubstring("Lineage once gave up recomputing it"), "readers of the lost file stop waiting for it")
 	})
 })
 

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -210,6 +212,36 @@ type CachePolicySpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Prefetch PrefetchSpec `json:"prefetch,omitempty"`
+
+	// Recovery is what readers of a Lineage output do while a file lost with its node is
+	// written again.
+	// +kubebuilder:default={}
+	// +optional
+	Recovery RecoverySpec `json:"recovery,omitempty"`
+}
+
+// DefaultRecoveryReadWait is RecoverySpec.ReadWait's default.
+const DefaultRecoveryReadWait = 10 * time.Minute
+
+// RecoverySpec configures how readers of a Lineage's outputs meet a loss.
+type RecoverySpec struct {
+	// ReadWait is how long a read (or an open) of an output file lost with its node waits for
+	// the Lineage to write it again before it fails with EIO; it fails at once when the Lineage
+	// gives up (spec.maxRecomputations). 0s fails at once, as a program with its own retries
+	// may prefer. Whole seconds; the default is 10m.
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="spec.recovery.readWait must be between 0s and 24h, such as 10m"
+	// +optional
+	ReadWait *metav1.Duration `json:"readWait,omitempty"`
+}
+
+// ReadWaitOr is the policy's read wait, def when it has none (a policy stored before the field
+// existed).
+func (r RecoverySpec) ReadWaitOr(def time.Duration) time.Duration {
+	if r.ReadWait == nil {
+		return def
+	}
+	return r.ReadWait.Duration
 }
 
 // CachePolicyStatus is the observed state of a CachePolicy.

@@ -155,6 +155,7 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(policy.Spec.Replication.Selective).To(HaveValue(BeTrue()))
 		Expect(policy.Spec.Promotion.AccessThreshold).To(Equal(int32(3)))
 		Expect(policy.Spec.Prefetch.Policy).To(Equal(datav1alpha1.PrefetchNone))
+		Expect(policy.Spec.Recovery.ReadWait).To(Equal(&metav1.Duration{Duration: datav1alpha1.DefaultRecoveryReadWait}))
 
 		dataset := &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: namespace},
@@ -466,6 +467,12 @@ var _ = Describe("Admission of the Strata API", func() {
 		Entry("an Interval checkpoint without an interval", "CachePolicy/training",
 			func(o *unstructured.Unstructured) { set(o, "spec.checkpoint.strategy", "Interval") },
 			"spec.checkpoint.interval is required with strategy: Interval"),
+		Entry("a negative recovery read wait", "CachePolicy/training",
+			func(o *unstructured.Unstructured) { set(o, "spec.recovery.readWait", "-1m") },
+			"spec.recovery.readWait must be between 0s and 24h"),
+		Entry("a recovery read wait of days", "CachePolicy/training",
+			func(o *unstructured.Unstructured) { set(o, "spec.recovery.readWait", "72h") },
+			"spec.recovery.readWait must be between 0s and 24h"),
 		Entry("an unknown eviction policy", "CachePolicy/training",
 			func(o *unstructured.Unstructured) { set(o, "spec.eviction.policy", "FIFO") },
 			`supported values: "LRU", "LFU", "LRFU", "MRD"`),

@@ -40,9 +40,13 @@
 //
 // A mount starts with the Dataset's sealed files as the master lists them, and looks up and
 // lists folders at the master again, so that files other nodes seal later appear. Blocks are
-// read from a local tier when one holds them and otherwise from the worker that does (Peers);
-// a block that no live worker holds is EIO, and logged, since recomputing it is the lineage
-// controller's work. An unsealed file reads back from its staging file.
+// read from a local tier when one holds them and otherwise from the worker that does (Peers),
+// or else from the file's checkpoint. A file none of these has was lost with its node: when the
+// master says that something writes it again (the operator sets masterpb.DatasetRecovery for
+// the outputs of Lineages, which recompute them), its reads, and opens once the master forgot
+// it, wait for the new version, up to the wait the master gives (a CachePolicy's
+// recovery.readWait), and fail with EIO when the recovery fails or the wait runs out (recovery.go);
+// otherwise they fail with EIO at once. An unsealed file reads back from its staging file.
 //
 // # Complete Datasets
 //

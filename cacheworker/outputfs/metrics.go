@@ -17,12 +17,17 @@ type Metrics struct {
 	sealFailures *prometheus.CounterVec
 	takeovers    prometheus.Counter
 	compactions  prometheus.Counter
+	// recoveryWaits and recoveryWaiting count the reads of lost files that waited for them to be
+	// written again (see awaitRecovery).
+	recoveryWaits   *prometheus.CounterVec
+	recoveryWaiting prometheus.Gauge
 }
 
 // NewMetrics registers the output mount metrics on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := newMetrics()
-	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures, m.takeovers, m.compactions} {
+	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures, m.takeovers, m.compactions,
+		m.recoveryWaits, m.recoveryWaiting} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering output mount metrics: %w", err)
 		}
@@ -48,5 +53,11 @@ func newMetrics() *Metrics {
 			Help: "Output mounts this worker took over from an earlier worker process, its writers and readers going on."}),
 		compactions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_journal_compactions_total",
 			Help: "Times an output mount's journal was compacted into a new one, handed to the CSI node plugin's store."}),
+		recoveryWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_recovery_waits_total",
+			Help: "Reads (and opens) of output files lost with their node that waited for them to be written again, by how the wait ended: " +
+				"recovered, failed (the Lineage gave up, or the file came back with another size), timeout (the CachePolicy's recovery.readWait), interrupted (the reader gave up)."},
+			[]string{"outcome"}),
+		recoveryWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "output_recovery_waiting_reads",
+			Help: "Reads (and opens) of lost output files waiting now for them to be written again."}),
 	}
 }

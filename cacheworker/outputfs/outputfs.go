@@ -86,6 +86,9 @@ type Config struct {
 	MasterTimeout time.Duration
 	// Metrics receives the counts; nil counts nowhere.
 	Metrics *Metrics
+	// RecoveryPoll is how often, at most, a read that waits for a lost file to be written again
+	// asks the master whether it is back; 0 means DefaultRecoveryPoll.
+	RecoveryPoll time.Duration
 	// OnNewJournal, when set, is given the mount's handover whenever its journal is compacted
 	// into a new file: whoever holds the handover (the CSI plugin's file descriptor store) must
 	// hold this one instead. An error keeps the old journal in use. The caller keeps h's files.
@@ -226,6 +229,9 @@ func checkConfig(dir string, cfg Config) (Config, error) {
 	}
 	if cfg.MasterTimeout <= 0 {
 		cfg.MasterTimeout = DefaultMasterTimeout
+	}
+	if cfg.RecoveryPoll <= 0 {
+		cfg.RecoveryPoll = DefaultRecoveryPoll
 	}
 	if cfg.Log.GetSink() == nil {
 		cfg.Log = logr.Discard()

@@ -100,14 +100,19 @@ func mountOutput(t *testing.T, master *client.Client, w *worker) *outputfs.Serve
 	return mountOutputIn(t, master, w, blockSize, filepath.Join(t.TempDir(), "staging"), testr.New(t))
 }
 
-// mountOutputIn mounts the output on w, its files cut into blocks of size bs and staged in staging.
-func mountOutputIn(t testing.TB, master *client.Client, w *worker, bs int64, staging string, log logr.Logger) *outputfs.Server {
+// mountOutputIn mounts the output on w, its files cut into blocks of size bs and staged in
+// staging, with what the options change.
+func mountOutputIn(t testing.TB, master *client.Client, w *worker, bs int64, staging string, log logr.Logger, options ...func(*outputfs.Config)) *outputfs.Server {
 	t.Helper()
 	dir := t.TempDir()
-	s, err := outputfs.Mount(context.Background(), dir, outputfs.Config{
+	cfg := outputfs.Config{
 		Dataset: dataset, Root: root, Master: master, Store: w.store, Locations: w.dir, Checkpoints: w.cp,
 		BlockSize: bs, StagingDir: staging, Name: "strata:test", Log: log,
-	})
+	}
+	for _, option := range options {
+		option(&cfg)
+	}
+	s, err := outputfs.Mount(context.Background(), dir, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -331,7 +331,23 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 		case writable:
 			return fuse.EPERM
 		case gone:
-			return fuse.ENOENT // lost, and being recomputed: the reader tries again
+			// Lost, and forgotten for a recomputation: wait for the new version, if something
+			// writes it (n.mu is let go meanwhile, as the recomputation may seal it here).
+			lost := sealedVersion{token: st.Token, size: n.size}
+			n.mu.Unlock()
+			_, err := fsys.awaitRecovery(ctx, n, lost, false, errors.New("the master forgot it"))
+			n.mu.Lock()
+			switch {
+			case errors.Is(err, errNoRecovery):
+				return fuse.ENOENT // nothing writes it again
+			case err != nil && ctx.Err() != nil:
+				return fuse.EINTR
+			case err != nil:
+				fsys.o.log.Error(err, "opening a lost output file", "file", fsys.t.rel(n))
+				return fuse.EIO
+			}
+			out.Fh = fsys.newHandle(false) // a new version: the kernel drops the pages it has
+			return fuse.OK
 		case changed:
 			out.Fh = fsys.newHandle(false) // sealed again elsewhere: the kernel drops the pages it has
 			return fuse.OK
@@ -440,7 +456,16 @@ func (fsys *fileSystem) Read(cancel <-chan struct{}, in *fuse.ReadIn, dest []byt
 	ctx, stop := fuseconn.RequestContext(cancel)
 	defer stop()
 	version := sealedVersion{token: token, size: size, rel: func() string { return fsys.t.rel(n) }}
-	k, err := fsys.handle(in.Fh).readSealed(ctx, fsys.o, version, dest, off)
+	h := fsys.handle(in.Fh)
+	k, err := h.readSealed(ctx, fsys.o, version, dest, off)
+	if errors.Is(err, errBlockLost) && ctx.Err() == nil {
+		// Lost with its node: wait for it to be written again, if something will.
+		if back, werr := fsys.awaitRecovery(ctx, n, version, true, err); werr != nil {
+			err = werr
+		} else {
+			k, err = h.readSealed(ctx, fsys.o, back, dest, off)
+		}
+	}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, fuse.EINTR // the reader was interrupted; not worth a log line

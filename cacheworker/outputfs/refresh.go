@@ -106,17 +106,8 @@ func (fsys *fileSystem) check(ctx context.Context, n *node) (gone, changed bool)
 		return true, false
 	case err != nil:
 		return false, false // the master is away: serve what this node knows
-	case f.GetClientToken() == n.state.Token || !validToken(f.GetClientToken()):
+	case !validToken(f.GetClientToken()):
 		return false, false
 	}
-	old := n.state
-	n.state.Token, n.state.Size = f.GetClientToken(), f.GetSize()
-	n.state.MtimeNs = f.GetModifiedUnixNano()
-	if err := fsys.t.save(n, 0); err != nil {
-		n.state = old
-		o.log.Error(err, "recording a file sealed again elsewhere; showing the version this node knows")
-		return false, false
-	}
-	n.size = f.GetSize()
-	return false, true
+	return false, fsys.adoptLocked(n, f)
 }

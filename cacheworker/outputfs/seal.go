@@ -286,6 +286,7 @@ func (o *output) deleteSealed(ctx context.Context, rel, token string, size int64
 
 // heldBlock is one block of a sealed file, kept by a handle for the reads that follow.
 type heldBlock struct {
+	token string
 	index int64
 	file  *os.File // the copy in a local tier, or
 	data  []byte   // the bytes a peer sent
@@ -316,7 +317,7 @@ func (h *handle) readSealed(ctx context.Context, o *output, v sealedVersion, des
 	for pos := off; pos < end; {
 		index := pos / o.cfg.BlockSize
 		start := index * o.cfg.BlockSize
-		if h.cur == nil || h.cur.index != index {
+		if h.cur == nil || h.cur.index != index || h.cur.token != v.token {
 			b, err := o.loadBlock(ctx, v, index)
 			if err != nil {
 				return done, err
@@ -349,14 +350,14 @@ func (h *handle) readSealed(ctx context.Context, o *output, v sealedVersion, des
 func (o *output) loadBlock(ctx context.Context, v sealedVersion, index int64) (*heldBlock, error) {
 	id := BlockID(v.token, index)
 	if f, _, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
-		return &heldBlock{index: index, file: f}, nil
+		return &heldBlock{token: v.token, index: index, file: f}, nil
 	}
 	data, err := o.cfg.Locations.ReadBlock(ctx, id)
 	if err == nil {
-		return &heldBlock{index: index, data: data}, nil
+		return &heldBlock{token: v.token, index: index, data: data}, nil
 	}
 	if o.cfg.Checkpoints == nil {
-		return nil, fmt.Errorf("block %s is in no local tier and no worker could send it (lost with its node, to be recomputed from lineage): %w", id, err)
+		return nil, fmt.Errorf("block %s is in no local tier and no worker could send it (%w): %w", id, errBlockLost, err)
 	}
 	off := index * o.cfg.BlockSize
 	data, cerr := o.cfg.Checkpoints.ReadBack(ctx, checkpoint.ReadBackRequest{
@@ -365,9 +366,9 @@ func (o *output) loadBlock(ctx context.Context, v sealedVersion, index int64) (*
 	})
 	if cerr != nil {
 		return nil, fmt.Errorf("block %s is in no local tier, no worker could send it, and its checkpoint cannot be read "+
-			"(lost with its node, to be recomputed from lineage): %w; %w", id, err, cerr)
+			"(%w): %w; %w", id, errBlockLost, err, cerr)
 	}
-	return &heldBlock{index: index, data: data}, nil
+	return &heldBlock{token: v.token, index: index, data: data}, nil
 }
 
 func (h *handle) release() {

@@ -44,6 +44,9 @@ type node struct {
 	size int64
 	// inherited: an earlier process staged this file, and may have begun sealing it.
 	inherited bool
+	// waitedInVain is the token of the lost version a read waited for until its wait ran out:
+	// the reads that follow (the kernel tries a failed read again at once) do not wait again.
+	waitedInVain string
 }
 
 // tree is a mount's nodes, recorded in its journal as they change.

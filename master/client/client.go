@@ -316,6 +316,13 @@ func (c *Client) ReopenDataset(ctx context.Context, name string) (*masterpb.Data
 	return ds, err
 }
 
+// SetDatasetRecovery sets what a read of a dataset's lost files does (idempotent), registering
+// the dataset with req.Root if the master does not know it.
+func (c *Client) SetDatasetRecovery(ctx context.Context, req *masterpb.SetDatasetRecoveryRequest) (*masterpb.Dataset, error) {
+	ds, _, err := call(ctx, c, "SetDatasetRecovery", req, masterpb.MasterClient.SetDatasetRecovery)
+	return ds, err
+}
+
 // GetDatasetUsage sums what the workers hold of a dataset.
 func (c *Client) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error) {
 	u, _, err := call(ctx, c, "GetDatasetUsage", req, masterpb.MasterClient.GetDatasetUsage)

@@ -213,6 +213,8 @@ func apply(txn *badger.Txn, cmd *masterpb.Command) (proto.Message, error) {
 		return completeDataset(txn, op.CompleteDataset)
 	case *masterpb.Command_ReopenDataset:
 		return reopenDataset(txn, op.ReopenDataset)
+	case *masterpb.Command_SetDatasetRecovery:
+		return setDatasetRecovery(txn, at, op.SetDatasetRecovery)
 	case *masterpb.Command_ForgetWorker:
 		return forgetWorker(txn, op.ForgetWorker)
 	case *masterpb.Command_SealFile:

@@ -92,6 +92,12 @@ func reopen(name string) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_ReopenDataset{ReopenDataset: &masterpb.ReopenDatasetRequest{Name: name}}}
 }
 
+func recovery(name, root string, wait int64, failed string) *masterpb.Command {
+	return &masterpb.Command{Op: &masterpb.Command_SetDatasetRecovery{SetDatasetRecovery: &masterpb.SetDatasetRecoveryRequest{
+		Name: name, Root: root, Recovery: &masterpb.DatasetRecovery{WaitSeconds: wait, Failed: failed},
+	}}}
+}
+
 func deleteDataset(name string, limit uint32) *masterpb.Command {
 	return &masterpb.Command{Op: &masterpb.Command_DeleteDataset{DeleteDataset: &masterpb.DeleteDatasetStep{Name: name, Limit: limit}}}
 }
@@ -281,6 +287,32 @@ func TestCommandOutcomes(t *testing.T) {
 			},
 		},
 		"completing an unknown dataset fails": {cmd: complete("nope"), wantErr: ErrNotFound},
+		"setting the recovery of a complete dataset keeps it complete": {
+			setup: []*masterpb.Command{dataset("ds", "/d"), complete("ds")},
+			cmd:   recovery("ds", "/d", 600, ""),
+			check: func(t *testing.T, f *FSM, _ proto.Message) {
+				ds, err := f.GetDataset("ds")
+				if err != nil || !ds.Complete || ds.Recovery.GetWaitSeconds() != 600 {
+					t.Errorf("got %v, %v; want a complete dataset whose reads wait 600 s", ds, err)
+				}
+			},
+		},
+		"setting the recovery of a forgotten dataset registers it": {
+			setup: []*masterpb.Command{dataset("ds", "/d"), deleteDataset("ds", 0)},
+			cmd:   recovery("ds", "/d", 60, "gave up"),
+			check: func(t *testing.T, f *FSM, _ proto.Message) {
+				ds, err := f.GetDataset("ds")
+				if err != nil || ds.Root != "/d" || ds.Recovery.GetFailed() != "gave up" {
+					t.Errorf("got %v, %v; want dataset ds at /d whose recovery failed", ds, err)
+				}
+			},
+		},
+		"setting the recovery with another root fails": {
+			setup: []*masterpb.Command{dataset("ds", "/d")}, cmd: recovery("ds", "/e", 60, ""), wantErr: ErrAlreadyExists,
+		},
+		"a negative recovery wait is refused": {
+			setup: []*masterpb.Command{dataset("ds", "/d")}, cmd: recovery("ds", "/d", -1, ""), wantErr: ErrInvalid,
+		},
 		"a deleted and registered again dataset is writable": {
 			setup: []*masterpb.Command{dataset("ds", "/d"), complete("ds"), deleteDataset("ds", 0), dataset("ds", "/d")},
 			cmd:   createReq(&masterpb.CreateFileRequest{Path: "/d/x", Dataset: "ds"}),

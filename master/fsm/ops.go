@@ -377,6 +377,27 @@ func reopenDataset(txn *badger.Txn, req *masterpb.ReopenDatasetRequest) (proto.M
 	return ds, nil
 }
 
+// setDatasetRecovery sets what a read of the dataset's lost files does, registering the dataset
+// (with the request's root) when it is not known: a recomputation made the master forget it.
+func setDatasetRecovery(txn *badger.Txn, at int64, req *masterpb.SetDatasetRecoveryRequest) (proto.Message, error) {
+	if req.Recovery.GetWaitSeconds() < 0 {
+		return nil, invalid("recovery wait_seconds must not be negative, got %d", req.Recovery.GetWaitSeconds())
+	}
+	registered, err := registerDataset(txn, at, &masterpb.RegisterDatasetRequest{Name: req.Name, Root: req.Root})
+	if err != nil {
+		return nil, err
+	}
+	ds := registered.(*masterpb.Dataset)
+	if proto.Equal(ds.Recovery, req.Recovery) {
+		return ds, nil
+	}
+	ds.Recovery = req.Recovery
+	if err := putProto(txn, datasetKey(ds.Name), ds); err != nil {
+		return nil, err
+	}
+	return ds, nil
+}
+
 // sealFile creates a file and commits its blocks in one transaction (see
 // masterpb.SealFileRequest). A retry finds the file its first attempt made, by client token.
 func sealFile(txn *badger.Txn, at int64, req *masterpb.SealFileRequest) (proto.Message, error) {

@@ -183,7 +183,8 @@ type Dataset struct {
 	// complete is set once the dataset's writer finished (its Lineage's Job succeeded): from then
 	// on no file under root may be created, renamed or deleted. Deleting the dataset, as a
 	// recomputation does, is the only way to write it again.
-	Complete      bool `protobuf:"varint,5,opt,name=complete,proto3" json:"complete,omitempty"`
+	Complete      bool             `protobuf:"varint,5,opt,name=complete,proto3" json:"complete,omitempty"`
+	Recovery      *DatasetRecovery `protobuf:"bytes,6,opt,name=recovery,proto3" json:"recovery,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -253,6 +254,72 @@ func (x *Dataset) GetComplete() bool {
 	return false
 }
 
+func (x *Dataset) GetRecovery() *DatasetRecovery {
+	if x != nil {
+		return x.Recovery
+	}
+	return nil
+}
+
+// DatasetRecovery says what a read of one of a dataset's files does when no live worker holds
+// a block of it and no checkpoint has it (its node was lost): wait for the file to be written
+// again, as its Lineage recomputes it, or fail at once. The operator sets it for the outputs of
+// Lineages; a dataset without one (a claim's output, which nothing recomputes) fails at once.
+type DatasetRecovery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// wait_seconds is how long such a read waits for the file to be back; 0 fails at once.
+	WaitSeconds int64 `protobuf:"varint,1,opt,name=wait_seconds,json=waitSeconds,proto3" json:"wait_seconds,omitempty"`
+	// failed, when set, says why the lost files will not be written again (the Lineage gave up):
+	// such a read fails at once, and a read that waits stops waiting.
+	Failed        string `protobuf:"bytes,2,opt,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatasetRecovery) Reset() {
+	*x = DatasetRecovery{}
+	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatasetRecovery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatasetRecovery) ProtoMessage() {}
+
+func (x *DatasetRecovery) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatasetRecovery.ProtoReflect.Descriptor instead.
+func (*DatasetRecovery) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DatasetRecovery) GetWaitSeconds() int64 {
+	if x != nil {
+		return x.WaitSeconds
+	}
+	return 0
+}
+
+func (x *DatasetRecovery) GetFailed() string {
+	if x != nil {
+		return x.Failed
+	}
+	return ""
+}
+
 // AccessStats are the read statistics the eviction and checkpoint policies rank files by.
 type AccessStats struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
@@ -264,7 +331,7 @@ type AccessStats struct {
 
 func (x *AccessStats) Reset() {
 	*x = AccessStats{}
-	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	mi := &file_master_masterpb_master_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -276,7 +343,7 @@ func (x *AccessStats) String() string {
 func (*AccessStats) ProtoMessage() {}
 
 func (x *AccessStats) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	mi := &file_master_masterpb_master_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -289,7 +356,7 @@ func (x *AccessStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessStats.ProtoReflect.Descriptor instead.
 func (*AccessStats) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{1}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AccessStats) GetReads() uint64 {
@@ -334,7 +401,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_master_masterpb_master_proto_msgTypes[2]
+	mi := &file_master_masterpb_master_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +413,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[2]
+	mi := &file_master_masterpb_master_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +426,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{2}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *File) GetId() uint64 {
@@ -465,7 +532,7 @@ type BlockLocation struct {
 
 func (x *BlockLocation) Reset() {
 	*x = BlockLocation{}
-	mi := &file_master_masterpb_master_proto_msgTypes[3]
+	mi := &file_master_masterpb_master_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +544,7 @@ func (x *BlockLocation) String() string {
 func (*BlockLocation) ProtoMessage() {}
 
 func (x *BlockLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[3]
+	mi := &file_master_masterpb_master_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +557,7 @@ func (x *BlockLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockLocation.ProtoReflect.Descriptor instead.
 func (*BlockLocation) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{3}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *BlockLocation) GetWorker() string {
@@ -530,7 +597,7 @@ type BlockLoss struct {
 
 func (x *BlockLoss) Reset() {
 	*x = BlockLoss{}
-	mi := &file_master_masterpb_master_proto_msgTypes[4]
+	mi := &file_master_masterpb_master_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +609,7 @@ func (x *BlockLoss) String() string {
 func (*BlockLoss) ProtoMessage() {}
 
 func (x *BlockLoss) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[4]
+	mi := &file_master_masterpb_master_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +622,7 @@ func (x *BlockLoss) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockLoss.ProtoReflect.Descriptor instead.
 func (*BlockLoss) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{4}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BlockLoss) GetWorker() string {
@@ -610,7 +677,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_master_masterpb_master_proto_msgTypes[5]
+	mi := &file_master_masterpb_master_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +689,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[5]
+	mi := &file_master_masterpb_master_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +702,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{5}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Block) GetId() uint64 {
@@ -705,7 +772,7 @@ type TierUsage struct {
 
 func (x *TierUsage) Reset() {
 	*x = TierUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[6]
+	mi := &file_master_masterpb_master_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +784,7 @@ func (x *TierUsage) String() string {
 func (*TierUsage) ProtoMessage() {}
 
 func (x *TierUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[6]
+	mi := &file_master_masterpb_master_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +797,7 @@ func (x *TierUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierUsage.ProtoReflect.Descriptor instead.
 func (*TierUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{6}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TierUsage) GetTier() string {
@@ -774,7 +841,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_master_masterpb_master_proto_msgTypes[7]
+	mi := &file_master_masterpb_master_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +853,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[7]
+	mi := &file_master_masterpb_master_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +866,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{7}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Worker) GetId() string {
@@ -884,7 +951,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[8]
+	mi := &file_master_masterpb_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +963,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[8]
+	mi := &file_master_masterpb_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +976,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{8}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Peer) GetRaftId() string {
@@ -946,7 +1013,7 @@ type CreateFileRequest struct {
 
 func (x *CreateFileRequest) Reset() {
 	*x = CreateFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[9]
+	mi := &file_master_masterpb_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1025,7 @@ func (x *CreateFileRequest) String() string {
 func (*CreateFileRequest) ProtoMessage() {}
 
 func (x *CreateFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[9]
+	mi := &file_master_masterpb_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1038,7 @@ func (x *CreateFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateFileRequest.ProtoReflect.Descriptor instead.
 func (*CreateFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{9}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateFileRequest) GetPath() string {
@@ -1019,7 +1086,7 @@ type GetFileRequest struct {
 
 func (x *GetFileRequest) Reset() {
 	*x = GetFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[10]
+	mi := &file_master_masterpb_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1098,7 @@ func (x *GetFileRequest) String() string {
 func (*GetFileRequest) ProtoMessage() {}
 
 func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[10]
+	mi := &file_master_masterpb_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1111,7 @@ func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileRequest.ProtoReflect.Descriptor instead.
 func (*GetFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{10}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetFileRequest) GetPath() string {
@@ -1071,7 +1138,7 @@ type ExistsRequest struct {
 
 func (x *ExistsRequest) Reset() {
 	*x = ExistsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[11]
+	mi := &file_master_masterpb_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1150,7 @@ func (x *ExistsRequest) String() string {
 func (*ExistsRequest) ProtoMessage() {}
 
 func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[11]
+	mi := &file_master_masterpb_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1163,7 @@ func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsRequest.ProtoReflect.Descriptor instead.
 func (*ExistsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{11}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExistsRequest) GetPath() string {
@@ -1122,7 +1189,7 @@ type ExistsResponse struct {
 
 func (x *ExistsResponse) Reset() {
 	*x = ExistsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[12]
+	mi := &file_master_masterpb_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1201,7 @@ func (x *ExistsResponse) String() string {
 func (*ExistsResponse) ProtoMessage() {}
 
 func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[12]
+	mi := &file_master_masterpb_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1214,7 @@ func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsResponse.ProtoReflect.Descriptor instead.
 func (*ExistsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{12}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExistsResponse) GetExists() bool {
@@ -1167,7 +1234,7 @@ type RenameFileRequest struct {
 
 func (x *RenameFileRequest) Reset() {
 	*x = RenameFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[13]
+	mi := &file_master_masterpb_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1179,7 +1246,7 @@ func (x *RenameFileRequest) String() string {
 func (*RenameFileRequest) ProtoMessage() {}
 
 func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[13]
+	mi := &file_master_masterpb_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1192,7 +1259,7 @@ func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameFileRequest.ProtoReflect.Descriptor instead.
 func (*RenameFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{13}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RenameFileRequest) GetFrom() string {
@@ -1218,7 +1285,7 @@ type DeleteFileRequest struct {
 
 func (x *DeleteFileRequest) Reset() {
 	*x = DeleteFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[14]
+	mi := &file_master_masterpb_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1297,7 @@ func (x *DeleteFileRequest) String() string {
 func (*DeleteFileRequest) ProtoMessage() {}
 
 func (x *DeleteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[14]
+	mi := &file_master_masterpb_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1310,7 @@ func (x *DeleteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteFileRequest.ProtoReflect.Descriptor instead.
 func (*DeleteFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{14}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteFileRequest) GetPath() string {
@@ -1262,7 +1329,7 @@ type DeleteFileResponse struct {
 
 func (x *DeleteFileResponse) Reset() {
 	*x = DeleteFileResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[15]
+	mi := &file_master_masterpb_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1341,7 @@ func (x *DeleteFileResponse) String() string {
 func (*DeleteFileResponse) ProtoMessage() {}
 
 func (x *DeleteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[15]
+	mi := &file_master_masterpb_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1354,7 @@ func (x *DeleteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteFileResponse.ProtoReflect.Descriptor instead.
 func (*DeleteFileResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{15}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteFileResponse) GetBlocksDeleted() uint64 {
@@ -1314,7 +1381,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[16]
+	mi := &file_master_masterpb_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1393,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[16]
+	mi := &file_master_masterpb_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1406,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{16}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListFilesRequest) GetDir() string {
@@ -1389,7 +1456,7 @@ type ListEntry struct {
 
 func (x *ListEntry) Reset() {
 	*x = ListEntry{}
-	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	mi := &file_master_masterpb_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1468,7 @@ func (x *ListEntry) String() string {
 func (*ListEntry) ProtoMessage() {}
 
 func (x *ListEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	mi := &file_master_masterpb_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1481,7 @@ func (x *ListEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntry.ProtoReflect.Descriptor instead.
 func (*ListEntry) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{17}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListEntry) GetPath() string {
@@ -1449,7 +1516,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[18]
+	mi := &file_master_masterpb_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1528,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[18]
+	mi := &file_master_masterpb_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1541,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{18}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListFilesResponse) GetEntries() []*ListEntry {
@@ -1505,7 +1572,7 @@ type CheckpointFileRequest struct {
 
 func (x *CheckpointFileRequest) Reset() {
 	*x = CheckpointFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[19]
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1584,7 @@ func (x *CheckpointFileRequest) String() string {
 func (*CheckpointFileRequest) ProtoMessage() {}
 
 func (x *CheckpointFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[19]
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1597,7 @@ func (x *CheckpointFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointFileRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{19}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CheckpointFileRequest) GetPath() string {
@@ -1575,7 +1642,7 @@ type SealFileRequest struct {
 
 func (x *SealFileRequest) Reset() {
 	*x = SealFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1654,7 @@ func (x *SealFileRequest) String() string {
 func (*SealFileRequest) ProtoMessage() {}
 
 func (x *SealFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1667,7 @@ func (x *SealFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealFileRequest.ProtoReflect.Descriptor instead.
 func (*SealFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SealFileRequest) GetPath() string {
@@ -1641,7 +1708,7 @@ type RecordAccessRequest struct {
 
 func (x *RecordAccessRequest) Reset() {
 	*x = RecordAccessRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1720,7 @@ func (x *RecordAccessRequest) String() string {
 func (*RecordAccessRequest) ProtoMessage() {}
 
 func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1733,7 @@ func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordAccessRequest.ProtoReflect.Descriptor instead.
 func (*RecordAccessRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RecordAccessRequest) GetPath() string {
@@ -1694,7 +1761,7 @@ type RegisterDatasetRequest struct {
 
 func (x *RegisterDatasetRequest) Reset() {
 	*x = RegisterDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +1773,7 @@ func (x *RegisterDatasetRequest) String() string {
 func (*RegisterDatasetRequest) ProtoMessage() {}
 
 func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +1786,7 @@ func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatasetRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterDatasetRequest) GetName() string {
@@ -1753,7 +1820,7 @@ type GetDatasetRequest struct {
 
 func (x *GetDatasetRequest) Reset() {
 	*x = GetDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +1832,7 @@ func (x *GetDatasetRequest) String() string {
 func (*GetDatasetRequest) ProtoMessage() {}
 
 func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +1845,7 @@ func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetDatasetRequest) GetName() string {
@@ -1804,7 +1871,7 @@ type DeleteDatasetRequest struct {
 
 func (x *DeleteDatasetRequest) Reset() {
 	*x = DeleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1883,7 @@ func (x *DeleteDatasetRequest) String() string {
 func (*DeleteDatasetRequest) ProtoMessage() {}
 
 func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1896,7 @@ func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteDatasetRequest) GetName() string {
@@ -1848,7 +1915,7 @@ type CompleteDatasetRequest struct {
 
 func (x *CompleteDatasetRequest) Reset() {
 	*x = CompleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +1927,7 @@ func (x *CompleteDatasetRequest) String() string {
 func (*CompleteDatasetRequest) ProtoMessage() {}
 
 func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +1940,7 @@ func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*CompleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CompleteDatasetRequest) GetName() string {
@@ -1892,7 +1959,7 @@ type ReopenDatasetRequest struct {
 
 func (x *ReopenDatasetRequest) Reset() {
 	*x = ReopenDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +1971,7 @@ func (x *ReopenDatasetRequest) String() string {
 func (*ReopenDatasetRequest) ProtoMessage() {}
 
 func (x *ReopenDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +1984,7 @@ func (x *ReopenDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenDatasetRequest.ProtoReflect.Descriptor instead.
 func (*ReopenDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReopenDatasetRequest) GetName() string {
@@ -1925,6 +1992,67 @@ func (x *ReopenDatasetRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+type SetDatasetRecoveryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// root registers the dataset with this root when the master does not know it.
+	Root          string           `protobuf:"bytes,2,opt,name=root,proto3" json:"root,omitempty"`
+	Recovery      *DatasetRecovery `protobuf:"bytes,3,opt,name=recovery,proto3" json:"recovery,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetDatasetRecoveryRequest) Reset() {
+	*x = SetDatasetRecoveryRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetDatasetRecoveryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetDatasetRecoveryRequest) ProtoMessage() {}
+
+func (x *SetDatasetRecoveryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetDatasetRecoveryRequest.ProtoReflect.Descriptor instead.
+func (*SetDatasetRecoveryRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SetDatasetRecoveryRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetDatasetRecoveryRequest) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
+func (x *SetDatasetRecoveryRequest) GetRecovery() *DatasetRecovery {
+	if x != nil {
+		return x.Recovery
+	}
+	return nil
 }
 
 type DeleteDatasetResponse struct {
@@ -1936,7 +2064,7 @@ type DeleteDatasetResponse struct {
 
 func (x *DeleteDatasetResponse) Reset() {
 	*x = DeleteDatasetResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2076,7 @@ func (x *DeleteDatasetResponse) String() string {
 func (*DeleteDatasetResponse) ProtoMessage() {}
 
 func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2089,7 @@ func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteDatasetResponse) GetFilesDeleted() uint64 {
@@ -1983,7 +2111,7 @@ type GetDatasetUsageRequest struct {
 
 func (x *GetDatasetUsageRequest) Reset() {
 	*x = GetDatasetUsageRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2123,7 @@ func (x *GetDatasetUsageRequest) String() string {
 func (*GetDatasetUsageRequest) ProtoMessage() {}
 
 func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2136,7 @@ func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetDatasetUsageRequest) GetName() string {
@@ -2067,7 +2195,7 @@ type DatasetUsage struct {
 
 func (x *DatasetUsage) Reset() {
 	*x = DatasetUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2207,7 @@ func (x *DatasetUsage) String() string {
 func (*DatasetUsage) ProtoMessage() {}
 
 func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2220,7 @@ func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetUsage.ProtoReflect.Descriptor instead.
 func (*DatasetUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DatasetUsage) GetName() string {
@@ -2182,7 +2310,7 @@ type NodeUsage struct {
 
 func (x *NodeUsage) Reset() {
 	*x = NodeUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2322,7 @@ func (x *NodeUsage) String() string {
 func (*NodeUsage) ProtoMessage() {}
 
 func (x *NodeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2335,7 @@ func (x *NodeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
 func (*NodeUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeUsage) GetNode() string {
@@ -2239,7 +2367,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2379,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2392,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -2326,7 +2454,7 @@ type RemoveBlockCopyRequest struct {
 
 func (x *RemoveBlockCopyRequest) Reset() {
 	*x = RemoveBlockCopyRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2466,7 @@ func (x *RemoveBlockCopyRequest) String() string {
 func (*RemoveBlockCopyRequest) ProtoMessage() {}
 
 func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2479,7 @@ func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
@@ -2381,7 +2509,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2521,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2534,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -2439,7 +2567,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +2579,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +2592,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2486,7 +2614,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2626,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2639,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -2552,7 +2680,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +2692,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +2705,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -2603,7 +2731,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2743,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2756,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -2648,7 +2776,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2788,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2801,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -2699,7 +2827,7 @@ type ForgetWorkerRequest struct {
 
 func (x *ForgetWorkerRequest) Reset() {
 	*x = ForgetWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2711,7 +2839,7 @@ func (x *ForgetWorkerRequest) String() string {
 func (*ForgetWorkerRequest) ProtoMessage() {}
 
 func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2724,7 +2852,7 @@ func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ForgetWorkerRequest) GetWorker() string {
@@ -2744,7 +2872,7 @@ type ForgetWorkerResponse struct {
 
 func (x *ForgetWorkerResponse) Reset() {
 	*x = ForgetWorkerResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +2884,7 @@ func (x *ForgetWorkerResponse) String() string {
 func (*ForgetWorkerResponse) ProtoMessage() {}
 
 func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +2897,7 @@ func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ForgetWorkerResponse) GetForgotten() bool {
@@ -2793,7 +2921,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2805,7 +2933,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2818,7 +2946,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2858,7 +2986,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +2998,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +3011,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -2902,7 +3030,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2914,7 +3042,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2927,7 +3055,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -2948,7 +3076,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3088,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3101,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -3005,7 +3133,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +3145,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3158,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 type LeaderRequest struct {
@@ -3041,7 +3169,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3053,7 +3181,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3066,7 +3194,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 type LeaderResponse struct {
@@ -3088,7 +3216,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3100,7 +3228,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3113,7 +3241,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -3209,6 +3337,7 @@ type Command struct {
 	//	*Command_ForgetWorker
 	//	*Command_SealFile
 	//	*Command_ReopenDataset
+	//	*Command_SetDatasetRecovery
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3216,7 +3345,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3357,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3370,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -3427,6 +3556,15 @@ func (x *Command) GetReopenDataset() *ReopenDatasetRequest {
 	return nil
 }
 
+func (x *Command) GetSetDatasetRecovery() *SetDatasetRecoveryRequest {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SetDatasetRecovery); ok {
+			return x.SetDatasetRecovery
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -3503,6 +3641,10 @@ type Command_ReopenDataset struct {
 	ReopenDataset *ReopenDatasetRequest `protobuf:"bytes,27,opt,name=reopen_dataset,json=reopenDataset,proto3,oneof"`
 }
 
+type Command_SetDatasetRecovery struct {
+	SetDatasetRecovery *SetDatasetRecoveryRequest `protobuf:"bytes,28,opt,name=set_dataset_recovery,json=setDatasetRecovery,proto3,oneof"`
+}
+
 func (*Command_CreateFile) isCommand_Op() {}
 
 func (*Command_RenameFile) isCommand_Op() {}
@@ -3539,6 +3681,8 @@ func (*Command_SealFile) isCommand_Op() {}
 
 func (*Command_ReopenDataset) isCommand_Op() {}
 
+func (*Command_SetDatasetRecovery) isCommand_Op() {}
+
 // DeleteDatasetStep deletes at most limit keys' worth of the dataset's files; the dataset record
 // goes with the last step. Large datasets take several steps because one step is one Badger
 // transaction, whose size is bounded.
@@ -3552,7 +3696,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3564,7 +3708,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3577,7 +3721,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -3604,7 +3748,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3616,7 +3760,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3629,7 +3773,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3659,7 +3803,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3671,7 +3815,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3684,7 +3828,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3718,7 +3862,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3730,7 +3874,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3743,7 +3887,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3769,7 +3913,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3781,7 +3925,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3794,7 +3938,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3813,7 +3957,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3825,7 +3969,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3838,7 +3982,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -3852,13 +3996,17 @@ var File_master_masterpb_master_proto protoreflect.FileDescriptor
 
 const file_master_masterpb_master_proto_rawDesc = "" +
 	"\n" +
-	"\x1cmaster/masterpb/master.proto\x12\x10strata.master.v1\"\x91\x01\n" +
+	"\x1cmaster/masterpb/master.proto\x12\x10strata.master.v1\"\xd0\x01\n" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\tR\x04root\x12\x16\n" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12*\n" +
 	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12\x1a\n" +
-	"\bcomplete\x18\x05 \x01(\bR\bcomplete\"V\n" +
+	"\bcomplete\x18\x05 \x01(\bR\bcomplete\x12=\n" +
+	"\brecovery\x18\x06 \x01(\v2!.strata.master.v1.DatasetRecoveryR\brecovery\"L\n" +
+	"\x0fDatasetRecovery\x12!\n" +
+	"\fwait_seconds\x18\x01 \x01(\x03R\vwaitSeconds\x12\x16\n" +
+	"\x06failed\x18\x02 \x01(\tR\x06failed\"V\n" +
 	"\vAccessStats\x12\x14\n" +
 	"\x05reads\x18\x01 \x01(\x04R\x05reads\x121\n" +
 	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\xd2\x03\n" +
@@ -3979,7 +4127,11 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x16CompleteDatasetRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"*\n" +
 	"\x14ReopenDatasetRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"<\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x82\x01\n" +
+	"\x19SetDatasetRecoveryRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04root\x18\x02 \x01(\tR\x04root\x12=\n" +
+	"\brecovery\x18\x03 \x01(\v2!.strata.master.v1.DatasetRecoveryR\brecovery\"<\n" +
 	"\x15DeleteDatasetResponse\x12#\n" +
 	"\rfiles_deleted\x18\x01 \x01(\x04R\ffilesDeleted\"d\n" +
 	"\x16GetDatasetUsageRequest\x12\x12\n" +
@@ -4065,7 +4217,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12\x12\n" +
 	"\x04term\x18\a \x01(\x04R\x04term\x12#\n" +
 	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12,\n" +
-	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\xa8\v\n" +
+	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\x89\f\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12 \n" +
 	"\fat_unix_nano\x18\x02 \x01(\x03R\n" +
@@ -4092,7 +4244,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x10complete_dataset\x18\x18 \x01(\v2(.strata.master.v1.CompleteDatasetRequestH\x00R\x0fcompleteDataset\x12L\n" +
 	"\rforget_worker\x18\x19 \x01(\v2%.strata.master.v1.ForgetWorkerRequestH\x00R\fforgetWorker\x12@\n" +
 	"\tseal_file\x18\x1a \x01(\v2!.strata.master.v1.SealFileRequestH\x00R\bsealFile\x12O\n" +
-	"\x0ereopen_dataset\x18\x1b \x01(\v2&.strata.master.v1.ReopenDatasetRequestH\x00R\rreopenDatasetB\x04\n" +
+	"\x0ereopen_dataset\x18\x1b \x01(\v2&.strata.master.v1.ReopenDatasetRequestH\x00R\rreopenDataset\x12_\n" +
+	"\x14set_dataset_recovery\x18\x1c \x01(\v2+.strata.master.v1.SetDatasetRecoveryRequestH\x00R\x12setDatasetRecoveryB\x04\n" +
 	"\x02op\"=\n" +
 	"\x11DeleteDatasetStep\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -4122,7 +4275,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xca\x10\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xa8\x11\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -4142,7 +4295,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rDeleteDataset\x12&.strata.master.v1.DeleteDatasetRequest\x1a'.strata.master.v1.DeleteDatasetResponse\x12V\n" +
 	"\x0fCompleteDataset\x12(.strata.master.v1.CompleteDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12R\n" +
 	"\rReopenDataset\x12&.strata.master.v1.ReopenDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12[\n" +
-	"\x0fGetDatasetUsage\x12(.strata.master.v1.GetDatasetUsageRequest\x1a\x1e.strata.master.v1.DatasetUsage\x12L\n" +
+	"\x0fGetDatasetUsage\x12(.strata.master.v1.GetDatasetUsageRequest\x1a\x1e.strata.master.v1.DatasetUsage\x12\\\n" +
+	"\x12SetDatasetRecovery\x12+.strata.master.v1.SetDatasetRecoveryRequest\x1a\x19.strata.master.v1.Dataset\x12L\n" +
 	"\vCommitBlock\x12$.strata.master.v1.CommitBlockRequest\x1a\x17.strata.master.v1.Block\x12l\n" +
 	"\x11GetBlockLocations\x12*.strata.master.v1.GetBlockLocationsRequest\x1a+.strata.master.v1.GetBlockLocationsResponse\x12T\n" +
 	"\x0fRemoveBlockCopy\x12(.strata.master.v1.RemoveBlockCopyRequest\x1a\x17.strata.master.v1.Block\x12S\n" +
@@ -4167,161 +4321,168 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
 	(WorkerCommand)(0),                // 2: strata.master.v1.WorkerCommand
 	(*Dataset)(nil),                   // 3: strata.master.v1.Dataset
-	(*AccessStats)(nil),               // 4: strata.master.v1.AccessStats
-	(*File)(nil),                      // 5: strata.master.v1.File
-	(*BlockLocation)(nil),             // 6: strata.master.v1.BlockLocation
-	(*BlockLoss)(nil),                 // 7: strata.master.v1.BlockLoss
-	(*Block)(nil),                     // 8: strata.master.v1.Block
-	(*TierUsage)(nil),                 // 9: strata.master.v1.TierUsage
-	(*Worker)(nil),                    // 10: strata.master.v1.Worker
-	(*Peer)(nil),                      // 11: strata.master.v1.Peer
-	(*CreateFileRequest)(nil),         // 12: strata.master.v1.CreateFileRequest
-	(*GetFileRequest)(nil),            // 13: strata.master.v1.GetFileRequest
-	(*ExistsRequest)(nil),             // 14: strata.master.v1.ExistsRequest
-	(*ExistsResponse)(nil),            // 15: strata.master.v1.ExistsResponse
-	(*RenameFileRequest)(nil),         // 16: strata.master.v1.RenameFileRequest
-	(*DeleteFileRequest)(nil),         // 17: strata.master.v1.DeleteFileRequest
-	(*DeleteFileResponse)(nil),        // 18: strata.master.v1.DeleteFileResponse
-	(*ListFilesRequest)(nil),          // 19: strata.master.v1.ListFilesRequest
-	(*ListEntry)(nil),                 // 20: strata.master.v1.ListEntry
-	(*ListFilesResponse)(nil),         // 21: strata.master.v1.ListFilesResponse
-	(*CheckpointFileRequest)(nil),     // 22: strata.master.v1.CheckpointFileRequest
-	(*SealFileRequest)(nil),           // 23: strata.master.v1.SealFileRequest
-	(*RecordAccessRequest)(nil),       // 24: strata.master.v1.RecordAccessRequest
-	(*RegisterDatasetRequest)(nil),    // 25: strata.master.v1.RegisterDatasetRequest
-	(*GetDatasetRequest)(nil),         // 26: strata.master.v1.GetDatasetRequest
-	(*DeleteDatasetRequest)(nil),      // 27: strata.master.v1.DeleteDatasetRequest
-	(*CompleteDatasetRequest)(nil),    // 28: strata.master.v1.CompleteDatasetRequest
-	(*ReopenDatasetRequest)(nil),      // 29: strata.master.v1.ReopenDatasetRequest
-	(*DeleteDatasetResponse)(nil),     // 30: strata.master.v1.DeleteDatasetResponse
-	(*GetDatasetUsageRequest)(nil),    // 31: strata.master.v1.GetDatasetUsageRequest
-	(*DatasetUsage)(nil),              // 32: strata.master.v1.DatasetUsage
-	(*NodeUsage)(nil),                 // 33: strata.master.v1.NodeUsage
-	(*CommitBlockRequest)(nil),        // 34: strata.master.v1.CommitBlockRequest
-	(*RemoveBlockCopyRequest)(nil),    // 35: strata.master.v1.RemoveBlockCopyRequest
-	(*GetBlockLocationsRequest)(nil),  // 36: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 37: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 38: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 39: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 40: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 41: strata.master.v1.MarkWorkerLostRequest
-	(*ForgetWorkerRequest)(nil),       // 42: strata.master.v1.ForgetWorkerRequest
-	(*ForgetWorkerResponse)(nil),      // 43: strata.master.v1.ForgetWorkerResponse
-	(*MarkWorkerLostResponse)(nil),    // 44: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 45: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 46: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 47: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 48: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 49: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 50: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 51: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 52: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 53: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 54: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 55: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 56: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 57: strata.master.v1.RemovePeer
+	(*DatasetRecovery)(nil),           // 4: strata.master.v1.DatasetRecovery
+	(*AccessStats)(nil),               // 5: strata.master.v1.AccessStats
+	(*File)(nil),                      // 6: strata.master.v1.File
+	(*BlockLocation)(nil),             // 7: strata.master.v1.BlockLocation
+	(*BlockLoss)(nil),                 // 8: strata.master.v1.BlockLoss
+	(*Block)(nil),                     // 9: strata.master.v1.Block
+	(*TierUsage)(nil),                 // 10: strata.master.v1.TierUsage
+	(*Worker)(nil),                    // 11: strata.master.v1.Worker
+	(*Peer)(nil),                      // 12: strata.master.v1.Peer
+	(*CreateFileRequest)(nil),         // 13: strata.master.v1.CreateFileRequest
+	(*GetFileRequest)(nil),            // 14: strata.master.v1.GetFileRequest
+	(*ExistsRequest)(nil),             // 15: strata.master.v1.ExistsRequest
+	(*ExistsResponse)(nil),            // 16: strata.master.v1.ExistsResponse
+	(*RenameFileRequest)(nil),         // 17: strata.master.v1.RenameFileRequest
+	(*DeleteFileRequest)(nil),         // 18: strata.master.v1.DeleteFileRequest
+	(*DeleteFileResponse)(nil),        // 19: strata.master.v1.DeleteFileResponse
+	(*ListFilesRequest)(nil),          // 20: strata.master.v1.ListFilesRequest
+	(*ListEntry)(nil),                 // 21: strata.master.v1.ListEntry
+	(*ListFilesResponse)(nil),         // 22: strata.master.v1.ListFilesResponse
+	(*CheckpointFileRequest)(nil),     // 23: strata.master.v1.CheckpointFileRequest
+	(*SealFileRequest)(nil),           // 24: strata.master.v1.SealFileRequest
+	(*RecordAccessRequest)(nil),       // 25: strata.master.v1.RecordAccessRequest
+	(*RegisterDatasetRequest)(nil),    // 26: strata.master.v1.RegisterDatasetRequest
+	(*GetDatasetRequest)(nil),         // 27: strata.master.v1.GetDatasetRequest
+	(*DeleteDatasetRequest)(nil),      // 28: strata.master.v1.DeleteDatasetRequest
+	(*CompleteDatasetRequest)(nil),    // 29: strata.master.v1.CompleteDatasetRequest
+	(*ReopenDatasetRequest)(nil),      // 30: strata.master.v1.ReopenDatasetRequest
+	(*SetDatasetRecoveryRequest)(nil), // 31: strata.master.v1.SetDatasetRecoveryRequest
+	(*DeleteDatasetResponse)(nil),     // 32: strata.master.v1.DeleteDatasetResponse
+	(*GetDatasetUsageRequest)(nil),    // 33: strata.master.v1.GetDatasetUsageRequest
+	(*DatasetUsage)(nil),              // 34: strata.master.v1.DatasetUsage
+	(*NodeUsage)(nil),                 // 35: strata.master.v1.NodeUsage
+	(*CommitBlockRequest)(nil),        // 36: strata.master.v1.CommitBlockRequest
+	(*RemoveBlockCopyRequest)(nil),    // 37: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 38: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 39: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 40: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 41: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 42: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 43: strata.master.v1.MarkWorkerLostRequest
+	(*ForgetWorkerRequest)(nil),       // 44: strata.master.v1.ForgetWorkerRequest
+	(*ForgetWorkerResponse)(nil),      // 45: strata.master.v1.ForgetWorkerResponse
+	(*MarkWorkerLostResponse)(nil),    // 46: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 47: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 48: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 49: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 50: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 51: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 52: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 53: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 54: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 55: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 56: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 57: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 58: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 59: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
-	0,  // 0: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
-	4,  // 1: strata.master.v1.File.access:type_name -> strata.master.v1.AccessStats
-	6,  // 2: strata.master.v1.Block.locations:type_name -> strata.master.v1.BlockLocation
-	7,  // 3: strata.master.v1.Block.loss:type_name -> strata.master.v1.BlockLoss
-	9,  // 4: strata.master.v1.Worker.tiers:type_name -> strata.master.v1.TierUsage
-	1,  // 5: strata.master.v1.Worker.state:type_name -> strata.master.v1.WorkerState
-	5,  // 6: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
-	20, // 7: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
-	0,  // 8: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
-	34, // 9: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
-	9,  // 10: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
-	33, // 11: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
-	8,  // 12: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
-	9,  // 13: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
-	9,  // 14: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
-	2,  // 15: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
-	10, // 16: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
-	11, // 17: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
-	12, // 18: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
-	16, // 19: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
-	17, // 20: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
-	25, // 21: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	52, // 22: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	34, // 23: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	38, // 24: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	39, // 25: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	54, // 26: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
-	22, // 27: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
-	24, // 28: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	56, // 29: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	57, // 30: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	35, // 31: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
-	28, // 32: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
-	42, // 33: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
-	23, // 34: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
-	29, // 35: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
-	44, // 36: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	11, // 37: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	12, // 38: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	13, // 39: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	14, // 40: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	16, // 41: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	17, // 42: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	19, // 43: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	22, // 44: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	23, // 45: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
-	24, // 46: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	25, // 47: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	26, // 48: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	27, // 49: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	28, // 50: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
-	29, // 51: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
-	31, // 52: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	34, // 53: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	36, // 54: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	35, // 55: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	38, // 56: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	39, // 57: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	41, // 58: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	42, // 59: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
-	45, // 60: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	47, // 61: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	49, // 62: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	5,  // 63: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	5,  // 64: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	15, // 65: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	5,  // 66: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	18, // 67: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	21, // 68: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	5,  // 69: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	5,  // 70: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
-	5,  // 71: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 72: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 73: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	30, // 74: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	3,  // 75: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
-	3,  // 76: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
-	32, // 77: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	8,  // 78: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	37, // 79: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	8,  // 80: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	10, // 81: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	40, // 82: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	44, // 83: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	43, // 84: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
-	46, // 85: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	48, // 86: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	50, // 87: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	63, // [63:88] is the sub-list for method output_type
-	38, // [38:63] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	4,  // 0: strata.master.v1.Dataset.recovery:type_name -> strata.master.v1.DatasetRecovery
+	0,  // 1: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
+	5,  // 2: strata.master.v1.File.access:type_name -> strata.master.v1.AccessStats
+	7,  // 3: strata.master.v1.Block.locations:type_name -> strata.master.v1.BlockLocation
+	8,  // 4: strata.master.v1.Block.loss:type_name -> strata.master.v1.BlockLoss
+	10, // 5: strata.master.v1.Worker.tiers:type_name -> strata.master.v1.TierUsage
+	1,  // 6: strata.master.v1.Worker.state:type_name -> strata.master.v1.WorkerState
+	6,  // 7: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
+	21, // 8: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
+	0,  // 9: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
+	36, // 10: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
+	4,  // 11: strata.master.v1.SetDatasetRecoveryRequest.recovery:type_name -> strata.master.v1.DatasetRecovery
+	10, // 12: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
+	35, // 13: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
+	9,  // 14: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
+	10, // 15: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
+	10, // 16: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
+	2,  // 17: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
+	11, // 18: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
+	12, // 19: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
+	13, // 20: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
+	17, // 21: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
+	18, // 22: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
+	26, // 23: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
+	54, // 24: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	36, // 25: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	40, // 26: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	41, // 27: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	56, // 28: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	23, // 29: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
+	25, // 30: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
+	58, // 31: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	59, // 32: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	37, // 33: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	29, // 34: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
+	44, // 35: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
+	24, // 36: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
+	30, // 37: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
+	31, // 38: strata.master.v1.Command.set_dataset_recovery:type_name -> strata.master.v1.SetDatasetRecoveryRequest
+	46, // 39: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	12, // 40: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	13, // 41: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	14, // 42: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	15, // 43: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	17, // 44: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	18, // 45: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	20, // 46: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	23, // 47: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	24, // 48: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
+	25, // 49: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	26, // 50: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	27, // 51: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	28, // 52: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	29, // 53: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
+	30, // 54: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
+	33, // 55: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	31, // 56: strata.master.v1.Master.SetDatasetRecovery:input_type -> strata.master.v1.SetDatasetRecoveryRequest
+	36, // 57: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	38, // 58: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	37, // 59: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	40, // 60: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	41, // 61: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	43, // 62: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	44, // 63: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
+	47, // 64: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	49, // 65: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	51, // 66: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	6,  // 67: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	6,  // 68: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	16, // 69: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	6,  // 70: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	19, // 71: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	22, // 72: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	6,  // 73: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	6,  // 74: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
+	6,  // 75: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 76: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 77: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	32, // 78: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	3,  // 79: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
+	3,  // 80: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
+	34, // 81: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	3,  // 82: strata.master.v1.Master.SetDatasetRecovery:output_type -> strata.master.v1.Dataset
+	9,  // 83: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	39, // 84: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	9,  // 85: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	11, // 86: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	42, // 87: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	46, // 88: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	45, // 89: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
+	48, // 90: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	50, // 91: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	52, // 92: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	67, // [67:93] is the sub-list for method output_type
+	41, // [41:67] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -4329,7 +4490,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[48].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[50].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -4348,6 +4509,7 @@ func file_master_masterpb_master_proto_init() {
 		(*Command_ForgetWorker)(nil),
 		(*Command_SealFile)(nil),
 		(*Command_ReopenDataset)(nil),
+		(*Command_SetDatasetRecovery)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4355,7 +4517,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   55,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

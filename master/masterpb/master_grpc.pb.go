@@ -23,31 +23,32 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Master_CreateFile_FullMethodName        = "/strata.master.v1.Master/CreateFile"
-	Master_GetFile_FullMethodName           = "/strata.master.v1.Master/GetFile"
-	Master_Exists_FullMethodName            = "/strata.master.v1.Master/Exists"
-	Master_RenameFile_FullMethodName        = "/strata.master.v1.Master/RenameFile"
-	Master_DeleteFile_FullMethodName        = "/strata.master.v1.Master/DeleteFile"
-	Master_ListFiles_FullMethodName         = "/strata.master.v1.Master/ListFiles"
-	Master_CheckpointFile_FullMethodName    = "/strata.master.v1.Master/CheckpointFile"
-	Master_SealFile_FullMethodName          = "/strata.master.v1.Master/SealFile"
-	Master_RecordAccess_FullMethodName      = "/strata.master.v1.Master/RecordAccess"
-	Master_RegisterDataset_FullMethodName   = "/strata.master.v1.Master/RegisterDataset"
-	Master_GetDataset_FullMethodName        = "/strata.master.v1.Master/GetDataset"
-	Master_DeleteDataset_FullMethodName     = "/strata.master.v1.Master/DeleteDataset"
-	Master_CompleteDataset_FullMethodName   = "/strata.master.v1.Master/CompleteDataset"
-	Master_ReopenDataset_FullMethodName     = "/strata.master.v1.Master/ReopenDataset"
-	Master_GetDatasetUsage_FullMethodName   = "/strata.master.v1.Master/GetDatasetUsage"
-	Master_CommitBlock_FullMethodName       = "/strata.master.v1.Master/CommitBlock"
-	Master_GetBlockLocations_FullMethodName = "/strata.master.v1.Master/GetBlockLocations"
-	Master_RemoveBlockCopy_FullMethodName   = "/strata.master.v1.Master/RemoveBlockCopy"
-	Master_RegisterWorker_FullMethodName    = "/strata.master.v1.Master/RegisterWorker"
-	Master_Heartbeat_FullMethodName         = "/strata.master.v1.Master/Heartbeat"
-	Master_MarkWorkerLost_FullMethodName    = "/strata.master.v1.Master/MarkWorkerLost"
-	Master_ForgetWorker_FullMethodName      = "/strata.master.v1.Master/ForgetWorker"
-	Master_ListWorkers_FullMethodName       = "/strata.master.v1.Master/ListWorkers"
-	Master_Join_FullMethodName              = "/strata.master.v1.Master/Join"
-	Master_Leader_FullMethodName            = "/strata.master.v1.Master/Leader"
+	Master_CreateFile_FullMethodName         = "/strata.master.v1.Master/CreateFile"
+	Master_GetFile_FullMethodName            = "/strata.master.v1.Master/GetFile"
+	Master_Exists_FullMethodName             = "/strata.master.v1.Master/Exists"
+	Master_RenameFile_FullMethodName         = "/strata.master.v1.Master/RenameFile"
+	Master_DeleteFile_FullMethodName         = "/strata.master.v1.Master/DeleteFile"
+	Master_ListFiles_FullMethodName          = "/strata.master.v1.Master/ListFiles"
+	Master_CheckpointFile_FullMethodName     = "/strata.master.v1.Master/CheckpointFile"
+	Master_SealFile_FullMethodName           = "/strata.master.v1.Master/SealFile"
+	Master_RecordAccess_FullMethodName       = "/strata.master.v1.Master/RecordAccess"
+	Master_RegisterDataset_FullMethodName    = "/strata.master.v1.Master/RegisterDataset"
+	Master_GetDataset_FullMethodName         = "/strata.master.v1.Master/GetDataset"
+	Master_DeleteDataset_FullMethodName      = "/strata.master.v1.Master/DeleteDataset"
+	Master_CompleteDataset_FullMethodName    = "/strata.master.v1.Master/CompleteDataset"
+	Master_ReopenDataset_FullMethodName      = "/strata.master.v1.Master/ReopenDataset"
+	Master_GetDatasetUsage_FullMethodName    = "/strata.master.v1.Master/GetDatasetUsage"
+	Master_SetDatasetRecovery_FullMethodName = "/strata.master.v1.Master/SetDatasetRecovery"
+	Master_CommitBlock_FullMethodName        = "/strata.master.v1.Master/CommitBlock"
+	Master_GetBlockLocations_FullMethodName  = "/strata.master.v1.Master/GetBlockLocations"
+	Master_RemoveBlockCopy_FullMethodName    = "/strata.master.v1.Master/RemoveBlockCopy"
+	Master_RegisterWorker_FullMethodName     = "/strata.master.v1.Master/RegisterWorker"
+	Master_Heartbeat_FullMethodName          = "/strata.master.v1.Master/Heartbeat"
+	Master_MarkWorkerLost_FullMethodName     = "/strata.master.v1.Master/MarkWorkerLost"
+	Master_ForgetWorker_FullMethodName       = "/strata.master.v1.Master/ForgetWorker"
+	Master_ListWorkers_FullMethodName        = "/strata.master.v1.Master/ListWorkers"
+	Master_Join_FullMethodName               = "/strata.master.v1.Master/Join"
+	Master_Leader_FullMethodName             = "/strata.master.v1.Master/Leader"
 )
 
 // MasterClient is the client API for Master service.
@@ -78,6 +79,10 @@ type MasterClient interface {
 	// recomputation of some of its partitions deletes their files, and its Jobs write them anew.
 	ReopenDataset(ctx context.Context, in *ReopenDatasetRequest, opts ...grpc.CallOption) (*Dataset, error)
 	GetDatasetUsage(ctx context.Context, in *GetDatasetUsageRequest, opts ...grpc.CallOption) (*DatasetUsage, error)
+	// SetDatasetRecovery says what a read of one of the dataset's lost files does (see
+	// DatasetRecovery), registering the dataset first if the master does not know it: its Lineage
+	// may be recomputing it, which made the master forget it.
+	SetDatasetRecovery(ctx context.Context, in *SetDatasetRecoveryRequest, opts ...grpc.CallOption) (*Dataset, error)
 	CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error)
 	GetBlockLocations(ctx context.Context, in *GetBlockLocationsRequest, opts ...grpc.CallOption) (*GetBlockLocationsResponse, error)
 	// RemoveBlockCopy records that a worker no longer holds a block (it evicted or deleted it):
@@ -252,6 +257,16 @@ func (c *masterClient) GetDatasetUsage(ctx context.Context, in *GetDatasetUsageR
 	return out, nil
 }
 
+func (c *masterClient) SetDatasetRecovery(ctx context.Context, in *SetDatasetRecoveryRequest, opts ...grpc.CallOption) (*Dataset, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Dataset)
+	err := c.cc.Invoke(ctx, Master_SetDatasetRecovery_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Block)
@@ -380,6 +395,10 @@ type MasterServer interface {
 	// recomputation of some of its partitions deletes their files, and its Jobs write them anew.
 	ReopenDataset(context.Context, *ReopenDatasetRequest) (*Dataset, error)
 	GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error)
+	// SetDatasetRecovery says what a read of one of the dataset's lost files does (see
+	// DatasetRecovery), registering the dataset first if the master does not know it: its Lineage
+	// may be recomputing it, which made the master forget it.
+	SetDatasetRecovery(context.Context, *SetDatasetRecoveryRequest) (*Dataset, error)
 	CommitBlock(context.Context, *CommitBlockRequest) (*Block, error)
 	GetBlockLocations(context.Context, *GetBlockLocationsRequest) (*GetBlockLocationsResponse, error)
 	// RemoveBlockCopy records that a worker no longer holds a block (it evicted or deleted it):
@@ -448,6 +467,9 @@ func (UnimplementedMasterServer) ReopenDataset(context.Context, *ReopenDatasetRe
 }
 func (UnimplementedMasterServer) GetDatasetUsage(context.Context, *GetDatasetUsageRequest) (*DatasetUsage, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetDatasetUsage not implemented")
+}
+func (UnimplementedMasterServer) SetDatasetRecovery(context.Context, *SetDatasetRecoveryRequest) (*Dataset, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetDatasetRecovery not implemented")
 }
 func (UnimplementedMasterServer) CommitBlock(context.Context, *CommitBlockRequest) (*Block, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CommitBlock not implemented")
@@ -770,6 +792,24 @@ func _Master_GetDatasetUsage_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_SetDatasetRecovery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetDatasetRecoveryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).SetDatasetRecovery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_SetDatasetRecovery_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).SetDatasetRecovery(ctx, req.(*SetDatasetRecoveryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_CommitBlock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CommitBlockRequest)
 	if err := dec(in); err != nil {
@@ -1016,6 +1056,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetDatasetUsage",
 			Handler:    _Master_GetDatasetUsage_Handler,
+		},
+		{
+			MethodName: "SetDatasetRecovery",
+			Handler:    _Master_SetDatasetRecovery_Handler,
 		},
 		{
 			MethodName: "CommitBlock",

@@ -179,6 +179,18 @@ func (s *Server) ReopenDataset(ctx context.Context, req *masterpb.ReopenDatasetR
 	return apply[*masterpb.Dataset](ctx, s, &masterpb.Command{Op: &masterpb.Command_ReopenDataset{ReopenDataset: req}})
 }
 
+// SetDatasetRecovery sets what a read of a dataset's lost files does, registering the dataset
+// if the master does not know it.
+func (s *Server) SetDatasetRecovery(ctx context.Context, req *masterpb.SetDatasetRecoveryRequest) (*masterpb.Dataset, error) {
+	if err := required("name", req.Name); err != nil {
+		return nil, err
+	}
+	if err := required("root", req.Root); err != nil {
+		return nil, err
+	}
+	return apply[*masterpb.Dataset](ctx, s, &masterpb.Command{Op: &masterpb.Command_SetDatasetRecovery{SetDatasetRecovery: req}})
+}
+
 // DeleteDataset deletes a dataset and its files.
 func (s *Server) DeleteDataset(ctx context.Context, req *masterpb.DeleteDatasetRequest) (*masterpb.DeleteDatasetResponse, error) {
 	if err := required("name", req.Name); err != nil {
