@@ -59,7 +59,8 @@ func (r *CachePolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		Status: metav1.ConditionTrue, Reason: ReasonPolicyAccepted,
 		Message: "the workers of its Datasets' pools apply its pinnedPaths, eviction policy (MRD by the Lineages of the namespace), " +
 			"watermarks and promotion threshold, " +
-			"and its checkpoint settings to the outputs with a spec.checkpoint; its replication and prefetch settings are not applied yet"}
+			"its checkpoint settings to the outputs with a spec.checkpoint, its replication to the outputs of Lineages " +
+			"and its recovery.readWait to their readers; its prefetch settings are not applied yet"}
 	if why := pinnedPathsProblem(cp.Spec.PinnedPaths); why != "" {
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, ReasonInvalidPinnedPaths, why+": fix the pattern; its Datasets are not served until then"
 	} else if why := temporaryPatternsProblem(cp.Spec.Checkpoint.TemporaryPathPatterns); why != "" {

@@ -57,6 +57,22 @@ func TestTheStatusShowsWhatTheWorkersHold(t *testing.T) {
 	g.Expect(ds.Status.CachedBytes).To(BeEquivalentTo(300))
 	g.Expect(ds.Status.CachedPercentage).To(Equal("75%"))
 	g.Expect(ds.Status.Tiers).To(Equal([]datav1alpha1.TierUsage{{Tier: "mem", Bytes: 200}, {Tier: "nvme", Bytes: 100}}))
+	g.Expect(ds.Status.Replicas).To(BeZero(), "a Dataset read from a source shows no replicas: its source has every block")
+
+	// An output's status counts the copies of its least copied block.
+	ds.Spec.Lineage = &datav1alpha1.LineageReference{Name: "make-pictures"}
+	r.refreshUsage(ctx, ds)
+	g.Expect(ds.Status.Replicas).To(BeEquivalentTo(1))
+	_, err = master.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: "pool/node-b", Node: "node-b"})
+	g.Expect(err).NotTo(HaveOccurred())
+	for i := range 3 {
+		_, err = master.CommitBlock(ctx, &masterpb.CommitBlockRequest{
+			BlockId: uint64(i + 1), Path: root + "/a", Offset: int64(i) * 100, Size: 100, Worker: "pool/node-b", Tier: "mem",
+		})
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	r.refreshUsage(ctx, ds)
+	g.Expect(ds.Status.Replicas).To(BeEquivalentTo(2), "every block is on both nodes")
 }
 
 // TestADeletedDatasetIsForgottenByTheMaster: the files workers registered for a Dataset go with

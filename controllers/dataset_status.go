@@ -87,6 +87,10 @@ func setUsage(ds *datav1alpha1.Dataset, usage *masterpb.DatasetUsage) {
 	}
 	ds.Status.CheckpointedBytes = usage.GetCheckpointedBytes()
 	ds.Status.CachedBytes = usage.GetCachedBytes()
+	ds.Status.Replicas = 0
+	if ds.Spec.Lineage != nil {
+		ds.Status.Replicas = int32(usage.GetMinCopies())
+	}
 	ds.Status.CachedPercentage = ""
 	if total := ds.Status.TotalBytes; total > 0 {
 		ds.Status.CachedPercentage = humanize.Percent(usage.GetCachedBytes(), total)

@@ -465,13 +465,14 @@ func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name str
 	case status.Code(err) == codes.NotFound:
 		// Nothing written into it (or forgotten for a recomputation, which says so itself):
 		// nothing to lose.
-		st.State = datav1alpha1.OutputInMemory
+		st.State, st.Replicas = datav1alpha1.OutputInMemory, 0
 		return false
 	case err != nil:
 		ctrl.LoggerFrom(ctx).Info("cannot read an output's state from the master; keeping the last", "output", name, "error", err.Error())
 		return false
 	}
 	st.CheckpointedBytes = usage.GetCheckpointedBytes()
+	st.Replicas = int32(usage.GetMinCopies())
 	switch {
 	case usage.GetLostFiles() > 0:
 		// A file with neither a live copy nor a checkpoint: only a recomputation brings it back.

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 )
@@ -50,6 +51,7 @@ type WorkerReconciler struct {
 // +kubebuilder:rbac:groups="",namespace=strata-system,resources=secrets,verbs=get;create;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets;cachepolicies;lineages,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile makes the worker objects of one TierPool match its spec.
@@ -190,5 +192,21 @@ func (r *WorkerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace)).
+		// The replication scopes follow the nodes' labels (see topology).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allPools),
+			builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Complete(r)
+}
+
+// allPools are every TierPool: a node's labels may bound the replicas of any.
+func (r *WorkerReconciler) allPools(ctx context.Context, _ client.Object) []reconcile.Request {
+	var pools datav1alpha1.TierPoolList
+	if err := r.Client.List(ctx, &pools); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(pools.Items))
+	for _, p := range pools.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+	}
+	return reqs
 }

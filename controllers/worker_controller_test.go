@@ -132,6 +132,31 @@ var _ = Describe("The worker reconciler", func() {
 				Eviction: eviction.Config{Kind: eviction.LRFU, Lambda: 0.25}, High: 0.5, Low: 0.3, PromotionThreshold: 1}))
 		}).Should(Succeed(), "waiting for the pool's policies file to carry the rules")
 
+		By("carrying its replication, and the rack of every node, following the nodes' labels")
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: "racked-", Labels: map[string]string{datav1alpha1.DefaultRackLabel: "r7"}}}
+		Expect(k8sClient.Create(ctx, node)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, node))).To(Succeed()) })
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(cp), cp)).To(Succeed())
+			cp.Spec.Replication = datav1alpha1.ReplicationSpec{Count: 2, Scope: datav1alpha1.ReplicateSameRack}
+			g.Expect(k8sClient.Update(ctx, cp)).To(Succeed())
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			set := policies(g)
+			r, ok := set.Replication(master)
+			g.Expect(ok).To(BeTrue())
+			g.Expect(r).To(Equal(policy.Replication{Count: 2, ScopeLabel: datav1alpha1.DefaultRackLabel, Selective: true,
+				BandwidthBytes: 200 << 20}), "the defaults: selective, 200Mi a second")
+			rack, _ := set.NodeLabel(node.Name, datav1alpha1.DefaultRackLabel)
+			g.Expect(rack).To(Equal("r7"))
+		}).Should(Succeed(), "waiting for the pool's policies file to carry the replication")
+		node.Labels[datav1alpha1.DefaultRackLabel] = "r8"
+		Expect(k8sClient.Update(ctx, node)).To(Succeed())
+		Eventually(func(g Gomega) {
+			rack, _ := policies(g).NodeLabel(node.Name, datav1alpha1.DefaultRackLabel)
+			g.Expect(rack).To(Equal("r8"))
+		}).Should(Succeed(), "waiting for the pool's policies file to follow the node to its new rack")
+
 		By("leaving out a Dataset whose CachePolicy has a bad pattern, which the Dataset's status names")
 		setPinned("images/[a-")
 		Eventually(func(g Gomega) {

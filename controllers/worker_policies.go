@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -52,7 +53,43 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 		file.Datasets = append(file.Datasets, d)
 	}
 	slices.SortFunc(file.Datasets, func(a, b policy.Dataset) int { return strings.Compare(a.Name, b.Name) })
+	topology, err := r.topology(ctx, file.Datasets)
+	if err != nil {
+		return "", err
+	}
+	file.Topology = topology
 	return settingsJSON(file, "policies", pool)
+}
+
+// topology maps every node to the values it has of the labels that bound the replicas of
+// datasets (their scope labels), so that a worker knows which nodes share its rack or zone;
+// nil when no Dataset is replicated within a scope.
+func (r *WorkerReconciler) topology(ctx context.Context, datasets []policy.Dataset) (map[string]map[string]string, error) {
+	labels := map[string]bool{}
+	for _, d := range datasets {
+		if d.Replication != nil && d.Replication.ScopeLabel != "" {
+			labels[d.Replication.ScopeLabel] = true
+		}
+	}
+	if len(labels) == 0 {
+		return nil, nil
+	}
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes); err != nil {
+		return nil, fmt.Errorf("listing the nodes for the replication scopes: %w", err)
+	}
+	topology := map[string]map[string]string{}
+	for _, n := range nodes.Items {
+		for label := range labels {
+			if v, ok := n.Labels[label]; ok {
+				if topology[n.Name] == nil {
+					topology[n.Name] = map[string]string{}
+				}
+				topology[n.Name][label] = v
+			}
+		}
+	}
+	return topology, nil
 }
 
 // settingsJSON is a file the pool's workers read, as JSON, in a stable form: an unchanged set
@@ -103,6 +140,12 @@ func datasetPolicy(name string, cp *datav1alpha1.CachePolicy) policy.Dataset {
 	}
 	if w := cp.Spec.Eviction.Watermarks; w != nil {
 		d.Watermarks = &policy.Watermarks{High: w.High, Low: w.Low}
+	}
+	if rs := cp.Spec.Replication; rs.Count > 1 {
+		d.Replication = &policy.Replication{Count: int(rs.Count), ScopeLabel: rs.ScopeLabel(), Selective: rs.Selective == nil || *rs.Selective}
+		if rs.BandwidthLimit != nil {
+			d.Replication.BandwidthBytes = rs.BandwidthLimit.Value()
+		}
 	}
 	return d
 }

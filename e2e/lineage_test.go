@@ -28,25 +28,13 @@ var _ = Describe("A pipeline that loses the node holding its outputs", Ordered, 
 		nodes           []string
 		written         []object
 	)
-	const bucket = "e2e-lineage"
-	steps := []struct{ name, input, output string }{
-		{"step-a", "raw", "out-a"},
-		{"step-b", "out-a", "out-b"},
-		{"step-c", "out-b", "out-c"},
-	}
+	steps := chainSteps
 
 	BeforeAll(func(ctx SpecContext) {
 		namespace = testNamespace(ctx, "e2e-lineage-")
 		nodes = cacheNodes(ctx)
 		pool = memoryPool(ctx, "lineage", "4Mi")
-		prefix := namespace + "/"
-		written = putObjects(ctx, namespace, nodes[1], bucket, []string{prefix + "big.bin", prefix + "dir/a.txt", prefix + "dir/b.txt"}, 9<<20, 5)
-		for i := range written {
-			written[i].Key = strings.TrimPrefix(written[i].Key, prefix)
-		}
-		raw := minioDataset(namespace, "raw", pool, "s3://"+bucket+"/"+prefix)
-		Expect(k8sClient.Create(ctx, raw)).To(Succeed())
-		waitReady(ctx, raw)
+		written = chainInput(ctx, namespace, pool, nodes[1], "e2e-lineage")
 	})
 	AfterEach(func() { dumpOnFailure(namespace) })
 
@@ -128,6 +116,29 @@ var _ = Describe("A pipeline that loses the node holding its outputs", Ordered, 
 		}).WithContext(ctx).WithTimeout(time.Minute).Should(Succeed())
 	})
 })
+
+// chainSteps are the steps of a chain of three copies: raw → out-a → out-b → out-c.
+var chainSteps = []struct{ name, input, output string }{
+	{"step-a", "raw", "out-a"},
+	{"step-b", "out-a", "out-b"},
+	{"step-c", "out-b", "out-c"},
+}
+
+// chainInput puts the objects a chain of steps copies into bucket, under the namespace's name,
+// and declares them as the namespace's Dataset raw, in pool, Ready; it returns the objects, by
+// their keys in raw.
+func chainInput(ctx context.Context, namespace, pool, node, bucket string) []object {
+	GinkgoHelper()
+	prefix := namespace + "/"
+	written := putObjects(ctx, namespace, node, bucket, []string{prefix + "big.bin", prefix + "dir/a.txt", prefix + "dir/b.txt"}, 9<<20, 5)
+	for i := range written {
+		written[i].Key = strings.TrimPrefix(written[i].Key, prefix)
+	}
+	raw := minioDataset(namespace, "raw", pool, "s3://"+bucket+"/"+prefix)
+	Expect(k8sClient.Create(ctx, raw)).To(Succeed())
+	waitReady(ctx, raw)
+	return written
+}
 
 // runLogsWhenDone waits for a pod created already and decodes what it printed.
 func runLogsWhenDone(ctx context.Context, pod *corev1.Pod) []object {

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"cmp"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -68,14 +69,21 @@ type ReplicationScope string
 const (
 	// ReplicateAnyNode puts a replica on any other node.
 	ReplicateAnyNode ReplicationScope = "Node"
-	// ReplicateSameRack keeps replicas in the writer's rack (label topology.strata.dev/rack).
+	// ReplicateSameRack keeps replicas in the writer's rack (spec.replication.rackLabel).
 	ReplicateSameRack ReplicationScope = "Rack"
-	// ReplicateSameZone keeps replicas in the writer's zone (label topology.kubernetes.io/zone).
+	// ReplicateSameZone keeps replicas in the writer's zone (spec.replication.zoneLabel).
 	ReplicateSameZone ReplicationScope = "Zone"
 )
 
-// ReplicationSpec configures replication of cached blocks. Replication is always asynchronous:
-// a writer never waits for a replica.
+// The default node labels of the replication scopes.
+const (
+	DefaultRackLabel = "topology.strata.dev/rack"
+	DefaultZoneLabel = "topology.kubernetes.io/zone"
+)
+
+// ReplicationSpec configures replication of the outputs Lineages write (intermediate data,
+// ISS): each block of an output not checkpointed yet gets Count copies on as many nodes of the
+// Scope. Replication is always asynchronous: a writer's close never waits for a replica.
 type ReplicationSpec struct {
 	// Count is the number of in-cache copies of each block, the original included; 1 means no replica.
 	// +kubebuilder:default=1
@@ -89,11 +97,41 @@ type ReplicationSpec struct {
 	// +optional
 	Scope ReplicationScope `json:"scope,omitempty"`
 
-	// Selective replicates only data that is read on the node that wrote it; data a shuffle
-	// already moved to another node has a copy there.
+	// Selective: a node that reads a block of an output from another node keeps it, and that
+	// copy counts as a replica (data a step already moved to another node is not copied again).
+	// false: readers keep nothing, and every copy is made by replication.
 	// +kubebuilder:default=true
 	// +optional
 	Selective *bool `json:"selective,omitempty"`
+
+	// RackLabel is the node label whose value names a node's rack, for scope Rack.
+	// +kubebuilder:default="topology.strata.dev/rack"
+	// +kubebuilder:validation:MinLength=1
+	// +optional
+	RackLabel string `json:"rackLabel,omitempty"`
+
+	// ZoneLabel is the node label whose value names a node's zone, for scope Zone.
+	// +kubebuilder:default="topology.kubernetes.io/zone"
+	// +kubebuilder:validation:MinLength=1
+	// +optional
+	ZoneLabel string `json:"zoneLabel,omitempty"`
+
+	// BandwidthLimit caps the bytes per second each worker sends to make replicas, such as
+	// 200Mi, so that copies never crowd out the reads of pods.
+	// +kubebuilder:default="200Mi"
+	// +optional
+	BandwidthLimit *resource.Quantity `json:"bandwidthLimit,omitempty"`
+}
+
+// ScopeLabel is the node label whose values bound the replicas' nodes, "" for scope Node.
+func (r ReplicationSpec) ScopeLabel() string {
+	switch r.Scope {
+	case ReplicateSameRack:
+		return cmp.Or(r.RackLabel, DefaultRackLabel)
+	case ReplicateSameZone:
+		return cmp.Or(r.ZoneLabel, DefaultZoneLabel)
+	}
+	return ""
 }
 
 // CheckpointStrategy chooses when outputs are written to their under-store.

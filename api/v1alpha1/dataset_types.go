@@ -354,6 +354,12 @@ type DatasetStatus struct {
 	// +optional
 	CachedBytes int64 `json:"cachedBytes,omitempty"`
 
+	// Replicas, for an output, is the fewest nodes that hold a copy of one of its blocks: how
+	// many nodes its data survives the loss of, less one, without a recomputation or a
+	// checkpoint read (see CachePolicy spec.replication). 0 when a block has no copy.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
 	// CachedPercentage is CachedBytes over TotalBytes, for kubectl get, such as "87%".
 	// +optional
 	CachedPercentage string `json:"cachedPercentage,omitempty"`
@@ -443,6 +449,7 @@ type DatasetBlockReportStatus struct {
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.source.uri`,priority=1
 // +kubebuilder:printcolumn:name="Mounts",type=string,JSONPath=`.status.mountPaths`,priority=1
 // +kubebuilder:printcolumn:name="Lineage",type=string,JSONPath=`.spec.lineage.name`,priority=1
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.replicas`,priority=1
 // +kubebuilder:printcolumn:name="PVC",type=string,JSONPath=`.status.persistentVolumeClaimName`,priority=1
 // +kubebuilder:printcolumn:name="Synced",type=date,JSONPath=`.status.sync.lastSyncTime`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -117,6 +117,10 @@ type LineageOutputStatus struct {
 	// CheckpointedBytes is how much of it is durable in the under-store.
 	// +optional
 	CheckpointedBytes int64 `json:"checkpointedBytes,omitempty"`
+	// Replicas is the fewest nodes that hold a copy of one of its blocks (its CachePolicy's
+	// spec.replication.count once replication caught up; 0 when a block has none).
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
 }
 
 // RecomputationStatus describes the recomputation Job that runs now.

@@ -20,6 +20,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/internal/throttle"
 	"github.com/strata-cache/strata/lineage"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -56,10 +57,6 @@ const (
 	// list yet is looked at again: its seal publishes it within moments.
 	unpublishedRetry = time.Second
 )
-
-// chunk is the most bytes a background write reads at once, and so the burst the bandwidth
-// cap allows.
-const chunk = 256 << 10
 
 // Config configures a Checkpointer.
 type Config struct {
@@ -136,7 +133,7 @@ func New(cfg Config) *Checkpointer {
 		cfg.Log = logr.Discard()
 	}
 	return &Checkpointer{
-		cfg: cfg, log: cfg.Log, limiter: rate.NewLimiter(rate.Inf, chunk), wake: make(chan struct{}, 1),
+		cfg: cfg, log: cfg.Log, limiter: rate.NewLimiter(rate.Inf, throttle.Chunk), wake: make(chan struct{}, 1),
 		stores: map[string]understore.Store{}, planners: map[string]*lineage.Planner{},
 		recorded: map[string]string{}, retries: map[string]retry{}, gone: map[string]bool{},
 	}
@@ -269,7 +266,7 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 	c.settle(p.file, err)
 	switch {
 	case err == nil || ctx.Err() != nil:
-	case errors.Is(err, errGone) || errors.Is(err, errNotPublished):
+	case errors.Is(err, errGone) || errors.Is(err, errNotPublished) || errors.Is(err, errPartial):
 		c.log.V(1).Info("Not checkpointing an output file now", "file", p.file.path, "why", err.Error())
 	default:
 		c.log.Error(err, "Checkpointing an output file failed; it stays in memory and is tried again",
@@ -337,6 +334,10 @@ func (c *Checkpointer) isRecorded(path, token string) bool {
 // version's, which nobody reads, and the sweeper removes them.
 var errGone = errors.New("the master no longer has this version of the file")
 
+// errPartial means this node holds only some of a file's blocks (replicas of them): the node
+// that holds it whole checkpoints it.
+var errPartial = errors.New("this node holds copies of only some of the file's blocks")
+
 // errNotPublished means the master has no file of this path yet: an output mount stores a
 // file's blocks before it publishes the file, so a young file is tried again later.
 var errNotPublished = errors.New("the file is not published at the master yet")
@@ -403,7 +404,7 @@ func (c *Checkpointer) write(ctx context.Context, store Blocks, d *dataset, path
 	if bandwidth != rate.Inf {
 		// Background writes take turns (one at a time), so one limiter serves them all.
 		c.limiter.SetLimit(bandwidth)
-		body = &limitedReader{ctx: ctx, r: r, limiter: c.limiter}
+		body = &throttle.Reader{Ctx: ctx, R: r, Limiter: c.limiter}
 	}
 	if err := target.Write(ctx, d.rel(path), body, size); err != nil {
 		return fmt.Errorf("checkpointing %s: %w", path, err)
@@ -472,13 +473,13 @@ func fileKey(path, token string) string { return path + "\x00" + token }
 // blockIDs are the ids of the file's n blocks, in order, if this node holds all of them.
 func (f *heldFile) blockIDs(n int) ([]string, error) {
 	if len(f.blocks) != n {
-		return nil, fmt.Errorf("%s has %d blocks and this node holds %d of them: only the writer's node, which holds all, checkpoints it",
-			f.path, n, len(f.blocks))
+		return nil, fmt.Errorf("%s has %d blocks and this node holds %d of them (%w): only a node that holds all checkpoints it",
+			f.path, n, len(f.blocks), errPartial)
 	}
 	ids := make([]string, n)
 	for i, b := range f.blocks {
 		if f.indexes[i] != int64(i) {
-			return nil, fmt.Errorf("%s: block %d is missing on this node", f.path, i)
+			return nil, fmt.Errorf("%s: block %d is missing on this node (%w)", f.path, i, errPartial)
 		}
 		ids[i] = b.ID
 	}
@@ -599,29 +600,4 @@ func (r *blocksReader) close() {
 	if r.cur != nil {
 		_ = r.cur.Close()
 	}
-}
-
-// limitedReader keeps reads to a limiter's rate: the bandwidth cap of background checkpoints.
-type limitedReader struct {
-	ctx     context.Context
-	r       io.Reader
-	limiter waiter
-}
-
-// waiter is the part of a rate.Limiter a limitedReader uses.
-type waiter interface {
-	WaitN(ctx context.Context, n int) error
-}
-
-func (l *limitedReader) Read(p []byte) (int, error) {
-	if len(p) > chunk {
-		p = p[:chunk]
-	}
-	n, err := l.r.Read(p)
-	if n > 0 {
-		if werr := l.limiter.WaitN(l.ctx, n); werr != nil {
-			return n, werr
-		}
-	}
-	return n, err
 }

@@ -14,7 +14,10 @@
 //
 // Each file of an output lives on one node, the writer's, whose worker sealed it into blocks of
 // its top tier. That worker checkpoints it: it holds every byte, so a checkpoint moves each byte
-// once, from memory to the under-store, and never over the pod network first.
+// once, from memory to the under-store, and never over the pod network first. Replicas
+// (package replication) put copies of its blocks on other nodes: a node that holds copies of
+// only some of them leaves the file to one that holds it whole, and marks its copies clean once
+// the master records the checkpoint.
 //
 // # In the background
 //

@@ -33,6 +33,7 @@ var ErrNoPeer = errors.New("no other worker holds the block")
 type Master interface {
 	RegisterDataset(ctx context.Context, req *masterpb.RegisterDatasetRequest) (*masterpb.Dataset, error)
 	CreateFile(ctx context.Context, req *masterpb.CreateFileRequest) (*masterpb.File, error)
+	GetFile(ctx context.Context, req *masterpb.GetFileRequest) (*masterpb.File, error)
 	CommitBlock(ctx context.Context, req *masterpb.CommitBlockRequest) (*masterpb.Block, error)
 	RemoveBlockCopy(ctx context.Context, req *masterpb.RemoveBlockCopyRequest) (*masterpb.Block, error)
 	GetBlockLocations(ctx context.Context, req *masterpb.GetBlockLocationsRequest) (*masterpb.GetBlockLocationsResponse, error)
@@ -164,6 +165,20 @@ func (d *Directory) Report(ctx context.Context, info tierstore.BlockInfo) error 
 		return fmt.Errorf("reporting block %s: its origin does not decode: %w", info.ID, err)
 	}
 	p := MasterPath(origin.GetPath(), origin.GetSourceVersion())
+	if origin.GetFileToken() != "" {
+		// A block of a written output (a replica, a copy a reader kept, one held across a
+		// restart) is a copy of a published file's version: it is recorded only while the
+		// master has that version. Creating the file here would publish a hollow file in the
+		// place of one forgotten for a recomputation.
+		f, err := d.master.GetFile(ctx, &masterpb.GetFileRequest{Path: p, StaleOk: true})
+		switch {
+		case status.Code(err) == codes.NotFound || err == nil && f.GetClientToken() != origin.GetFileToken():
+			return nil // an earlier version's: the sweeper drops it
+		case err != nil:
+			return fmt.Errorf("reporting block %s: looking up %s: %w", info.ID, p, err)
+		}
+		return d.Commit(ctx, info, p, origin.GetOffset())
+	}
 	if err := d.ensureFile(ctx, p, &origin); err != nil {
 		return fmt.Errorf("reporting block %s: %w", info.ID, err)
 	}

@@ -53,6 +53,9 @@ type Outputs struct {
 	// Checkpoints writes large files through to the under-store and reads lost blocks back
 	// from their checkpoints (outputfs.Config.Checkpoints); nil does neither.
 	Checkpoints outputfs.Checkpoints
+	// KeepsReadCopies says which outputs' blocks read from other nodes are kept, as replicas
+	// (outputfs.Config.KeepsReadCopies); nil keeps none.
+	KeepsReadCopies func(dataset string) bool
 }
 
 // Config configures a Mounter.
@@ -455,7 +458,7 @@ func (m *Mounter) outputConfig(mnt *mount, log logr.Logger) (outputfs.Config, er
 		Root:    datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid),
 		Master:  out.Master, Store: m.cfg.Store, Locations: out.Locations, BlockSize: m.cfg.BlockSize,
 		StagingDir: filepath.Join(out.StagingDir, mnt.uid), Name: "strata:" + mnt.dataset(),
-		Metrics: out.Metrics, Checkpoints: out.Checkpoints, Log: log,
+		Metrics: out.Metrics, Checkpoints: out.Checkpoints, KeepsReadCopies: out.KeepsReadCopies, Log: log,
 	}
 	if m.cfg.Handovers != nil {
 		// The store must hold the journal the mount appends to, or a takeover would miss changes.

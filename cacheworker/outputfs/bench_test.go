@@ -1,13 +1,19 @@
 package outputfs_test
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 
+	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/policy"
+	"github.com/strata-cache/strata/cacheworker/replication"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/testenv"
 	"github.com/strata-cache/strata/master/mastertest"
@@ -20,12 +26,7 @@ import (
 //
 //	go test -run '^$' -bench WritingAnOutput -benchtime 10x ./cacheworker/outputfs/
 func BenchmarkWritingAnOutput(b *testing.B) {
-	fusetest.Require(b)
-	base, err := os.MkdirTemp("/dev/shm", "strata-bench-")
-	if err != nil {
-		testenv.Lacking(b, fmt.Sprint("needs /dev/shm: ", err))
-	}
-	b.Cleanup(func() { _ = os.RemoveAll(base) })
+	base := memoryFolder(b)
 	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()
 	w := startWorkerIn(b, master, "pool/node-a", 2<<30, filepath.Join(base, "worker"))
 	mnt := mountOutputIn(b, master, w, 8<<20, filepath.Join(base, "staging"), logr.Discard())
@@ -66,4 +67,94 @@ func BenchmarkWritingAnOutput(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkWritingAReplicatedOutput writes four files of 64 MiB through an output mount, with
+// replication off and on (two copies on any node, at the default cap of 200 MiB/s), in one
+// run: replication is asynchronous, so the writer should keep most of its throughput while the
+// blocks of the files it sealed are copied to the other worker. Everything shares the two
+// cores: the writer, the mount, both workers and the master.
+//
+//	go test -run '^$' -bench WritingAReplicatedOutput -benchtime 5x ./cacheworker/outputfs/
+func BenchmarkWritingAReplicatedOutput(b *testing.B) {
+	base := memoryFolder(b)
+	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()
+	writer := startWorkerIn(b, master, "pool/node-a", 2<<30, filepath.Join(base, "writer"))
+	other := startWorkerIn(b, master, "pool/node-b", 2<<30, filepath.Join(base, "other"))
+	mnt := mountOutputIn(b, master, writer, 8<<20, filepath.Join(base, "staging"), logr.Discard())
+	raw, err := json.Marshal(policy.File{Datasets: []policy.Dataset{{Name: dataset,
+		Replication: &policy.Replication{Count: 2, Selective: true, BandwidthBytes: 200 << 20}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := policy.Parse(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	peers := dataplane.NewPeers()
+	b.Cleanup(func() { _ = peers.Close() })
+	replicator := replication.New(replication.Config{Self: writer.id, Node: writer.id, Store: writer.store, Master: master, Sender: peers,
+		Policies: func() *policy.Set { return set }, Recheck: time.Nanosecond})
+	data := randomBytes(64<<20, 1)
+	const files = 4
+	for _, mode := range []string{"off", "on", "off", "on"} {
+		b.Run("replication "+mode, func(b *testing.B) {
+			b.SetBytes(files * int64(len(data)))
+			for i := range b.N {
+				ctx, stop := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					if mode == "on" {
+						replicator.Run(ctx, 50*time.Millisecond)
+					}
+				}()
+				dir := filepath.Join(mnt.Dir(), fmt.Sprintf("%s-%d", mode, i))
+				if err := os.Mkdir(dir, 0o755); err != nil {
+					b.Fatal(err)
+				}
+				for f := range files {
+					if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("part-%d", f)), data, 0o644); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				if mode == "on" {
+					// The copies of the last file finish outside the measure, before the next run.
+					for {
+						res, err := replicator.Pass(context.Background())
+						if err != nil {
+							b.Fatal(err)
+						}
+						if res.Unreplicated == 0 {
+							break
+						}
+					}
+				}
+				stop()
+				<-done
+				if err := os.RemoveAll(dir); err != nil {
+					b.Fatal(err)
+				}
+				for _, blk := range other.store.Blocks() { // the replicas of what was removed
+					if err := other.store.Delete(context.Background(), blk.ID); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// memoryFolder is a folder on /dev/shm for a benchmark's tiers, staging and mount (FUSE is
+// required), removed at its end.
+func memoryFolder(b *testing.B) string {
+	fusetest.Require(b)
+	base, err := os.MkdirTemp("/dev/shm", "strata-bench-")
+	if err != nil {
+		testenv.Lacking(b, fmt.Sprint("needs /dev/shm: ", err))
+	}
+	b.Cleanup(func() { _ = os.RemoveAll(base) })
+	return base
 }

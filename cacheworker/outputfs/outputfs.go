@@ -50,6 +50,9 @@ type Locations interface {
 	// CommitRequest is what Commit would send, for sending it with others (SealFile).
 	CommitRequest(info tierstore.BlockInfo, path string, offset int64) *masterpb.CommitBlockRequest
 	ReadBlock(ctx context.Context, id string) ([]byte, error)
+	// Report records a block this worker holds as a copy of a published version, unless the
+	// file has another version now.
+	Report(ctx context.Context, info tierstore.BlockInfo) error
 }
 
 // Checkpoints writes large files through to their Dataset's checkpoint target before their
@@ -86,6 +89,10 @@ type Config struct {
 	MasterTimeout time.Duration
 	// Metrics receives the counts; nil counts nowhere.
 	Metrics *Metrics
+	// KeepsReadCopies, when set, says whether a block of the Dataset read from another worker
+	// is kept in the top tier and reported as a copy of it (a replica, for a CachePolicy that
+	// replicates selectively).
+	KeepsReadCopies func(dataset string) bool
 	// RecoveryPoll is how often, at most, a read that waits for a lost file to be written again
 	// asks the master whether it is back; 0 means DefaultRecoveryPoll.
 	RecoveryPoll time.Duration

@@ -263,7 +263,10 @@ func (fsys *fileSystem) Create(cancel <-chan struct{}, in *fuse.CreateIn, name s
 			return fuse.Status(syscall.EEXIST)
 		}
 		// Lost and forgotten at the master (being recomputed): written again as a new file.
-		if err := fsys.t.remove(dir, name, existing, 0); err != nil {
+		existing.mu.Lock()
+		err := fsys.detachForgotten(existing)
+		existing.mu.Unlock()
+		if err != nil {
 			return fsys.failed(err, "replacing a forgotten file", name)
 		}
 	}
@@ -324,10 +327,15 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 		gone, changed := fsys.check(ctx, n)
 		switch {
 		case gone && writable:
-			// Lost and forgotten, so that its Lineage writes it again: as a new file.
-			if status := fsys.restage(n); !status.Ok() {
-				return status
+			// Lost and forgotten, so that its Lineage writes it again: as a new file, never
+			// through this node, whose pages a reader that waits for the new version may hold
+			// locked (its read is pending) until the write is sealed. The node leaves the tree,
+			// and the kernel, told the open is stale, looks the name up again (finding nothing)
+			// and creates the file anew.
+			if err := fsys.detachForgotten(n); err != nil {
+				return fsys.failed(err, "replacing a forgotten file", n.name)
 			}
+			return fuse.Status(syscall.ESTALE)
 		case writable:
 			return fuse.EPERM
 		case gone:
@@ -683,27 +691,6 @@ func (fsys *fileSystem) discard(n *node) {
 		fsys.o.dropStaged(n.staged)
 		n.staged = nil
 	}
-}
-
-// restage makes a sealed file that the master forgot a new, empty file to write; n.mu is held.
-func (fsys *fileSystem) restage(n *node) fuse.Status {
-	token, staged, err := fsys.o.newStaged()
-	if err != nil {
-		return fsys.failed(err, "creating a staging file", n.name)
-	}
-	old := n.state
-	st := &n.state
-	st.Token, st.Sealed, st.Size, st.SealFailed = token, false, 0, false
-	st.Mode |= 0o200
-	st.MtimeNs = time.Now().UnixNano()
-	if err := fsys.t.save(n, 0); err != nil {
-		n.state = old
-		fsys.o.dropStaged(staged)
-		return fsys.failed(err, "writing a forgotten file again", n.name)
-	}
-	n.staged, n.size = staged, 0
-	n.sealed.Store(false)
-	return fuse.OK
 }
 
 // OpenDir implements fuse.RawFileSystem: the folder is listed now, with what other nodes

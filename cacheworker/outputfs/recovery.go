@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -50,6 +51,11 @@ type recovering struct {
 func (fsys *fileSystem) awaitRecovery(ctx context.Context, n *node, lost sealedVersion, sameSize bool, cause error) (sealedVersion, error) {
 	o := fsys.o
 	r := &recovering{fsys: fsys, n: n, rel: fsys.t.rel(n), start: time.Now()}
+	if r.rel == "" {
+		n.mu.Lock()
+		r.rel = n.forgottenAs
+		n.mu.Unlock()
+	}
 	if r.rel == "" {
 		// Removed from the tree: nothing names it any more.
 		return sealedVersion{}, fmt.Errorf("%w: %w", errNoRecovery, cause)
@@ -167,6 +173,21 @@ func (o *output) recoveryWait(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("%w: %s", errRecoveryFailed, ds.GetRecovery().GetFailed())
 	}
 	return time.Duration(ds.GetRecovery().GetWaitSeconds()) * time.Second, nil
+}
+
+// detachForgotten takes n, a sealed file the master forgot, out of the tree, as a removal does,
+// remembering its path for the readers that hold it; n.mu is held.
+func (fsys *fileSystem) detachForgotten(n *node) error {
+	rel := fsys.t.rel(n)
+	dir := fsys.t.get(fsys.t.parentOf(n))
+	if rel == "" || dir == nil {
+		return nil // out of the tree already
+	}
+	if err := fsys.t.remove(dir, path.Base(rel), n, 0); err != nil {
+		return err
+	}
+	n.forgottenAs = rel
+	return nil
 }
 
 // adopt makes n show f, a version of it sealed since (written again elsewhere, or recomputed),

@@ -57,6 +57,7 @@ func TestAReaderOfALostFileWaitsForItsRecovery(t *testing.T) {
 		"opened.bin": randomBytes(blockSize/2, 2),
 		"failed.bin": randomBytes(100, 3),
 		"late.bin":   randomBytes(100, 4),
+		"local.bin":  randomBytes(blockSize+5, 5),
 	}
 	for name, data := range files {
 		g.Expect(os.WriteFile(filepath.Join(written.Dir(), name), data, 0o644)).To(Succeed())
@@ -111,6 +112,22 @@ func TestAReaderOfALostFileWaitsForItsRecovery(t *testing.T) {
 	g.Expect(got.data).To(Equal(files["opened.bin"]), "the waiting open reads the new version")
 	g.Expect(waits("recovered")).To(BeNumerically(">=", 2))
 	g.Expect(waiting()).To(BeZero())
+
+	t.Log("a recomputation on the reader's own node writes a new file, while the read that waits holds the old one's pages")
+	lose(ctx, t, master, writer, "local.bin", int64(len(files["local.bin"])))
+	local := make(chan readResult, 1)
+	go func() {
+		b, err := readAgain(filepath.Join(read.Dir(), "local.bin"))
+		local <- readResult{b, err}
+	}()
+	g.Eventually(waiting).Should(Equal(1.0))
+	forget(ctx, t, master, "local.bin")
+	rewritten := make(chan error, 1)
+	go func() { rewritten <- os.WriteFile(filepath.Join(read.Dir(), "local.bin"), files["local.bin"], 0o644) }()
+	g.Eventually(rewritten, "30s").Should(Receive(BeNil()), "the recomputation's write is not held up by the waiting read")
+	g.Eventually(local, "30s").Should(Receive(&got))
+	g.Expect(got.err).NotTo(HaveOccurred())
+	g.Expect(got.data).To(Equal(files["local.bin"]))
 
 	t.Log("a read whose recovery fails ends with EIO")
 	lose(ctx, t, master, writer, "failed.bin", int64(len(files["failed.bin"])))

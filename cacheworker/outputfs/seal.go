@@ -1,6 +1,7 @@
 package outputfs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -354,6 +355,9 @@ func (o *output) loadBlock(ctx context.Context, v sealedVersion, index int64) (*
 	}
 	data, err := o.cfg.Locations.ReadBlock(ctx, id)
 	if err == nil {
+		if o.cfg.KeepsReadCopies != nil && o.cfg.KeepsReadCopies(o.cfg.Dataset) {
+			o.keep(ctx, v, index, data)
+		}
 		return &heldBlock{token: v.token, index: index, data: data}, nil
 	}
 	if o.cfg.Checkpoints == nil {
@@ -369,6 +373,32 @@ func (o *output) loadBlock(ctx context.Context, v sealedVersion, index int64) (*
 			"(%w): %w; %w", id, errBlockLost, err, cerr)
 	}
 	return &heldBlock{token: v.token, index: index, data: data}, nil
+}
+
+// keep stores a block read from another worker in the top tier, unclean (no under-store holds
+// it), and has it recorded at the master as a copy of version v: a replica that the read made,
+// which replication then need not make. A failure only costs the copy.
+func (o *output) keep(ctx context.Context, v sealedVersion, index int64, data []byte) {
+	id := BlockID(v.token, index)
+	rel := v.rel()
+	if rel == "" {
+		return // out of the tree: no path to record it under
+	}
+	origin, err := proto.Marshal(&workerpb.BlockOrigin{Path: o.masterPath(rel), Dataset: o.cfg.Dataset, Root: o.cfg.Root,
+		Index: index, Offset: index * o.cfg.BlockSize, FileToken: v.token})
+	if err != nil {
+		return
+	}
+	info, err := o.cfg.Store.Put(ctx, id, bytes.NewReader(data), int64(len(data)), tierstore.PutOptions{Origin: origin})
+	if err != nil {
+		if !errors.Is(err, tierstore.ErrExists) {
+			o.log.V(1).Info("cannot keep a copy of a block read from another node", "block", id, "error", err.Error())
+		}
+		return
+	}
+	if err := o.cfg.Locations.Report(ctx, info); err != nil {
+		o.log.V(1).Info("cannot record a kept copy of a block at the master", "block", id, "error", err.Error())
+	}
 }
 
 func (h *handle) release() {

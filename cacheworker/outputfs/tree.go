@@ -47,6 +47,9 @@ type node struct {
 	// waitedInVain is the token of the lost version a read waited for until its wait ran out:
 	// the reads that follow (the kernel tries a failed read again at once) do not wait again.
 	waitedInVain string
+	// forgottenAs is the path of a sealed file the master forgot, taken out of the tree so that
+	// its new version is a new node: readers that hold this one wait for that path.
+	forgottenAs string
 }
 
 // tree is a mount's nodes, recorded in its journal as they change.

@@ -8,7 +8,9 @@
 // whose blocks are never evicted), its eviction policy (how the Dataset's blocks rank against
 // each other when its tier needs room; MRD also which Dataset gives up blocks, by its next use
 // in the lineage graph, which the operator writes with it), its watermarks (the Dataset's share
-// of every tier) and its promotion threshold (see tierstore.DatasetRules).
+// of every tier) and its promotion threshold (see tierstore.DatasetRules); and, for an output,
+// its replication (how many copies, within which node label's scope; package replication), with
+// the values of the scope labels of every node (File.Topology).
 package policy
 
 import (
@@ -35,6 +37,23 @@ const FileName = "policies.json"
 // File is the policies file: the policy of every Dataset of the pool that has one.
 type File struct {
 	Datasets []Dataset `json:"datasets"`
+	// Topology maps the name of each node of the cluster to the values of the labels that
+	// bound replicas (Replication.ScopeLabel) that it has: where replicas may go.
+	Topology map[string]map[string]string `json:"topology,omitempty"`
+}
+
+// Replication is how many copies of the blocks of an output not checkpointed yet the workers
+// keep, and on which nodes (see cacheworker/replication).
+type Replication struct {
+	// Count is the number of copies, the original included; at least 2 here.
+	Count int `json:"count"`
+	// ScopeLabel, when set, is the node label whose value every copy's node shares with the
+	// writer's (a rack, a zone); empty means any node.
+	ScopeLabel string `json:"scopeLabel,omitempty"`
+	// Selective: copies that readers on other nodes keep count as replicas.
+	Selective bool `json:"selective,omitempty"`
+	// BandwidthBytes caps the bytes per second a worker sends to make replicas; 0: no cap.
+	BandwidthBytes int64 `json:"bandwidthBytes,omitempty"`
 }
 
 // Dataset is the policy of one Dataset.
@@ -59,6 +78,8 @@ type Dataset struct {
 	// Lineage's Job is (0: a Job that reads it runs, or may run, now); none means no Lineage
 	// will read it again (tierstore.NoNextUse).
 	NextUse *int `json:"nextUse,omitempty"`
+	// Replication, when set, replicates the Dataset's blocks that are not checkpointed yet.
+	Replication *Replication `json:"replication,omitempty"`
 }
 
 // Watermarks are a share of a tier: above High, the Dataset's coldest blocks leave the tier
@@ -88,8 +109,10 @@ func (d Dataset) rules() (tierstore.DatasetRules, bool) {
 
 // Set is a parsed policies file. The zero Set pins nothing and has no rules.
 type Set struct {
-	pins  map[string][]Pattern
-	rules map[string]tierstore.DatasetRules
+	pins        map[string][]Pattern
+	rules       map[string]tierstore.DatasetRules
+	replication map[string]Replication
+	topology    map[string]map[string]string
 }
 
 // Parse reads a policies file. A pattern that does not parse is an error naming it: the
@@ -101,8 +124,16 @@ func Parse(raw []byte) (*Set, error) {
 			return nil, fmt.Errorf("reading the policies file: %w", err)
 		}
 	}
-	s := &Set{pins: map[string][]Pattern{}, rules: map[string]tierstore.DatasetRules{}}
+	s := &Set{pins: map[string][]Pattern{}, rules: map[string]tierstore.DatasetRules{}, replication: map[string]Replication{},
+		topology: f.Topology}
 	for _, d := range f.Datasets {
+		if r := d.Replication; r != nil {
+			if r.Count < 2 || r.BandwidthBytes < 0 {
+				return nil, fmt.Errorf("Dataset %s, CachePolicy %s: replication of %d copies at %d bytes/s: a replication needs at least 2 copies and no negative cap",
+					d.Name, d.CachePolicy, r.Count, r.BandwidthBytes)
+			}
+			s.replication[d.Name] = *r
+		}
 		for _, p := range d.PinnedPaths {
 			compiled, err := Compile(p)
 			if err != nil {
@@ -120,18 +151,41 @@ func Parse(raw []byte) (*Set, error) {
 	return s, nil
 }
 
+// Replication is how the blocks of the Dataset named dataset at the master are replicated, if
+// they are.
+func (s *Set) Replication(dataset string) (Replication, bool) {
+	if s == nil {
+		return Replication{}, false
+	}
+	r, ok := s.replication[dataset]
+	return r, ok
+}
+
+// NodeLabel is the value of label on node, and whether the node has it.
+func (s *Set) NodeLabel(node, label string) (string, bool) {
+	if s == nil {
+		return "", false
+	}
+	v, ok := s.topology[node][label]
+	return v, ok
+}
+
 // Datasets is the number of Datasets the set has a policy for.
 func (s *Set) Datasets() int {
 	if s == nil {
 		return 0
 	}
-	n := len(s.pins)
-	for name := range s.rules {
-		if _, pinned := s.pins[name]; !pinned {
-			n++
-		}
+	names := map[string]bool{}
+	for name := range s.pins {
+		names[name] = true
 	}
-	return n
+	for name := range s.rules {
+		names[name] = true
+	}
+	for name := range s.replication {
+		names[name] = true
+	}
+	return len(names)
 }
 
 // Rules are the tier-store rules of the Datasets that have any, by name.

@@ -61,6 +61,8 @@ func TestBadPatternsSayWhatIsWrong(t *testing.T) {
 	}
 	_, err := Parse([]byte(`{"datasets":[{"name":"ns/d/u","cachePolicy":"ns/p","pinnedPaths":["[x"]}]}`))
 	NewWithT(t).Expect(err).To(MatchError(And(ContainSubstring("ns/d/u"), ContainSubstring("ns/p"))))
+	_, err = Parse([]byte(`{"datasets":[{"name":"ns/d/u","cachePolicy":"ns/p","replication":{"count":1}}]}`))
+	NewWithT(t).Expect(err).To(MatchError(And(ContainSubstring("ns/d/u"), ContainSubstring("at least 2 copies"))))
 }
 
 // openStore is a real tier store with one memory tier in a temporary folder.

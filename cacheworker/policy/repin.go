@@ -78,6 +78,16 @@ type Applier struct {
 // stored pinned, by the policies applied last.
 func (a *Applier) Pinned(dataset, file string) bool { return a.current.Load().Pinned(dataset, file) }
 
+// Current is the set of policies applied last (nil before the first).
+func (a *Applier) Current() *Set { return a.current.Load() }
+
+// KeepsReadCopies says whether a node that reads a block of the output named dataset from
+// another node keeps it, as a replica: its policy replicates it selectively.
+func (a *Applier) KeepsReadCopies(dataset string) bool {
+	r, ok := a.current.Load().Replication(dataset)
+	return ok && r.Selective
+}
+
 // Run watches the policies file at p (see Watch) and applies each new set: pinned or unpinned
 // blocks follow at once. Every resweep it repins again, for the blocks stored while a change
 // was applied under the set that went before. It returns when ctx ends.

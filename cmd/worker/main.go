@@ -65,6 +65,11 @@ const (
 	orphanGrace         = 10 * time.Minute
 )
 
+// replicationPass is how often the worker looks for blocks it holds that lack the replicas
+// their CachePolicy asks for: a replica is made within about this long of the seal, and again
+// within about this long (plus replication.DefaultRecheck) of a node's loss.
+const replicationPass = 2 * time.Second
+
 // handoverRefillInterval is how often the worker checks that the file descriptor store still
 // holds its mounts, putting back what a restarted store lost. Until it does, a restart of this
 // worker would end those mounts (nothing else holds their connections), so it is short: one

@@ -25,6 +25,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/mounter"
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/policy"
+	"github.com/strata-cache/strata/cacheworker/replication"
 	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
@@ -306,9 +307,18 @@ func (w *worker) buildSettings() error {
 			return nil
 		})
 	}
-	if w.checkpoints == nil {
-		return nil
+	if w.dir == nil {
+		return nil // without a master, neither replicas nor checkpoints
 	}
+	repMetrics, err := replication.NewMetrics(w.reg)
+	if err != nil {
+		return err
+	}
+	replicator := replication.New(replication.Config{
+		Self: w.id.id, Node: w.id.node, Store: w.store, Master: w.masters, Sender: w.peers,
+		Policies: w.policies.Current, Metrics: repMetrics, Log: w.log.WithName("replication"),
+	})
+	w.goes(func(ctx context.Context) error { replicator.Run(ctx, replicationPass); return nil })
 	w.goes(func(ctx context.Context) error { w.checkpoints.Run(ctx); return nil })
 	if url := w.opts.checkpointsURL; url != "" {
 		fetch := settingsFetcher(url, w.creds)
@@ -346,7 +356,7 @@ func (w *worker) buildMounter(ctx context.Context, cacheMetrics *cache.Metrics, 
 		}
 		// In a folder the tier store's start-up check leaves alone (it only looks at block files).
 		mcfg.Outputs = &mounter.Outputs{Master: w.masters, Locations: w.dir, Metrics: outMetrics, Checkpoints: w.checkpoints,
-			StagingDir: filepath.Join(stagingRoot, ".staging")}
+			StagingDir: filepath.Join(stagingRoot, ".staging"), KeepsReadCopies: w.policies.KeepsReadCopies}
 	}
 	if w.kept != nil && w.masters != nil {
 		mcfg.ListingPeers = dataplane.PoolListings{Peers: w.peers, Workers: poolPeers(w.masters, w.id.id)}

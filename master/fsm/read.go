@@ -153,6 +153,7 @@ func (f *FSM) DatasetUsage(name string, listLost bool) (*masterpb.DatasetUsage, 
 	usage := &masterpb.DatasetUsage{Name: name, Complete: ds.Complete}
 	perTier := map[string]int64{}
 	perNode := map[string]int64{}
+	minCopies := -1
 	err = f.db.View(func(txn *badger.Txn) error {
 		nodes := map[string]string{} // of the workers met so far
 		nodeOf := func(worker string) (string, error) {
@@ -203,6 +204,9 @@ func (f *FSM) DatasetUsage(name string, listLost bool) (*masterpb.DatasetUsage, 
 						perNode[node] += b.Size
 					}
 				}
+				if minCopies < 0 || len(counted) < minCopies {
+					minCopies = len(counted)
+				}
 				if live {
 					usage.CachedBytes += b.Size
 				} else {
@@ -224,6 +228,7 @@ func (f *FSM) DatasetUsage(name string, listLost bool) (*masterpb.DatasetUsage, 
 	if err != nil {
 		return nil, err
 	}
+	usage.MinCopies = uint32(max(minCopies, 0))
 	for _, tier := range slices.Sorted(maps.Keys(perTier)) {
 		usage.Tiers = append(usage.Tiers, &masterpb.TierUsage{Tier: tier, UsedBytes: perTier[tier]})
 	}

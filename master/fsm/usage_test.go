@@ -23,7 +23,8 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 		commit(1, "/datasets/ns/d/uid/x", 0, "b", "nvme"), // a second copy of the same block
 		commit(2, "/datasets/ns/d/uid/x", 100, "b", "mem"),
 		commit(3, "/datasets/ns/d/uid/dir/y", 0, "a", "mem"),
-		commit(4, "/datasets/ns/other/uid/z", 0, "a", "mem"), // another dataset's
+		commit(4, "/datasets/ns/other/uid/z", 0, "a", "mem"), // another dataset's,
+		commit(4, "/datasets/ns/other/uid/z", 0, "b", "mem"), // replicated
 	} {
 		h.must(cmd)
 	}
@@ -41,6 +42,10 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 		And(HaveField("Node", "node-a"), HaveField("CachedBytes", BeEquivalentTo(200))),
 		And(HaveField("Node", "node-b"), HaveField("CachedBytes", BeEquivalentTo(200))),
 	), "each node counts the blocks it holds, most first, then by name")
+	g.Expect(usage.MinCopies).To(BeEquivalentTo(1), "blocks 2 and 3 have one copy each; block 1 two")
+	other, err := h.fsm.DatasetUsage("ns/other/uid", false)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(other.MinCopies).To(BeEquivalentTo(2), "its one block is on two nodes")
 
 	// Worker a is lost: block 1 still has b's copy; block 3 has none left.
 	h.must(lost("a", 100))
@@ -49,6 +54,7 @@ func TestDatasetUsageCountsTheBytesThatHaveALiveCopy(t *testing.T) {
 	g.Expect(usage.CachedBytes).To(BeEquivalentTo(200))
 	g.Expect(usage.UncachedFiles).To(BeEquivalentTo(1), "dir/y lost its only block")
 	g.Expect(usage.LostFiles).To(BeEquivalentTo(1), "dir/y has no checkpoint either")
+	g.Expect(usage.MinCopies).To(BeZero(), "block 3 has no live copy")
 	g.Expect(usage.LostPaths).To(BeEmpty(), "listed only when asked for")
 	usage, err = h.fsm.DatasetUsage("ns/d/uid", true)
 	g.Expect(err).NotTo(HaveOccurred())

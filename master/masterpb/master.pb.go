@@ -2188,7 +2188,11 @@ type DatasetUsage struct {
 	LostFiles uint64 `protobuf:"varint,10,opt,name=lost_files,json=lostFiles,proto3" json:"lost_files,omitempty"`
 	// lost_paths are the paths of the lost files, in path order, when the request asked for them
 	// (list_lost), at most 10000 of them.
-	LostPaths     []string `protobuf:"bytes,11,rep,name=lost_paths,json=lostPaths,proto3" json:"lost_paths,omitempty"`
+	LostPaths []string `protobuf:"bytes,11,rep,name=lost_paths,json=lostPaths,proto3" json:"lost_paths,omitempty"`
+	// min_copies is the fewest nodes that hold a live copy of one of the dataset's blocks: its
+	// replicas, for an output a CachePolicy replicates (0 when a block has none, or there are no
+	// blocks).
+	MinCopies     uint32 `protobuf:"varint,12,opt,name=min_copies,json=minCopies,proto3" json:"min_copies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2298,6 +2302,13 @@ func (x *DatasetUsage) GetLostPaths() []string {
 		return x.LostPaths
 	}
 	return nil
+}
+
+func (x *DatasetUsage) GetMinCopies() uint32 {
+	if x != nil {
+		return x.MinCopies
+	}
+	return 0
 }
 
 type NodeUsage struct {
@@ -4137,7 +4148,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x16GetDatasetUsageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\x12\x1b\n" +
-	"\tlist_lost\x18\x03 \x01(\bR\blistLost\"\x92\x03\n" +
+	"\tlist_lost\x18\x03 \x01(\bR\blistLost\"\xb1\x03\n" +
 	"\fDatasetUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x04R\x05files\x12!\n" +
@@ -4153,7 +4164,9 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"lost_files\x18\n" +
 	" \x01(\x04R\tlostFiles\x12\x1d\n" +
 	"\n" +
-	"lost_paths\x18\v \x03(\tR\tlostPaths\"B\n" +
+	"lost_paths\x18\v \x03(\tR\tlostPaths\x12\x1d\n" +
+	"\n" +
+	"min_copies\x18\f \x01(\rR\tminCopies\"B\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
 	"\fcached_bytes\x18\x02 \x01(\x03R\vcachedBytes\"\xb7\x01\n" +
