@@ -30,6 +30,7 @@ var ErrClosed = errors.New("cache closed")
 // BlockStore is the local tiers, as the cache uses them.
 type BlockStore interface {
 	Get(ctx context.Context, id string) ([]byte, tierstore.BlockInfo, error)
+	Info(id string) (tierstore.BlockInfo, error)
 	Put(ctx context.Context, id string, r io.Reader, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
 	Stats() []tierstore.TierStats
 }
@@ -83,7 +84,14 @@ type Cache struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	ctx    context.Context
+	// prefetching holds a token for each prefetch under way (see Prefetch).
+	prefetching chan struct{}
 }
+
+// maxPrefetches bounds the prefetches of a Cache under way at once: one block ahead of a
+// sequential reader keeps the under-store busy while the reader copies the block before it,
+// and more would take memory and bandwidth from reads that are waited for.
+const maxPrefetches = 2
 
 // New returns a cache. Close it to stop the fetches it has under way.
 func New(cfg Config) (*Cache, error) {
@@ -107,7 +115,7 @@ func New(cfg Config) (*Cache, error) {
 		log = logr.Discard()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Cache{cfg: cfg, m: m, log: log, cancel: cancel, ctx: ctx}
+	c := &Cache{cfg: cfg, m: m, log: log, cancel: cancel, ctx: ctx, prefetching: make(chan struct{}, maxPrefetches)}
 	c.flight = newFlight(ctx, &c.wg)
 	return c, nil
 }
@@ -168,6 +176,35 @@ func (c *Cache) ReadBlock(ctx context.Context, file, etag string, size, index in
 		return nil, fmt.Errorf("reading block %d of %s: %w", index, file, err)
 	}
 	return data, nil
+}
+
+// Prefetch starts reading block index of version etag of file (size bytes as listed, negative
+// if unknown) into the top tier in the background, unless a local tier holds it already: a
+// sequential reader that gets to it finds it there, or joins the fetch under way instead of
+// starting one. A prefetch is a hint: when maxPrefetches run already, or the block is past
+// the end of the file, nothing happens; a failure is only counted.
+func (c *Cache) Prefetch(file, etag string, size, index int64) {
+	if index < 0 || size >= 0 && index*c.cfg.BlockSize >= size || c.ctx.Err() != nil {
+		return
+	}
+	if _, err := c.cfg.Store.Info(BlockID(c.cfg.SourceID, file, etag, index)); err == nil {
+		return
+	}
+	select {
+	case c.prefetching <- struct{}{}:
+	default:
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer func() { <-c.prefetching }()
+		c.m.prefetches.Inc()
+		if _, err := c.ReadBlock(c.ctx, file, etag, size, index); err != nil && c.ctx.Err() == nil {
+			c.m.prefetchErrors.Inc()
+			c.log.V(1).Info("prefetching a block failed; a reader that gets to it reads it then", "file", file, "block", index, "error", err.Error())
+		}
+	}()
 }
 
 // fetch reads a block from the under-store and returns it with the function that stores it.

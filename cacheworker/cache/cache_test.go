@@ -498,3 +498,49 @@ func TestReadBlockOfAKnownSize(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefetchReadsABlockAheadOnce: a prefetched block is in the tier when its reader gets to
+// it (one read of the under-store in all), or the reader joins the prefetch under way; a block
+// held already, or past the end, is not read; at most maxPrefetches run at once.
+func TestPrefetchReadsABlockAheadOnce(t *testing.T) {
+	g := NewWithT(t)
+	data := randomBytes(6*blockSize, 1)
+	f := newFixture(t, 1<<20, map[string][]byte{"part-0": data})
+	size := int64(len(data))
+
+	f.cache.Prefetch("part-0", "", size, 1)
+	g.Eventually(func() float64 { return testutil.ToFloat64(f.m.prefetches) }).Should(Equal(1.0))
+	f.settled(g, "part-0", 1)
+	got, err := f.cache.ReadBlock(context.Background(), "part-0", "", size, 1)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(data[blockSize : 2*blockSize]))
+	g.Expect(f.src.calls.Load()).To(BeEquivalentTo(1), "read once, ahead of the reader")
+	g.Expect(testutil.ToFloat64(f.m.hits.WithLabelValues("mem"))).To(Equal(1.0))
+
+	f.cache.Prefetch("part-0", "", size, 1)
+	f.cache.Prefetch("part-0", "", size, 6)
+	g.Consistently(func() float64 { return testutil.ToFloat64(f.m.prefetches) }, "100ms").Should(Equal(1.0),
+		"a block held already, and one past the end, are not prefetched")
+
+	t.Log("a reader that gets to a block being prefetched joins its fetch")
+	f.src.gate = make(chan struct{})
+	f.cache.Prefetch("part-0", "", size, 2)
+	g.Eventually(func() int { return f.waiters("part-0", 2) }).Should(Equal(1))
+	read := make(chan []byte, 1)
+	go func() {
+		b, _ := f.cache.ReadBlock(context.Background(), "part-0", "", size, 2)
+		read <- b
+	}()
+	g.Eventually(func() int { return f.waiters("part-0", 2) }).Should(Equal(2))
+
+	t.Log("a third prefetch while two are under way is dropped")
+	f.cache.Prefetch("part-0", "", size, 3)
+	f.cache.Prefetch("part-0", "", size, 4)
+	g.Eventually(func() int { return f.waiters("part-0", 3) }).Should(Equal(1))
+	g.Consistently(func() int { return f.waiters("part-0", 4) }, "100ms").Should(BeZero())
+	close(f.src.gate)
+	g.Eventually(read).Should(Receive(Equal(data[2*blockSize : 3*blockSize])))
+	f.settled(g, "part-0", 2)
+	f.settled(g, "part-0", 3)
+	g.Expect(testutil.ToFloat64(f.m.fetches)).To(Equal(3.0), "blocks 1, 2 and 3, each once")
+}

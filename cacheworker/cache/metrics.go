@@ -29,6 +29,9 @@ type Metrics struct {
 	storeFailures prometheus.Counter
 	peerFetches   prometheus.Counter
 	peerBytes     prometheus.Counter
+	// prefetches and prefetchErrors count the blocks read ahead of a sequential reader.
+	prefetches     prometheus.Counter
+	prefetchErrors prometheus.Counter
 }
 
 // NewMetrics registers the cache's metrics, and those of the tiers of stats, on reg.
@@ -50,11 +53,16 @@ func NewMetrics(reg prometheus.Registerer, stats StatsSource) (*Metrics, error) 
 			Help: "Missing blocks read from another worker instead of the under-store."}),
 		peerBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "peer_fetched_bytes_total",
 			Help: "Bytes read from other workers."}),
+		prefetches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "cache_prefetches_total",
+			Help: "Blocks read ahead of a sequential reader, into the top tier, before it asked for them."}),
+		prefetchErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "cache_prefetch_errors_total",
+			Help: "Blocks read ahead of a sequential reader whose read failed (the reader reads them when it gets there)."}),
 	}
 	for _, t := range stats.Stats() {
 		m.hits.WithLabelValues(t.Name) // so that a tier with no hits yet shows 0 rather than nothing
 	}
-	for _, c := range []prometheus.Collector{m.hits, m.misses, m.fetches, m.fetchedBytes, m.fetchErrors, m.storeFailures, m.peerFetches, m.peerBytes, newTierCollector(stats)} {
+	for _, c := range []prometheus.Collector{m.hits, m.misses, m.fetches, m.fetchedBytes, m.fetchErrors, m.storeFailures, m.peerFetches, m.peerBytes,
+		m.prefetches, m.prefetchErrors, newTierCollector(stats)} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering cache metrics: %w", err)
 		}

@@ -51,7 +51,9 @@
 // whole block), and otherwise through BlockReader.ReadBlock: the read-through cache, which
 // reads the local tiers, then a peer, then the under-store, and stores what it fetched. An
 // open file keeps the block it used last, so that a sequential reader, whose requests are
-// far smaller than a block, opens or fetches each block once. Reads past the end are short.
+// far smaller than a block, opens or fetches each block once; and one that moves on to the
+// next block (or starts at the first) has the block after prefetched (Prefetcher), so that
+// its fetch overlaps the reads of this one. Reads past the end are short.
 // Failures are EIO (ENOENT for an object gone from the under-store, EINTR for an interrupted
 // reader), logged once per file and block.
 //

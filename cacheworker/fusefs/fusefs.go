@@ -26,6 +26,12 @@ type BlockReader interface {
 	ReadBlock(ctx context.Context, file, etag string, size, index int64) ([]byte, error)
 }
 
+// Prefetcher is what a BlockReader may also do: start reading, in the background, a block a
+// sequential reader will want next (cache.Cache.Prefetch).
+type Prefetcher interface {
+	Prefetch(file, etag string, size, index int64)
+}
+
 // LocalBlocks opens the copy of a block of a version of a file that a local tier holds,
 // failing if none does.
 type LocalBlocks interface {

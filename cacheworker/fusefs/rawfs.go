@@ -438,14 +438,21 @@ func (b *blockRef) readAt(p []byte, off, want int64) error {
 }
 
 // block returns block index of file n, from the handle if it holds it. The caller puts it back.
+// A handle that moves on to the next block (or starts at the first) reads sequentially: the
+// block after is prefetched, so that its fetch from the under-store overlaps the reads of this
+// one.
 func (h *handle) block(ctx context.Context, fsys *fileSystem, n *node, index int64) (*blockRef, error) {
 	h.mu.Lock()
-	if c := h.cur; c != nil && c.index == index {
+	c := h.cur
+	if c != nil && c.index == index {
 		c.refs++
 		h.mu.Unlock()
 		return c, nil
 	}
 	h.mu.Unlock()
+	if p, ok := fsys.blocks.(Prefetcher); ok && (c == nil && index == 0 || c != nil && c.index == index-1) {
+		p.Prefetch(n.path, n.etag, n.size, index+1)
+	}
 
 	b, err := fsys.load(ctx, n, index)
 	if err != nil {
