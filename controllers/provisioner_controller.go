@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -24,6 +25,11 @@ import (
 const (
 	// ParameterTierPool names the TierPool whose workers hold the volumes; "default" if absent.
 	ParameterTierPool = "tierPool"
+	// ParameterCachePolicy names the CachePolicy, of each claim's namespace, that the volumes
+	// follow (their replication); a claim's annotation data.strata.dev/cache-policy names
+	// another. Without one, a volume's files live in the memory of the node that wrote them
+	// alone, and a node's loss loses them: nothing recomputes them.
+	ParameterCachePolicy = "cachePolicyName"
 )
 
 // Annotations of dynamic provisioning, as Kubernetes' external provisioners use them.
@@ -37,6 +43,8 @@ const (
 	ReasonProvisioningFailed    = "ProvisioningFailed"
 	ReasonProvisioningSucceeded = "ProvisioningSucceeded"
 	ReasonVolumeFailedDelete    = "VolumeFailedDelete"
+	// ReasonNotReplicated warns that a provisioned volume has no copy but the writer's.
+	ReasonNotReplicated = "NotReplicated"
 )
 
 // provisionRetry is how soon a claim whose StorageClass or TierPool is wrong is looked at again.
@@ -101,16 +109,45 @@ func (r *ProvisionerReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	r.Recorder.Eventf(pvc, corev1.EventTypeNormal, ReasonProvisioningSucceeded,
 		"provisioned output volume %s in the memory of TierPool %s's workers", pv.Name, pv.Spec.CSI.VolumeAttributes[datav1alpha1.VolumeAttributePool])
+	if why := r.unprotected(ctx, pvc.Namespace, pv.Spec.CSI.VolumeAttributes[datav1alpha1.VolumeAttributeCachePolicy]); why != "" {
+		r.Recorder.Eventf(pvc, corev1.EventTypeWarning, ReasonNotReplicated, "volume %s %s, and a node's loss loses what it holds "+
+			"(nothing recomputes a claim's files): name a CachePolicy with spec.replication.count of 2 or more, in the StorageClass's "+
+			"%s parameter or the claim's annotation %s", pv.Name, why, ParameterCachePolicy, datav1alpha1.AnnotationCachePolicy)
+	}
 	ctrl.LoggerFrom(ctx).Info("provisioned an output volume", "volume", pv.Name)
 	return ctrl.Result{}, nil
+}
+
+// unprotected says why a volume that follows the CachePolicy named policy of namespace keeps
+// no copy of its files but the writer's, or "" if it keeps copies.
+func (r *ProvisionerReconciler) unprotected(ctx context.Context, namespace, policy string) string {
+	if policy == "" {
+		return "follows no CachePolicy"
+	}
+	cp := &datav1alpha1.CachePolicy{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: policy}, cp); err == nil && cp.Spec.Replication.Count < 2 {
+		return fmt.Sprintf("follows CachePolicy %s, which keeps one copy", policy)
+	}
+	return ""
 }
 
 // volumeFor is the PersistentVolume class provisions for pvc, or why there is none.
 func (r *ProvisionerReconciler) volumeFor(ctx context.Context, pvc *corev1.PersistentVolumeClaim, class *storagev1.StorageClass) (*corev1.PersistentVolume, string, error) {
 	for key := range class.Parameters {
-		if key != ParameterTierPool {
-			return nil, fmt.Sprintf("StorageClass %s has parameter %q, which Strata does not know: its only parameter is %s",
-				class.Name, key, ParameterTierPool), nil
+		if key != ParameterTierPool && key != ParameterCachePolicy {
+			return nil, fmt.Sprintf("StorageClass %s has parameter %q, which Strata does not know: its parameters are %s and %s",
+				class.Name, key, ParameterTierPool, ParameterCachePolicy), nil
+		}
+	}
+	policy := cmp.Or(pvc.Annotations[datav1alpha1.AnnotationCachePolicy], class.Parameters[ParameterCachePolicy])
+	if policy != "" {
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: pvc.Namespace, Name: policy}, &datav1alpha1.CachePolicy{}); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, fmt.Sprintf("the claim's CachePolicy %q (from the annotation %s or the StorageClass's %s parameter) does not exist "+
+					"in namespace %s: create it, or name one of `kubectl get cachepolicies -n %s`",
+					policy, datav1alpha1.AnnotationCachePolicy, ParameterCachePolicy, pvc.Namespace, pvc.Namespace), nil
+			}
+			return nil, "", fmt.Errorf("reading CachePolicy %s/%s: %w", pvc.Namespace, policy, err)
 		}
 	}
 	if pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock {
@@ -170,6 +207,9 @@ func (r *ProvisionerReconciler) volumeFor(ctx context.Context, pvc *corev1.Persi
 			}},
 			NodeAffinity: poolAffinity(pool),
 		},
+	}
+	if policy != "" {
+		pv.Spec.CSI.VolumeAttributes[datav1alpha1.VolumeAttributeCachePolicy] = policy
 	}
 	return pv, "", nil
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/policy"
 )
 
 var _ = Describe("The provisioner of output volumes", func() {
@@ -81,6 +82,8 @@ var _ = Describe("The provisioner of output volumes", func() {
 		}))
 		Expect(pv.Spec.NodeAffinity).NotTo(BeNil(), "the volume is served on the pool's nodes")
 		Eventually(func() []string { return eventReasons(namespace, pvc.Name) }).Should(ContainElement(ReasonProvisioningSucceeded))
+		Eventually(func() []string { return eventMessages(namespace, pvc.Name, ReasonNotReplicated) }).Should(ContainElement(
+			ContainSubstring("follows no CachePolicy, and a node's loss loses what it holds")), "the claim says what it risks, and what to do")
 
 		By("deleting the volume once Kubernetes releases it from its deleted claim")
 		release(pv)
@@ -110,6 +113,8 @@ var _ = Describe("The provisioner of output volumes", func() {
 		}{
 			"an unknown parameter":         {params: map[string]string{"replicas": "3"}, says: `parameter "replicas", which Strata does not know`},
 			"a TierPool that is not there": {params: map[string]string{ParameterTierPool: "no-such-pool"}, says: `TierPool "no-such-pool", which does not exist`},
+			"a CachePolicy that is not there": {params: map[string]string{ParameterTierPool: pool.Name, ParameterCachePolicy: "no-such-policy"},
+				says: `CachePolicy "no-such-policy" (from the annotation data.strata.dev/cache-policy or the StorageClass's cachePolicyName parameter) does not exist`},
 			"a block volume": {params: map[string]string{ParameterTierPool: pool.Name},
 				change: func(pvc *corev1.PersistentVolumeClaim) { pvc.Spec.VolumeMode = &block }, says: "remove volumeMode: Block"},
 		}
@@ -133,6 +138,36 @@ var _ = Describe("The provisioner of output volumes", func() {
 			Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "pvc-" + string(pvc.UID)}, &corev1.PersistentVolume{})).
 				To(Satisfy(apierrors.IsNotFound))
 		}
+	})
+
+	It("replicates a claim's volume as the CachePolicy its annotation or its class names says", func() {
+		pool := createPool(nil, nil, memTier("1Gi"))
+		for name, count := range map[string]int32{"two-copies": 2, "one-copy": 1} {
+			Expect(k8sClient.Create(ctx, &datav1alpha1.CachePolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+				Spec: datav1alpha1.CachePolicySpec{Replication: datav1alpha1.ReplicationSpec{Count: count, Scope: datav1alpha1.ReplicateAnyNode}}})).To(Succeed())
+		}
+		class := storageClass(corev1.PersistentVolumeReclaimDelete, map[string]string{ParameterTierPool: pool.Name, ParameterCachePolicy: "one-copy"})
+		byClass := claim("by-class", class.Name)
+		Eventually(func() []string { return eventMessages(namespace, byClass.Name, ReasonNotReplicated) }).Should(ContainElement(
+			ContainSubstring("follows CachePolicy one-copy, which keeps one copy")))
+		annotated := claim("annotated", class.Name, func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Annotations = map[string]string{datav1alpha1.AnnotationCachePolicy: "two-copies"}
+		})
+		pv := volumeOf(annotated)
+		Expect(pv.Spec.CSI.VolumeAttributes).To(HaveKeyWithValue(datav1alpha1.VolumeAttributeCachePolicy, "two-copies"), "the annotation wins over the class")
+		Eventually(func() []string { return eventReasons(namespace, annotated.Name) }).Should(ContainElement(ReasonProvisioningSucceeded))
+		Consistently(func() []string { return eventReasons(namespace, annotated.Name) }, "1s").ShouldNot(ContainElement(ReasonNotReplicated))
+
+		By("the pool's workers replicate its files: the volume's policy is in the pool's policies file")
+		Eventually(func(g Gomega) {
+			cm := &corev1.ConfigMap{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: testWorkerSpec.Namespace, Name: WorkerName(pool.Name)}, cm)).To(Succeed())
+			set, err := policy.Parse([]byte(cm.Data[policy.FileName]))
+			g.Expect(err).NotTo(HaveOccurred())
+			r, ok := set.Replication(datav1alpha1.MasterDatasetName(namespace, "annotated", string(annotated.UID)))
+			g.Expect(ok).To(BeTrue())
+			g.Expect(r.Count).To(Equal(2))
+		}).Should(Succeed())
 	})
 
 	It("waits for the scheduler's node when the class binds at first use", func() {

@@ -189,13 +189,26 @@ func (r *WorkerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// next uses). Its checkpoint settings are made when a worker asks (CheckpointsHandler).
 		Watches(&datav1alpha1.Dataset{}, handler.EnqueueRequestsFromMapFunc(poolOfDataset),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace),
+		// A CachePolicy may be named by the claims of any pool, besides the namespace's Datasets.
+		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.allPools),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace)).
+		// And the claims' volumes that name a CachePolicy.
+		Watches(&corev1.PersistentVolume{}, handler.EnqueueRequestsFromMapFunc(poolOfVolume),
+			builder.WithPredicates(predicate.NewPredicateFuncs(provisionedByStrata))).
 		// The replication scopes follow the nodes' labels (see topology).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allPools),
 			builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Complete(r)
+}
+
+// poolOfVolume maps a provisioned volume to its TierPool, whose policies file lists it.
+func poolOfVolume(_ context.Context, obj client.Object) []reconcile.Request {
+	pv, ok := obj.(*corev1.PersistentVolume)
+	if !ok || pv.Spec.CSI == nil || pv.Spec.CSI.VolumeAttributes[datav1alpha1.VolumeAttributePool] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: pv.Spec.CSI.VolumeAttributes[datav1alpha1.VolumeAttributePool]}}}
 }
 
 // allPools are every TierPool: a node's labels may bound the replicas of any.

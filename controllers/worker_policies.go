@@ -52,6 +52,11 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 		}
 		file.Datasets = append(file.Datasets, d)
 	}
+	claims, err := r.claimPolicies(ctx, pool)
+	if err != nil {
+		return "", err
+	}
+	file.Datasets = append(file.Datasets, claims...)
 	slices.SortFunc(file.Datasets, func(a, b policy.Dataset) int { return strings.Compare(a.Name, b.Name) })
 	topology, err := r.topology(ctx, file.Datasets)
 	if err != nil {
@@ -59,6 +64,41 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 	}
 	file.Topology = topology
 	return settingsJSON(file, "policies", pool)
+}
+
+// claimPolicies are the policies of the pool's provisioned claim volumes that name a
+// CachePolicy (the provisioner checked it exists; one deleted since is left out).
+func (r *WorkerReconciler) claimPolicies(ctx context.Context, pool *datav1alpha1.TierPool) ([]policy.Dataset, error) {
+	var volumes corev1.PersistentVolumeList
+	if err := r.Client.List(ctx, &volumes); err != nil {
+		return nil, fmt.Errorf("listing PersistentVolumes for the policies of TierPool %s: %w", pool.Name, err)
+	}
+	var out []policy.Dataset
+	for i := range volumes.Items {
+		pv := &volumes.Items[i]
+		if !provisionedByStrata(pv) {
+			continue
+		}
+		attrs := pv.Spec.CSI.VolumeAttributes
+		name := attrs[datav1alpha1.VolumeAttributeCachePolicy]
+		if name == "" || attrs[datav1alpha1.VolumeAttributePool] != pool.Name {
+			continue
+		}
+		namespace := attrs[datav1alpha1.VolumeAttributeNamespace]
+		var cp datav1alpha1.CachePolicy
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &cp); err != nil {
+			if client.IgnoreNotFound(err) != nil {
+				return nil, fmt.Errorf("reading CachePolicy %s/%s: %w", namespace, name, err)
+			}
+			continue
+		}
+		if pinnedPathsProblem(cp.Spec.PinnedPaths) != "" {
+			continue
+		}
+		out = append(out, datasetPolicy(datav1alpha1.MasterDatasetName(namespace, attrs[datav1alpha1.VolumeAttributeDataset],
+			attrs[datav1alpha1.VolumeAttributeUID]), &cp))
+	}
+	return out, nil
 }
 
 // topology maps every node to the values it has of the labels that bound the replicas of
@@ -174,7 +214,7 @@ func poolOfDataset(_ context.Context, obj client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: ds.Spec.TierPoolName}}}
 }
 
-// poolsOfNamespace maps an object (a CachePolicy, a Lineage) to the TierPools of the Datasets of
+// poolsOfNamespace maps an object (a Lineage) to the TierPools of the Datasets of
 // its namespace.
 func (r *WorkerReconciler) poolsOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
 	return r.poolsOf(ctx, obj.GetNamespace(), func(*datav1alpha1.Dataset) bool { return true })

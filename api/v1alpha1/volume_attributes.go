@@ -38,7 +38,16 @@ const (
 	// plugin publishes it writable to pods that write, and the worker serves it from the master's
 	// record instead of a source.
 	VolumeAttributeOutput = "data.strata.dev/output"
+	// VolumeAttributeCachePolicy names the CachePolicy, of the volume's namespace, that a
+	// provisioned claim's volume follows (its replication), from the claim's annotation
+	// AnnotationCachePolicy or its StorageClass's cachePolicyName parameter.
+	VolumeAttributeCachePolicy = "data.strata.dev/cache-policy"
 )
+
+// AnnotationCachePolicy is the annotation of a claim of a Strata StorageClass that names a
+// CachePolicy of the claim's namespace for its volume, in place of the class's cachePolicyName
+// parameter.
+const AnnotationCachePolicy = "data.strata.dev/cache-policy"
 
 // MasterDatasetName is the name under which a Dataset's files and blocks are known to the
 // master, and MasterDatasetRoot the folder they live in there. Both carry the UID: a Dataset
