@@ -509,8 +509,13 @@ func TestPrefetchReadsABlockAheadOnce(t *testing.T) {
 	size := int64(len(data))
 
 	f.cache.Prefetch("part-0", "", size, 1)
-	g.Eventually(func() float64 { return testutil.ToFloat64(f.m.prefetches) }).Should(Equal(1.0))
+	g.Eventually(func() error {
+		_, err := f.store.Info(BlockID("dataset-uid", "part-0", "", 1))
+		return err
+	}).Should(Succeed(), "the prefetched block is stored")
 	f.settled(g, "part-0", 1)
+	g.Eventually(func() int { return len(f.cache.prefetching) }).Should(BeZero(), "the prefetch has ended")
+	g.Expect(testutil.ToFloat64(f.m.prefetches)).To(Equal(1.0))
 	got, err := f.cache.ReadBlock(context.Background(), "part-0", "", size, 1)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(data[blockSize : 2*blockSize]))

@@ -178,7 +178,7 @@ func TestASecondReadIsServedWithoutTheUnderStore(t *testing.T) {
 	g.Expect(sum(got)).To(Equal(sum(want)))
 	fetches := counter(t, f.reg, "strata_worker_under_store_fetches_total")
 	g.Expect(fetches).To(BeEquivalentTo(blocks), "every block fetched once")
-	g.Expect(counter(t, f.reg, "strata_worker_cache_prefetches_total")).To(BeNumerically(">", 0),
+	g.Eventually(func() float64 { return counter(t, f.reg, "strata_worker_cache_prefetches_total") }).Should(BeNumerically(">", 0),
 		"a sequential reader's next blocks are read ahead of it (and not again when it gets there)")
 	reads := counter(t, f.reg, "strata_worker_fuse_reads_total")
 	g.Expect(reads).To(BeNumerically(">", 0))
