@@ -110,11 +110,13 @@ var _ = Describe("A replicated pipeline that loses the node holding its outputs"
 	})
 })
 
-// labelNode sets a label on a node for the rest of the spec.
+// labelNode sets a label on a node for the rest of the spec, and puts back the value it had
+// (the cluster's nodes carry their own racks and zones, which other specs check).
 func labelNode(ctx context.Context, node, key, value string) {
 	GinkgoHelper()
 	var n corev1.Node
 	Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, &n)).To(Succeed())
+	old, had := n.Labels[key]
 	patch := client.MergeFrom(n.DeepCopy())
 	n.Labels[key] = value
 	Expect(k8sClient.Patch(ctx, &n, patch)).To(Succeed())
@@ -122,7 +124,11 @@ func labelNode(ctx context.Context, node, key, value string) {
 		var n corev1.Node
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: node}, &n)).To(Succeed())
 		patch := client.MergeFrom(n.DeepCopy())
-		delete(n.Labels, key)
+		if had {
+			n.Labels[key] = old
+		} else {
+			delete(n.Labels, key)
+		}
 		Expect(k8sClient.Patch(ctx, &n, patch)).To(Succeed())
 	})
 }
