@@ -48,6 +48,11 @@ const (
 // pods).
 const recomputeRecheck = 10 * time.Second
 
+// attemptRecheck is how often a Lineage with pods whose attempts are not settled is looked at
+// (a pod's end changes its Job's status, which is watched, but a pod deleted with its Job, or
+// one the master could not be told of, is not).
+const attemptRecheck = 5 * time.Second
+
 // lineageLabel marks the Jobs a Lineage runs.
 const lineageLabel = "data.strata.dev/lineage"
 
@@ -84,6 +89,7 @@ type LineageMaster interface {
 	DatasetMetadata
 	ListWorkers(ctx context.Context, req *masterpb.ListWorkersRequest) (*masterpb.ListWorkersResponse, error)
 	SetDatasetRecovery(ctx context.Context, req *masterpb.SetDatasetRecoveryRequest) (*masterpb.Dataset, error)
+	SettleAttempt(ctx context.Context, req *masterpb.SettleAttemptRequest) (*masterpb.SettleAttemptResponse, error)
 }
 
 // NewLineageDepthGauge registers the gauge of uncheckpointed lineage depth on reg.
@@ -108,10 +114,17 @@ func NewLineageDepthGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, erro
 func (r *LineageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	l := &datav1alpha1.Lineage{}
 	if err := r.Client.Get(ctx, req.NamespacedName, l); err != nil {
-		if apierrors.IsNotFound(err) && r.Depth != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		if r.Depth != nil {
 			r.Depth.DeleteLabelValues(req.Namespace, req.Name)
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		left, err := r.releaseOrphanedPods(ctx, req.NamespacedName)
+		if left && err == nil {
+			return ctrl.Result{RequeueAfter: attemptRecheck}, nil
+		}
+		return ctrl.Result{}, err
 	}
 	before := l.DeepCopy()
 	result, err := r.reconcileLineage(ctx, l)
@@ -132,12 +145,22 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 		return ctrl.Result{}, err
 	}
 	ready := checkLineage(l, ns)
+	settled := true
 	if ready == nil {
 		job, waiting, err := r.ensureRunJob(ctx, l, ns)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		ready = runCondition(l, job, waiting)
+		if job != nil {
+			var serr error
+			if settled, serr = r.settleAttempts(ctx, l); serr != nil {
+				ctrl.LoggerFrom(ctx).Info("cannot settle what the Lineage's pods wrote yet; trying again", "error", serr.Error())
+			}
+			if !settled && ready.Status == metav1.ConditionTrue {
+				ready = notReady(ReasonPublishing, "Job %s succeeded; publishing what its pods wrote at the master", job.Name)
+			}
+		}
 	}
 	ready.ObservedGeneration = l.Generation
 	meta.SetStatusCondition(&l.Status.Conditions, *ready)
@@ -149,10 +172,12 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 			return ctrl.Result{}, err
 		}
 		meta.SetStatusCondition(&l.Status.Conditions, recomputing)
-		if l.Status.ActiveRecomputation == nil {
+		if l.Status.ActiveRecomputation == nil && settled {
 			r.completeOutputs(ctx, l, complete)
 		}
-		r.setRecovery(ctx, l)
+		if err := r.setRecovery(ctx, l); err != nil {
+			ctrl.LoggerFrom(ctx).Info("cannot tell the master how readers of a lost output wait; trying again on the next reconcile", "error", err.Error())
+		}
 	}
 	ns.lineages[l.Name] = l
 	l.Status.UncheckpointedDepth = int32(ns.depth(l))
@@ -164,6 +189,9 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 
 	var result ctrl.Result
 	switch {
+	case !settled:
+		// Pods are not watched (the operator does not cache tenants' pods): look again soon.
+		result.RequeueAfter = attemptRecheck
 	case l.Status.ActiveRecomputation != nil:
 		// Pods that wait for the data may come with a higher priority: look again soon.
 		result.RequeueAfter = recomputeRecheck
@@ -220,9 +248,9 @@ func (r *LineageReconciler) outputLost(ctx context.Context, namespace string, ns
 	switch state := outputState(ns.lineages[producer], dataset); state {
 	case datav1alpha1.OutputLost, datav1alpha1.OutputRecomputing:
 		return true
-	case datav1alpha1.OutputPending:
-		return false // never written: it waits for its first run, not for a recomputation
 	default:
+		// Pending too: the status read here may be older than the write (the cache lags), and an
+		// output never written has nothing lost at the master anyway.
 		st := datav1alpha1.LineageOutputStatus{Name: dataset, State: state}
 		r.outputUsage(ctx, namespace, dataset, &st)
 		return st.State == datav1alpha1.OutputLost
@@ -273,6 +301,10 @@ func (r *LineageReconciler) ensureRunJob(ctx context.Context, l *datav1alpha1.Li
 	case apierrors.IsNotFound(err):
 		if waiting := r.missingInputs(ctx, l, ns, l.Spec.Inputs); len(waiting) > 0 {
 			return nil, waiting, nil
+		}
+		// Before any pod writes: its files must be sealed as its attempt's.
+		if err := r.setRecovery(ctx, l); err != nil {
+			return nil, nil, fmt.Errorf("before running Lineage %s/%s: %w", l.Namespace, l.Name, err)
 		}
 		job, err = r.createRunJob(ctx, l)
 		return job, nil, err
@@ -328,6 +360,16 @@ func (r *LineageReconciler) jobFromTemplate(l *datav1alpha1.Lineage, onDisruptio
 		job.Labels = map[string]string{}
 	}
 	job.Labels[lineageLabel] = l.Name
+	// Its pods too, for the operator to find them and settle what each wrote; and they stay
+	// until it has (lineage_attempts.go).
+	pod := &job.Spec.Template.ObjectMeta
+	if pod.Labels == nil {
+		pod.Labels = map[string]string{}
+	}
+	pod.Labels[lineageLabel] = l.Name
+	if !slices.Contains(pod.Finalizers, attemptFinalizer) {
+		pod.Finalizers = append(pod.Finalizers, attemptFinalizer)
+	}
 	onDisruptions(&job.Spec, onDisruption)
 	if err := controllerutil.SetControllerReference(l, job, r.Client.Scheme()); err != nil {
 		return nil, fmt.Errorf("owning a Job of Lineage %s/%s: %w", l.Namespace, l.Name, err)

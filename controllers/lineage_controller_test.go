@@ -375,7 +375,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 			}
 			return ds.GetRecovery()
 		}
-		tenMinutes := &masterpb.DatasetRecovery{WaitSeconds: int64(datav1alpha1.DefaultRecoveryReadWait.Seconds())}
+		tenMinutes := &masterpb.DatasetRecovery{WaitSeconds: int64(datav1alpha1.DefaultRecoveryReadWait.Seconds()), CommitPerAttempt: true}
 		Eventually(readWait).Should(Equal(tenMinutes), "readers of a lost file wait the default for it (no CachePolicy)")
 
 		By("the node holding it is lost")

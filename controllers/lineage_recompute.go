@@ -35,7 +35,7 @@ const DefaultRecomputeClass = "strata-recompute-lowest"
 
 // +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=patch;delete
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
 
 // recomputationLabel carries the number of a recomputation Job, 1 for the first.
 const recomputationLabel = "data.strata.dev/recomputation"
@@ -338,7 +338,7 @@ func (r *LineageReconciler) inheritedClass(ctx context.Context, namespace string
 	}
 	best := base
 	for _, pod := range pods.Items {
-		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Labels[lineageLabel] != "" ||
+		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed || pod.Labels[recomputationLabel] != "" ||
 			pod.Spec.PriorityClassName == "" || pod.Spec.Priority == nil || !mountsAny(&pod, awaiting) {
 			continue
 		}
@@ -427,6 +427,10 @@ func (r *LineageReconciler) release(ctx context.Context, l *datav1alpha1.Lineage
 			}
 		}
 	}
+	// Forgetting an output forgets how it is written: said again before a pod writes it.
+	if err := r.setRecovery(ctx, l); err != nil {
+		return fmt.Errorf("before recomputing Lineage %s/%s: %w", l.Namespace, l.Name, err)
+	}
 	for _, job := range jobs {
 		if job.Spec.Suspend == nil || !*job.Spec.Suspend {
 			continue
@@ -485,10 +489,8 @@ func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alp
 	job.Spec.Suspend = ptr.To(suspended)
 	job.Spec.Template.Spec.PriorityClassName = class
 	job.Spec.Template.Spec.Priority = nil // set by admission from the class
-	if job.Spec.Template.Labels == nil {
-		job.Spec.Template.Labels = map[string]string{}
-	}
-	job.Spec.Template.Labels[lineageLabel] = l.Name
+	// Its pods too: a recomputation never inherits its own pods' class (inheritedClass).
+	job.Spec.Template.Labels[recomputationLabel] = strconv.Itoa(int(n))
 	avoidNodes(&job.Spec.Template.Spec, r.lostNodes(ctx))
 	if err := r.Client.Create(ctx, job); err != nil {
 		return nil, fmt.Errorf("creating a recomputation Job for Lineage %s/%s: %w", l.Namespace, l.Name, err)

@@ -2,29 +2,32 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/api/meta"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/master/masterpb"
 )
 
-// setRecovery tells the master, for each written output of l, what a read of one of its files
-// lost with its node does (masterpb.DatasetRecovery): wait as long as the output's CachePolicy
-// says (spec.recovery.readWait) for l to write it again, or fail at once once l gave up
-// recomputing it. Workers ask the master when a read finds a file lost; the master forgets an
-// output for a recomputation, so this is said again on every reconcile that finds it missing.
-// A master that cannot be reached is tried again on the next reconcile.
-func (r *LineageReconciler) setRecovery(ctx context.Context, l *datav1alpha1.Lineage) {
+// setRecovery tells the master, for each output of l, what a read of one of its files lost
+// with its node does (masterpb.DatasetRecovery): wait as long as the output's CachePolicy says
+// (spec.recovery.readWait) for l to write it again, or fail at once once l gave up recomputing
+// it; and that what l's pods write is committed per attempt (see lineage_attempts.go). Workers
+// ask the master when a read finds a file lost, and when a pod seals a file; the master forgets
+// an output for a recomputation, so this is said before every Job of l runs, and again on
+// every reconcile that finds it missing. It returns what the master could not be told.
+func (r *LineageReconciler) setRecovery(ctx context.Context, l *datav1alpha1.Lineage) error {
 	if r.Master == nil {
-		return
+		return nil
 	}
+	var errs []error
 	failed := ""
 	if c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionRecomputing); c != nil && c.Reason == ReasonRecomputationLimit {
 		failed = "Lineage " + l.Name + " gave up recomputing it: " + c.Message
@@ -34,16 +37,16 @@ func (r *LineageReconciler) setRecovery(ctx context.Context, l *datav1alpha1.Lin
 		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: out}, ds); err != nil || !ds.DeletionTimestamp.IsZero() {
 			continue // reported by the Ready condition; or forgotten at the master as it goes
 		}
-		want := &masterpb.DatasetRecovery{WaitSeconds: r.readWaitSeconds(ctx, ds), Failed: failed}
+		want := &masterpb.DatasetRecovery{WaitSeconds: r.readWaitSeconds(ctx, ds), Failed: failed, CommitPerAttempt: true}
 		name := datav1alpha1.MasterDatasetName(l.Namespace, out, string(ds.UID))
 		cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
 		err := setRecoveryAtMaster(cctx, r.Master, name, datav1alpha1.MasterDatasetRoot(l.Namespace, out, string(ds.UID)), want)
 		cancel()
 		if err != nil {
-			ctrl.LoggerFrom(ctx).Info("cannot tell the master how readers of a lost output wait; trying again on the next reconcile",
-				"output", out, "error", err.Error())
+			errs = append(errs, fmt.Errorf("telling the master how output %s is written and recovered: %w", out, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // readWaitSeconds is the recovery.readWait of ds's CachePolicy in whole seconds (rounded up), or

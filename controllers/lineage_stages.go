@@ -28,7 +28,7 @@ func phaseOf(l *datav1alpha1.Lineage) lineage.Phase {
 		return lineage.Waiting
 	}
 	switch ready.Reason {
-	case ReasonRunning:
+	case ReasonRunning, ReasonPublishing:
 		return lineage.Running
 	case ReasonWaitingForInputs:
 		return lineage.Waiting

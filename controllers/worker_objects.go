@@ -256,7 +256,12 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 					AutomountServiceAccountToken: ptr.To(false),
 					EnableServiceLinks:           ptr.To(false),
 					// The container runs privileged, as root: see its security context.
-					SecurityContext:               &corev1.PodSecurityContext{},
+					SecurityContext: &corev1.PodSecurityContext{},
+					// The node's PID namespace: the kernel tells the FUSE server which process
+					// writes an output file by its PID in the mounter's namespace (0 for one
+					// outside it), and the worker finds its pod from the process's cgroup, so that
+					// a killed pod's files and its retry's are told apart (cacheworker/callerpod).
+					HostPID:                       true,
 					TerminationGracePeriodSeconds: ptr.To[int64](workerTerminationGrace),
 					RestartPolicy:                 corev1.RestartPolicyAlways,
 					DNSPolicy:                     corev1.DNSClusterFirst,

@@ -57,12 +57,14 @@ func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 type node struct {
 	t      testing.TB
 	master *client.Client
-	minio  *miniotest.Server
-	store  *tierstore.Store
-	cp     *checkpoint.Checkpointer
-	reg    *prometheus.Registry
-	clock  *clock
-	nextID atomic.Uint64
+	// operator calls the master as the operator does.
+	operator *client.Client
+	minio    *miniotest.Server
+	store    *tierstore.Store
+	cp       *checkpoint.Checkpointer
+	reg      *prometheus.Registry
+	clock    *clock
+	nextID   atomic.Uint64
 	// bs is the size of the blocks files are sealed into.
 	bs int64
 }
@@ -76,7 +78,8 @@ func newNode(t testing.TB, quota int64) *node {
 
 func newNodeWith(t testing.TB, quota int64, masterOpts mastertest.Options) *node {
 	t.Helper()
-	n := &node{t: t, bs: blockSize, master: mastertest.New(t, 1, masterOpts).ClientAs(pki.Worker("pool", "node-a")),
+	masters := mastertest.New(t, 1, masterOpts)
+	n := &node{t: t, bs: blockSize, master: masters.ClientAs(pki.Worker("pool", "node-a")), operator: masters.ClientAs(pki.Operator()),
 		minio: miniotest.Start(t), reg: prometheus.NewRegistry(), clock: newClock()}
 	n.minio.MakeBucket(t, bucket)
 	metrics, err := checkpoint.NewMetrics(n.reg)
@@ -525,6 +528,30 @@ func TestAFileIsCheckpointedOncePublished(t *testing.T) {
 	// brings the file's turn).
 	n.cp.Published(context.Background(), checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token,
 		Size: int64(len(f.data)), Blocks: f.blocks}, false)
+	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
+	g.Expect(n.object(f)).To(Equal(f.data))
+}
+
+// TestAnAttemptsFileIsCheckpointedOncePublished: a file a pod sealed as its attempt is not the
+// Dataset's yet (its pod may fail, and its files be discarded); it reaches the under-store only
+// once the operator publishes the attempt.
+func TestAnAttemptsFileIsCheckpointedOncePublished(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1"})
+	_, err := n.operator.SetDatasetRecovery(ctx, &masterpb.SetDatasetRecoveryRequest{
+		Name: "ns/out/u1", Root: root("ns/out/u1"), Recovery: &masterpb.DatasetRecovery{CommitPerAttempt: true}})
+	g.Expect(err).NotTo(HaveOccurred())
+	f, req := n.storeFile("ns/out/u1", "x", randomBytes(blockSize, 1), 1)
+	req.Attempt = "pod-1"
+	n.publish(req)
+	n.run()
+	n.cp.Wake()
+	g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500*time.Millisecond).Should(BeNil(), "an attempt's file stays out of the under-store")
+	_, err = n.operator.SettleAttempt(ctx, &masterpb.SettleAttemptRequest{Dataset: "ns/out/u1", Attempt: "pod-1", Publish: true})
+	g.Expect(err).NotTo(HaveOccurred())
+	n.cp.Published(ctx, checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: int64(len(f.data)), Blocks: f.blocks}, false)
 	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
 	g.Expect(n.object(f)).To(Equal(f.data))
 }

@@ -362,6 +362,10 @@ func (c *Checkpointer) checkpoint(ctx context.Context, store Blocks, f *heldFile
 		return fmt.Errorf("reading the record of %s at the master: %w", f.path, err)
 	case mf.GetClientToken() != f.token:
 		return errGone
+	case mf.GetAttempt() != "":
+		// An attempt of its writer not settled yet: written when its pod succeeds, never if it
+		// fails (its files are discarded, and must not be left in the under-store).
+		return errNotPublished
 	case mf.GetCheckpointState() == masterpb.CheckpointState_CHECKPOINT_STATE_DONE:
 		c.markClean(ctx, store, f)
 		return nil

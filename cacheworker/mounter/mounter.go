@@ -21,6 +21,7 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/callerpod"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
 	"github.com/strata-cache/strata/cacheworker/listings"
@@ -56,6 +57,9 @@ type Outputs struct {
 	// KeepsReadCopies says which outputs' blocks read from other nodes are kept, as replicas
 	// (outputfs.Config.KeepsReadCopies); nil keeps none.
 	KeepsReadCopies func(dataset string) bool
+	// Callers says which pod a process writing an output runs in (outputfs.Config.Callers);
+	// nil publishes every file at once.
+	Callers func(pid uint32) (callerpod.Caller, bool)
 }
 
 // Config configures a Mounter.
@@ -458,7 +462,7 @@ func (m *Mounter) outputConfig(mnt *mount, log logr.Logger) (outputfs.Config, er
 		Root:    datav1alpha1.MasterDatasetRoot(mnt.namespace, mnt.name, mnt.uid),
 		Master:  out.Master, Store: m.cfg.Store, Locations: out.Locations, BlockSize: m.cfg.BlockSize,
 		StagingDir: filepath.Join(out.StagingDir, mnt.uid), Name: "strata:" + mnt.dataset(),
-		Metrics: out.Metrics, Checkpoints: out.Checkpoints, KeepsReadCopies: out.KeepsReadCopies, Log: log,
+		Metrics: out.Metrics, Checkpoints: out.Checkpoints, KeepsReadCopies: out.KeepsReadCopies, Callers: out.Callers, Log: log,
 	}
 	if m.cfg.Handovers != nil {
 		// The store must hold the journal the mount appends to, or a takeover would miss changes.

@@ -23,7 +23,19 @@
 //     block committed as it is stored, and renamed to its path at the end.
 //
 // A sealed file is immutable: opening it for writing, truncating it or writing through a
-// handle that outlived the seal fails with EPERM, and its write bits are cleared. The seal runs
+// handle that outlived the seal fails with EPERM, and its write bits are cleared.
+//
+// # Attempts
+//
+// When Config.Callers says which pod and container created a file, the file is sealed as that
+// pod's attempt (masterpb.File.attempt), and the master keeps it out of the Dataset until the
+// operator settles the attempt: published when the pod succeeds, discarded when it fails. Other
+// nodes never show an attempt's file. A pod killed mid-write leaves its open files sealed (its
+// exit closed them); the Job's retry, another pod (or a restarted container), opening one of
+// those paths to write is told the open is stale (ESTALE), as for a forgotten file below: the
+// old node leaves the tree and the kernel creates the file anew, which the master lets replace
+// the killed attempt's version. A published file is never replaced. A file of an attempt that
+// was discarded fails to open with ENOENT. The seal runs
 // in FLUSH (close(2)) when possible, so that close returns only once the file is in the Dataset
 // and reports what went wrong (EEXIST when another node sealed the same path first, ENOSPC when
 // the tier is full of data that is not checkpointed yet, EIO when the master cannot be

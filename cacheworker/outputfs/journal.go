@@ -107,6 +107,10 @@ type nodeState struct {
 	Unlinked bool   `json:"unlinked,omitempty"`
 	// SealFailed: the last writer's close was told why the file could not be sealed.
 	SealFailed bool `json:"sealFailed,omitempty"`
+	// Attempt and Writer are the pod (its UID) and container that created the file, when
+	// Config.Callers knows them: the file is sealed as that pod's attempt.
+	Attempt string `json:"attempt,omitempty"`
+	Writer  string `json:"writer,omitempty"`
 }
 
 // journal appends records to its file.

@@ -14,6 +14,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/strata-cache/strata/cacheworker/callerpod"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
@@ -93,6 +94,11 @@ type Config struct {
 	// is kept in the top tier and reported as a copy of it (a replica, for a CachePolicy that
 	// replicates selectively).
 	KeepsReadCopies func(dataset string) bool
+	// Callers, when set, says which pod and container a process calling the mount (by PID) runs
+	// in: files are sealed as the attempt of that pod (masterpb.File.attempt), and a file sealed
+	// by another pod's or container's attempt that is not settled yet may be written again (a
+	// Job's retry of a killed pod). Nil, or a caller in no pod, publishes files at once.
+	Callers func(pid uint32) (callerpod.Caller, bool)
 	// RecoveryPoll is how often, at most, a read that waits for a lost file to be written again
 	// asks the master whether it is back; 0 means DefaultRecoveryPoll.
 	RecoveryPoll time.Duration

@@ -19,7 +19,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/strata-cache/strata/cacheworker/callerpod"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 const (
@@ -258,16 +260,22 @@ func (fsys *fileSystem) Create(cancel <-chan struct{}, in *fuse.CreateIn, name s
 	if st := fsys.mayMake(ctx, dir, name); !st.Ok() {
 		return st
 	}
+	caller, _ := fsys.caller(&in.InHeader)
 	if existing := fsys.t.child(dir, name); existing != nil {
-		if !fsys.forgotten(ctx, existing) {
+		// Written again as a new file when lost and forgotten at the master (being recomputed),
+		// or when it is another attempt's, not settled (a killed pod's, which its retry writes).
+		existing.mu.Lock()
+		replace := fsys.forgotten(ctx, existing) || fsys.supersededBy(ctx, existing, caller)
+		var err error
+		if replace {
+			err = fsys.detachForgotten(existing)
+		}
+		existing.mu.Unlock()
+		if !replace {
 			return fuse.Status(syscall.EEXIST)
 		}
-		// Lost and forgotten at the master (being recomputed): written again as a new file.
-		existing.mu.Lock()
-		err := fsys.detachForgotten(existing)
-		existing.mu.Unlock()
 		if err != nil {
-			return fsys.failed(err, "replacing a forgotten file", name)
+			return fsys.failed(err, "replacing a file", name)
 		}
 	}
 	token, staged, err := fsys.o.newStaged()
@@ -276,6 +284,7 @@ func (fsys *fileSystem) Create(cancel <-chan struct{}, in *fuse.CreateIn, name s
 	}
 	state := callerState(&in.InHeader, in.Mode)
 	state.Token, state.Writers = token, 1
+	state.Attempt, state.Writer = caller.PodUID, caller.Container
 	n, made, err := fsys.t.add(dir, name, false, state, staged, requestID(&in.InHeader))
 	if err != nil || !made {
 		fsys.o.dropStaged(staged)
@@ -289,15 +298,41 @@ func (fsys *fileSystem) Create(cancel <-chan struct{}, in *fuse.CreateIn, name s
 	return fuse.OK
 }
 
-// forgotten says whether n is a sealed file that the master forgot.
+// forgotten says whether n is a sealed file that the master forgot; n.mu is held.
 func (fsys *fileSystem) forgotten(ctx context.Context, n *node) bool {
 	if n.dir || !n.sealed.Load() {
 		return false
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
 	gone, _ := fsys.check(ctx, n)
 	return gone
+}
+
+// caller is the pod and container of the process that made request h, when Config.Callers
+// knows it.
+func (fsys *fileSystem) caller(h *fuse.InHeader) (callerpod.Caller, bool) {
+	if fsys.o.cfg.Callers == nil {
+		return callerpod.Caller{}, false
+	}
+	return fsys.o.cfg.Callers(h.Pid)
+}
+
+// supersededBy says whether caller, writing n again, replaces it: n is a sealed file of
+// another pod's or container's attempt, which the master still holds unsettled. A Job's retry
+// of a killed pod writes the killed one's paths again; the killed one's files are discarded
+// when the operator settles its attempt. n.mu is held.
+func (fsys *fileSystem) supersededBy(ctx context.Context, n *node, caller callerpod.Caller) bool {
+	st := &n.state
+	if n.dir || !st.Sealed || st.Attempt == "" || caller.PodUID == "" ||
+		(caller.PodUID == st.Attempt && caller.Container == st.Writer) {
+		return false
+	}
+	mctx, cancel := fsys.o.masterContext(ctx)
+	defer cancel()
+	f, err := fsys.o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: fsys.o.masterPath(fsys.t.rel(n))})
+	if err != nil {
+		return false // published, or the master cannot say: the file stays as it is
+	}
+	return f.GetAttempt() != "" && f.GetClientToken() == st.Token
 }
 
 // Open implements fuse.RawFileSystem: a sealed file opens read-only, an unsealed one any way.
@@ -325,7 +360,18 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 		ctx, stop := fuseconn.RequestContext(cancel)
 		defer stop()
 		gone, changed := fsys.check(ctx, n)
+		superseded := false
+		if writable && !gone {
+			caller, _ := fsys.caller(&in.InHeader)
+			superseded = fsys.supersededBy(ctx, n, caller)
+		}
 		switch {
+		case superseded:
+			// Another attempt's file, not settled: this attempt writes it anew, as below.
+			if err := fsys.detachForgotten(n); err != nil {
+				return fsys.failed(err, "replacing another attempt's file", n.name)
+			}
+			return fuse.Status(syscall.ESTALE)
 		case gone && writable:
 			// Lost and forgotten, so that its Lineage writes it again: as a new file, never
 			// through this node, whose pages a reader that waits for the new version may hold
@@ -338,6 +384,13 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 			return fuse.Status(syscall.ESTALE)
 		case writable:
 			return fuse.EPERM
+		case gone && st.Attempt != "":
+			// An attempt's file that the master no longer holds: its attempt was discarded (its
+			// pod failed), or another attempt's version took its place. Nothing writes it again.
+			if err := fsys.detachForgotten(n); err != nil {
+				return fsys.failed(err, "removing a discarded attempt's file", n.name)
+			}
+			return fuse.ENOENT
 		case gone:
 			// Lost, and forgotten for a recomputation: wait for the new version, if something
 			// writes it (n.mu is let go meanwhile, as the recomputation may seal it here).

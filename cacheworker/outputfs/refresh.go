@@ -81,8 +81,8 @@ func (o *output) addDir(t *tree, d *node, name string, mtime time.Time) *node {
 // addFile adds the sealed file name, as the master records f, to d: read-only, owned by root.
 // It returns what d has of that name.
 func (o *output) addFile(t *tree, d *node, name string, f *masterpb.File) *node {
-	if !validToken(f.GetClientToken()) {
-		return nil
+	if !validToken(f.GetClientToken()) || f.GetAttempt() != "" {
+		return nil // not written through an output mount; or an attempt's, not published yet
 	}
 	st := nodeState{Mode: sealedMode, MtimeNs: f.GetModifiedUnixNano(), Token: f.GetClientToken(), Size: f.GetSize(), Sealed: true}
 	n, _, err := t.add(d, name, false, st, nil, 0)
@@ -91,6 +91,17 @@ func (o *output) addFile(t *tree, d *node, name string, f *masterpb.File) *node 
 		return nil
 	}
 	return n
+}
+
+// published notes that n's attempt was published: n is the Dataset's now, and if the master
+// forgets it, it was lost, not discarded. n.mu is held.
+func (fsys *fileSystem) published(n *node) {
+	old := n.state
+	n.state.Attempt, n.state.Writer = "", ""
+	if err := fsys.t.save(n, 0); err != nil {
+		n.state = old
+		fsys.o.log.Error(err, "recording that a file's attempt was published")
+	}
 }
 
 // check compares a sealed file with the master's record: gone means the master forgot it (it
@@ -108,6 +119,12 @@ func (fsys *fileSystem) check(ctx context.Context, n *node) (gone, changed bool)
 		return false, false // the master is away: serve what this node knows
 	case !validToken(f.GetClientToken()):
 		return false, false
+	case f.GetAttempt() != "" && f.GetClientToken() != n.state.Token:
+		// Another attempt's file took the place of n's version (n was an attempt's too),
+		// which its attempt's settling discards.
+		return true, false
+	case n.state.Attempt != "" && f.GetAttempt() == "" && f.GetClientToken() == n.state.Token:
+		fsys.published(n)
 	}
 	return false, fsys.adoptLocked(n, f)
 }

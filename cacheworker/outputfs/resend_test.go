@@ -261,7 +261,7 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 	}
 	for _, name := range []string{"published-small", "published-large"} {
 		n := first.t.get(ids[name])
-		g.Expect(o.seal(context.Background(), name, n.state.Token, n.staged, n.size, false)).To(Succeed())
+		g.Expect(o.seal(context.Background(), name, n.state.Token, "", n.staged, n.size, false)).To(Succeed())
 	}
 	for _, name := range []string{"halfway-small", "halfway-large"} {
 		n := first.t.get(ids[name])

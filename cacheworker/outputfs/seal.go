@@ -40,7 +40,7 @@ func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
 	if n.staged == nil {
 		return syscall.EIO // cannot happen: only a sealed or discarded file has no staging file
 	}
-	err := o.seal(ctx, rel, st.Token, n.staged, n.size, n.inherited)
+	err := o.seal(ctx, rel, st.Token, st.Attempt, n.staged, n.size, n.inherited)
 	if err != nil {
 		errno := syscall.EIO
 		switch {
@@ -75,9 +75,10 @@ func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
 // block and renamed into place.
 const maxSealBlocks = 64
 
-// seal publishes the size bytes of staged as the file rel, whose token is token. A file an
-// earlier process staged (inherited) may be published already, or have some blocks stored.
-func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, size int64, inherited bool) (err error) {
+// seal publishes the size bytes of staged as the file rel, whose token is token, written by
+// attempt (masterpb.File.attempt; empty when not known). A file an earlier process staged
+// (inherited) may be published already, or have some blocks stored.
+func (o *output) seal(ctx context.Context, rel, token, attempt string, staged *os.File, size int64, inherited bool) (err error) {
 	final := o.masterPath(rel)
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
@@ -100,7 +101,7 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 			return err
 		}
 		return o.writeThrough(ctx, final, token, size, func() error {
-			return o.sealAtOnce(mctx, &masterpb.SealFileRequest{Path: final, Dataset: o.cfg.Dataset, ClientToken: token, Blocks: blocks})
+			return o.sealAtOnce(mctx, &masterpb.SealFileRequest{Path: final, Dataset: o.cfg.Dataset, ClientToken: token, Blocks: blocks, Attempt: attempt})
 		})
 	}
 	if inherited {
@@ -109,7 +110,7 @@ func (o *output) seal(ctx context.Context, rel, token string, staged *os.File, s
 		}
 	}
 	sealing = o.cfg.Root + "/" + SealingDir + "/" + token
-	if err := o.createSealing(mctx, sealing, token); err != nil {
+	if err := o.createSealing(mctx, sealing, token, attempt); err != nil {
 		return fmt.Errorf("creating %s at the master: %w", sealing, err)
 	}
 	err = o.storeBlocks(ctx, final, token, staged, size, &stored, func(info tierstore.BlockInfo, off int64) error {
@@ -218,8 +219,8 @@ func (o *output) storeBlock(ctx context.Context, id string, staged *os.File, off
 
 // createSealing creates the file being sealed at the master. A Dataset the master forgot (to
 // recompute it, while this mount stayed) is registered again first: its new writer is here.
-func (o *output) createSealing(ctx context.Context, sealing, token string) error {
-	req := &masterpb.CreateFileRequest{Path: sealing, Dataset: o.cfg.Dataset, ClientToken: token}
+func (o *output) createSealing(ctx context.Context, sealing, token, attempt string) error {
+	req := &masterpb.CreateFileRequest{Path: sealing, Dataset: o.cfg.Dataset, ClientToken: token, Attempt: attempt}
 	_, err := o.cfg.Master.CreateFile(ctx, req)
 	if status.Code(err) != codes.NotFound {
 		return err

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/strata-cache/strata/cacheworker/cache"
+	"github.com/strata-cache/strata/cacheworker/callerpod"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/listings"
@@ -356,7 +357,8 @@ func (w *worker) buildMounter(ctx context.Context, cacheMetrics *cache.Metrics, 
 		}
 		// In a folder the tier store's start-up check leaves alone (it only looks at block files).
 		mcfg.Outputs = &mounter.Outputs{Master: w.masters, Locations: w.dir, Metrics: outMetrics, Checkpoints: w.checkpoints,
-			StagingDir: filepath.Join(stagingRoot, ".staging"), KeepsReadCopies: w.policies.KeepsReadCopies}
+			StagingDir: filepath.Join(stagingRoot, ".staging"), KeepsReadCopies: w.policies.KeepsReadCopies,
+			Callers: w.callerOf}
 	}
 	if w.kept != nil && w.masters != nil {
 		mcfg.ListingPeers = dataplane.PoolListings{Peers: w.peers, Workers: poolPeers(w.masters, w.id.id)}
@@ -464,4 +466,14 @@ func (w *worker) servesGRPC(srv *grpc.Server, lis net.Listener, what string) {
 		daemon.StopGRPC(sctx, srv)
 		return nil
 	})
+}
+
+// callerOf is the pod and container of the process pid (of the node's PID namespace, which the
+// worker shares), for the output mounts to seal files as that pod's attempt.
+func (w *worker) callerOf(pid uint32) (callerpod.Caller, bool) {
+	c, ok, err := callerpod.Of(pid)
+	if err != nil {
+		w.log.V(1).Info("cannot tell which pod writes an output file; it is published when closed", "pid", pid, "error", err.Error())
+	}
+	return c, ok
 }

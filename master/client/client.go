@@ -323,6 +323,13 @@ func (c *Client) SetDatasetRecovery(ctx context.Context, req *masterpb.SetDatase
 	return ds, err
 }
 
+// SettleAttempt publishes or discards the files of one attempt of a dataset's writer
+// (idempotent: a retry finds none left).
+func (c *Client) SettleAttempt(ctx context.Context, req *masterpb.SettleAttemptRequest) (*masterpb.SettleAttemptResponse, error) {
+	resp, _, err := call(ctx, c, "SettleAttempt", req, masterpb.MasterClient.SettleAttempt)
+	return resp, err
+}
+
 // GetDatasetUsage sums what the workers hold of a dataset.
 func (c *Client) GetDatasetUsage(ctx context.Context, req *masterpb.GetDatasetUsageRequest) (*masterpb.DatasetUsage, error) {
 	u, _, err := call(ctx, c, "GetDatasetUsage", req, masterpb.MasterClient.GetDatasetUsage)

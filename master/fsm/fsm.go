@@ -219,6 +219,8 @@ func apply(txn *badger.Txn, cmd *masterpb.Command) (proto.Message, error) {
 		return forgetWorker(txn, op.ForgetWorker)
 	case *masterpb.Command_SealFile:
 		return sealFile(txn, at, op.SealFile)
+	case *masterpb.Command_SettleAttempt:
+		return settleAttemptStep(txn, op.SettleAttempt)
 	default:
 		return nil, fmt.Errorf("operation %T has no handler", op)
 	}

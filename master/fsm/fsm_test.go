@@ -828,3 +828,106 @@ func TestAppliedIndexSurvivesReopen(t *testing.T) {
 		t.Errorf("reading /b after reopen: %v", err)
 	}
 }
+
+// TestAttemptsAreSettledAsTheirPodsEnd follows a dataset that commits per attempt: a killed
+// pod's files give way to its retry's, stay out of the usage until published, and a discarded
+// attempt leaves nothing.
+func TestAttemptsAreSettledAsTheirPodsEnd(t *testing.T) {
+	h := newHarness(t)
+	const root = "/datasets/ns/d/uid"
+	h.must(&masterpb.Command{Op: &masterpb.Command_SetDatasetRecovery{SetDatasetRecovery: &masterpb.SetDatasetRecoveryRequest{
+		Name: "ns/d/uid", Root: root, Recovery: &masterpb.DatasetRecovery{WaitSeconds: 60, CommitPerAttempt: true},
+	}}})
+	h.must(worker("w1"))
+	blocks := uint64(0)
+	sealBy := func(p, token, attempt string) *masterpb.Command {
+		cmd := seal(root+"/"+p, token, 0)
+		blocks++
+		cmd.GetSealFile().Blocks[0].BlockId = blocks
+		cmd.GetSealFile().Attempt = attempt
+		return cmd
+	}
+	settle := func(attempt string, publish bool, limit uint32) *masterpb.Command {
+		return &masterpb.Command{Op: &masterpb.Command_SettleAttempt{SettleAttempt: &masterpb.SettleAttemptStep{
+			Dataset: "ns/d/uid", Attempt: attempt, Publish: publish, Limit: limit,
+		}}}
+	}
+	attempts := func() []*masterpb.AttemptUsage {
+		u, err := h.fsm.DatasetUsage("ns/d/uid", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Attempts
+	}
+
+	// The killed pod sealed a and b; its retry seals a again, then c.
+	h.must(sealBy("a", "00000000000000000000000000000001", "pod-1"))
+	h.must(sealBy("b", "00000000000000000000000000000002", "pod-1"))
+	h.must(sealBy("a", "00000000000000000000000000000003", "pod-2"))
+	h.must(sealBy("c", "00000000000000000000000000000004", "pod-2"))
+	if f, err := h.fsm.GetFile(root + "/a"); err != nil || f.Attempt != "pod-2" || f.ClientToken != "00000000000000000000000000000003" {
+		t.Fatalf("a after the retry sealed it: got %v, %v; want pod-2's version", f, err)
+	}
+	u, err := h.fsm.DatasetUsage("ns/d/uid", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Files != 0 || len(u.Attempts) != 2 || u.Attempts[0].Files != 1 || u.Attempts[1].Files != 2 {
+		t.Fatalf("usage before settling: %v; want no file of the dataset, pod-1 with b, pod-2 with a and c", u)
+	}
+
+	// The retry succeeds, in steps of one file; the killed pod's attempt is discarded.
+	var published uint64
+	for {
+		res := h.must(settle("pod-2", true, 1)).(*masterpb.SettleAttemptStepResult)
+		published += res.Files
+		if res.Done {
+			break
+		}
+	}
+	if published != 2 {
+		t.Errorf("published %d files, want 2", published)
+	}
+	if res := h.must(settle("pod-1", false, 0)).(*masterpb.SettleAttemptStepResult); res.Files != 1 || !res.Done {
+		t.Errorf("discarding pod-1: %v, want b discarded", res)
+	}
+	if got := attempts(); len(got) != 0 {
+		t.Errorf("attempts left: %v", got)
+	}
+	if ok, _ := h.fsm.Exists(root + "/b"); ok {
+		t.Error("b of the discarded attempt is still there")
+	}
+	for _, p := range []string{"a", "c"} {
+		if f, err := h.fsm.GetFile(root + "/" + p); err != nil || f.Attempt != "" {
+			t.Errorf("%s after publishing: %v, %v; want a published file", p, f, err)
+		}
+	}
+
+	// A published file never gives way; a pending one of the same writer's seal never did.
+	if _, err := h.apply(1e12, sealBy("a", "00000000000000000000000000000005", "pod-3")); !errors.Is(err, ErrAlreadyExists) {
+		t.Errorf("another attempt sealing a published file: got %v, want already exists", err)
+	}
+	h.must(complete("ns/d/uid"))
+	h.must(reopen("ns/d/uid"))
+	h.must(sealBy("d", "00000000000000000000000000000006", "pod-3"))
+	h.must(complete("ns/d/uid"))
+	if _, err := h.apply(1e12, settle("pod-3", true, 0)); !errors.Is(err, ErrFailedPrecondition) {
+		t.Errorf("publishing into a complete dataset: got %v, want failed precondition", err)
+	}
+	if res := h.must(settle("pod-3", false, 0)).(*masterpb.SettleAttemptStepResult); res.Files != 1 {
+		t.Errorf("discarding in a complete dataset: %v, want d discarded", res)
+	}
+}
+
+// TestADatasetThatDoesNotCommitPerAttemptPublishesAtOnce: the attempt a worker names is
+// ignored unless the operator said the dataset commits per attempt (claims' outputs).
+func TestADatasetThatDoesNotCommitPerAttemptPublishesAtOnce(t *testing.T) {
+	h := newHarness(t)
+	h.must(dataset("ns/d/uid", "/datasets/ns/d/uid"))
+	h.must(worker("w1"))
+	cmd := seal("/datasets/ns/d/uid/a", "00000000000000000000000000000001", 0)
+	cmd.GetSealFile().Attempt = "pod-1"
+	if f := h.must(cmd).(*masterpb.File); f.Attempt != "" {
+		t.Errorf("got attempt %q, want a published file", f.Attempt)
+	}
+}

@@ -172,15 +172,23 @@ func createFile(txn *badger.Txn, at int64, req *masterpb.CreateFileRequest) (pro
 	if err != nil {
 		return nil, err
 	}
+	attempt := attemptOf(ds, req.Attempt)
 	if found {
 		if req.ClientToken != "" && existing.ClientToken == req.ClientToken {
 			// A retry of the request that created the file.
 			return existing, nil
 		}
-		return nil, alreadyExists("file %s", req.Path)
+		if !supersedes(attempt, existing) {
+			return nil, alreadyExists("file %s", req.Path)
+		}
 	}
 	if ds.Complete {
 		return nil, completeError(ds, "create", req.Path)
+	}
+	if found {
+		if _, err := removeFile(txn, existing); err != nil {
+			return nil, err
+		}
 	}
 	if err := checkNamespace(txn, req.Path); err != nil {
 		return nil, err
@@ -199,6 +207,7 @@ func createFile(txn *badger.Txn, at int64, req *masterpb.CreateFileRequest) (pro
 		Lineage:          req.Lineage,
 		ClientToken:      req.ClientToken,
 		Access:           &masterpb.AccessStats{},
+		Attempt:          attempt,
 	}
 	if err := putProto(txn, fileKey(f.Path), f); err != nil {
 		return nil, err
@@ -247,11 +256,12 @@ func renameFile(txn *badger.Txn, at int64, req *masterpb.RenameFileRequest) (pro
 	if req.From == req.To {
 		return f, nil
 	}
-	ok, err := exists(txn, fileKey(req.To))
+	target := &masterpb.File{}
+	ok, err := getProto(txn, fileKey(req.To), target)
 	if err != nil {
 		return nil, err
 	}
-	if ok {
+	if ok && !supersedes(f.Attempt, target) {
 		return nil, alreadyExists("file %s", req.To)
 	}
 	if err := checkNamespace(txn, req.To); err != nil {
@@ -267,6 +277,11 @@ func renameFile(txn *badger.Txn, at int64, req *masterpb.RenameFileRequest) (pro
 		}
 		if ds.Complete {
 			return nil, completeError(ds, "rename", req.From)
+		}
+	}
+	if ok {
+		if _, err := removeFile(txn, target); err != nil {
+			return nil, err
 		}
 	}
 	if err := del(txn, fileKey(req.From)); err != nil {
@@ -411,7 +426,7 @@ func sealFile(txn *badger.Txn, at int64, req *masterpb.SealFileRequest) (proto.M
 	if existing, err := getFile(txn, req.Path); err == nil && existing.ClientToken == req.ClientToken {
 		return existing, nil
 	}
-	if _, err := createFile(txn, at, &masterpb.CreateFileRequest{Path: req.Path, Dataset: req.Dataset, ClientToken: req.ClientToken}); err != nil {
+	if _, err := createFile(txn, at, &masterpb.CreateFileRequest{Path: req.Path, Dataset: req.Dataset, ClientToken: req.ClientToken, Attempt: req.Attempt}); err != nil {
 		return nil, err
 	}
 	for _, b := range req.Blocks {
@@ -422,6 +437,81 @@ func sealFile(txn *badger.Txn, at int64, req *masterpb.SealFileRequest) (proto.M
 		}
 	}
 	return getFile(txn, req.Path)
+}
+
+// attemptOf is the attempt a file of ds written by the attempt named in a request belongs to:
+// that one when ds commits per attempt, none (published at once) otherwise.
+func attemptOf(ds *masterpb.Dataset, requested string) string {
+	if !ds.GetRecovery().GetCommitPerAttempt() {
+		return ""
+	}
+	return requested
+}
+
+// supersedes says whether a file of attempt may take the place of existing: an unsettled
+// attempt's file gives way to another attempt's (a retry of a killed pod writes the same paths;
+// the killed one's files are discarded anyway), a published file to nothing.
+func supersedes(attempt string, existing *masterpb.File) bool {
+	return attempt != "" && existing.Attempt != ""
+}
+
+// settleAttemptStep publishes (clears File.attempt) or discards at most limit keys' worth of
+// the files of one attempt of a dataset's writer; done says none is left. A complete dataset
+// takes no more files, so publishing there is refused; discarding is not.
+func settleAttemptStep(txn *badger.Txn, req *masterpb.SettleAttemptStep) (proto.Message, error) {
+	if req.Attempt == "" {
+		return nil, invalid("settling an attempt of dataset %s needs the attempt's name", req.Dataset)
+	}
+	ds, err := getDataset(txn, req.Dataset)
+	if err != nil {
+		return nil, err
+	}
+	limit := int(req.Limit)
+	if limit == 0 {
+		limit = defaultStepLimit
+	}
+	var files []*masterpb.File
+	budget, more := limit, false
+	opts := badger.DefaultIteratorOptions
+	opts.Prefix = dirPrefix(ds.Root)
+	it := txn.NewIterator(opts)
+	for it.Rewind(); it.Valid(); it.Next() {
+		f := &masterpb.File{}
+		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, f) }); err != nil {
+			it.Close()
+			return nil, fmt.Errorf("decoding %q: %w", it.Item().Key(), err)
+		}
+		if f.Attempt != req.Attempt {
+			continue
+		}
+		cost := 1
+		if !req.Publish {
+			cost = 2 + len(f.BlockIds)*(1+MaxLocationsPerBlock)
+		}
+		if len(files) > 0 && cost > budget {
+			more = true
+			break
+		}
+		files = append(files, f)
+		budget -= cost
+	}
+	it.Close()
+	if req.Publish && ds.Complete && len(files) > 0 {
+		return nil, completeError(ds, "publish the files of attempt "+req.Attempt+" in", ds.Root)
+	}
+	for _, f := range files {
+		if !req.Publish {
+			if _, err := removeFile(txn, f); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		f.Attempt = ""
+		if err := putProto(txn, fileKey(f.Path), f); err != nil {
+			return nil, err
+		}
+	}
+	return &masterpb.SettleAttemptStepResult{Files: uint64(len(files)), Done: !more}, nil
 }
 
 // forgetWorker removes the record of a lost worker whose blocks were all marked lost. The lost

@@ -154,6 +154,7 @@ func (f *FSM) DatasetUsage(name string, listLost bool) (*masterpb.DatasetUsage, 
 	perTier := map[string]int64{}
 	perNode := map[string]int64{}
 	minCopies := -1
+	attempts := map[string]*masterpb.AttemptUsage{}
 	err = f.db.View(func(txn *badger.Txn) error {
 		nodes := map[string]string{} // of the workers met so far
 		nodeOf := func(worker string) (string, error) {
@@ -175,6 +176,17 @@ func (f *FSM) DatasetUsage(name string, listLost bool) (*masterpb.DatasetUsage, 
 			file := &masterpb.File{}
 			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, file) }); err != nil {
 				return fmt.Errorf("decoding file %s: %w", it.Item().Key(), err)
+			}
+			if file.Attempt != "" {
+				// Not the dataset's until its attempt is published.
+				a := attempts[file.Attempt]
+				if a == nil {
+					a = &masterpb.AttemptUsage{Attempt: file.Attempt}
+					attempts[file.Attempt] = a
+				}
+				a.Files++
+				a.Bytes += file.Size
+				continue
 			}
 			usage.Files++
 			usage.TotalBytes += file.Size
@@ -229,6 +241,9 @@ func (f *FSM) DatasetUsage(name string, listLost bool) (*masterpb.DatasetUsage, 
 		return nil, err
 	}
 	usage.MinCopies = uint32(max(minCopies, 0))
+	for _, a := range slices.Sorted(maps.Keys(attempts)) {
+		usage.Attempts = append(usage.Attempts, attempts[a])
+	}
 	for _, tier := range slices.Sorted(maps.Keys(perTier)) {
 		usage.Tiers = append(usage.Tiers, &masterpb.TierUsage{Tier: tier, UsedBytes: perTier[tier]})
 	}

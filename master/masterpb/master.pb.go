@@ -271,9 +271,14 @@ type DatasetRecovery struct {
 	WaitSeconds int64 `protobuf:"varint,1,opt,name=wait_seconds,json=waitSeconds,proto3" json:"wait_seconds,omitempty"`
 	// failed, when set, says why the lost files will not be written again (the Lineage gave up):
 	// such a read fails at once, and a read that waits stops waiting.
-	Failed        string `protobuf:"bytes,2,opt,name=failed,proto3" json:"failed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Failed string `protobuf:"bytes,2,opt,name=failed,proto3" json:"failed,omitempty"`
+	// commit_per_attempt makes the files a writer seals its attempt's (File.attempt: the pod
+	// that wrote them) until the operator settles the attempt: published when the pod succeeds,
+	// discarded when it fails or is disrupted, the way Hadoop's output committers work. A
+	// Lineage's Job retries a killed pod, and the retry writes the same paths again.
+	CommitPerAttempt bool `protobuf:"varint,3,opt,name=commit_per_attempt,json=commitPerAttempt,proto3" json:"commit_per_attempt,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DatasetRecovery) Reset() {
@@ -318,6 +323,13 @@ func (x *DatasetRecovery) GetFailed() string {
 		return x.Failed
 	}
 	return ""
+}
+
+func (x *DatasetRecovery) GetCommitPerAttempt() bool {
+	if x != nil {
+		return x.CommitPerAttempt
+	}
+	return false
 }
 
 // AccessStats are the read statistics the eviction and checkpoint policies rank files by.
@@ -394,7 +406,12 @@ type File struct {
 	Access          *AccessStats    `protobuf:"bytes,12,opt,name=access,proto3" json:"access,omitempty"`
 	// client_token is the token of the CreateFile request that created the file; a retried
 	// create with the same token succeeds instead of failing with ALREADY_EXISTS.
-	ClientToken   string `protobuf:"bytes,13,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	ClientToken string `protobuf:"bytes,13,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	// attempt is set while the file belongs to an attempt of its writer that is not settled (see
+	// DatasetRecovery.commit_per_attempt): the UID of the pod that sealed it. Readers leave such
+	// a file out; another attempt's seal of the same path replaces it; SettleAttempt publishes
+	// it (clears attempt) or discards it. Empty for every published file.
+	Attempt       string `protobuf:"bytes,14,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -516,6 +533,13 @@ func (x *File) GetAccess() *AccessStats {
 func (x *File) GetClientToken() string {
 	if x != nil {
 		return x.ClientToken
+	}
+	return ""
+}
+
+func (x *File) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
 	}
 	return ""
 }
@@ -1001,12 +1025,15 @@ func (x *Peer) GetApiAddr() string {
 }
 
 type CreateFileRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Dataset       string                 `protobuf:"bytes,2,opt,name=dataset,proto3" json:"dataset,omitempty"`
-	Parents       []string               `protobuf:"bytes,3,rep,name=parents,proto3" json:"parents,omitempty"`
-	Lineage       string                 `protobuf:"bytes,4,opt,name=lineage,proto3" json:"lineage,omitempty"`
-	ClientToken   string                 `protobuf:"bytes,5,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Path        string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Dataset     string                 `protobuf:"bytes,2,opt,name=dataset,proto3" json:"dataset,omitempty"`
+	Parents     []string               `protobuf:"bytes,3,rep,name=parents,proto3" json:"parents,omitempty"`
+	Lineage     string                 `protobuf:"bytes,4,opt,name=lineage,proto3" json:"lineage,omitempty"`
+	ClientToken string                 `protobuf:"bytes,5,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	// attempt names the writer's attempt (File.attempt); ignored unless the dataset commits per
+	// attempt.
+	Attempt       string `protobuf:"bytes,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1072,6 +1099,13 @@ func (x *CreateFileRequest) GetLineage() string {
 func (x *CreateFileRequest) GetClientToken() string {
 	if x != nil {
 		return x.ClientToken
+	}
+	return ""
+}
+
+func (x *CreateFileRequest) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
 	}
 	return ""
 }
@@ -1635,7 +1669,9 @@ type SealFileRequest struct {
 	ClientToken string                 `protobuf:"bytes,3,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
 	// blocks are the file's blocks, their path ignored; at most 64, so that one command stays
 	// small: larger files are created, committed block by block and published by a rename.
-	Blocks        []*CommitBlockRequest `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Blocks []*CommitBlockRequest `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// attempt is as in CreateFileRequest.
+	Attempt       string `protobuf:"bytes,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1696,6 +1732,13 @@ func (x *SealFileRequest) GetBlocks() []*CommitBlockRequest {
 		return x.Blocks
 	}
 	return nil
+}
+
+func (x *SealFileRequest) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
 }
 
 type RecordAccessRequest struct {
@@ -2192,7 +2235,10 @@ type DatasetUsage struct {
 	// min_copies is the fewest nodes that hold a live copy of one of the dataset's blocks: its
 	// replicas, for an output a CachePolicy replicates (0 when a block has none, or there are no
 	// blocks).
-	MinCopies     uint32 `protobuf:"varint,12,opt,name=min_copies,json=minCopies,proto3" json:"min_copies,omitempty"`
+	MinCopies uint32 `protobuf:"varint,12,opt,name=min_copies,json=minCopies,proto3" json:"min_copies,omitempty"`
+	// attempts are the attempts whose files are not settled yet, by attempt; their files are not
+	// counted above.
+	Attempts      []*AttemptUsage `protobuf:"bytes,13,rep,name=attempts,proto3" json:"attempts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2311,6 +2357,302 @@ func (x *DatasetUsage) GetMinCopies() uint32 {
 	return 0
 }
 
+func (x *DatasetUsage) GetAttempts() []*AttemptUsage {
+	if x != nil {
+		return x.Attempts
+	}
+	return nil
+}
+
+// AttemptUsage is what one unsettled attempt of a dataset's writer sealed.
+type AttemptUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempt       string                 `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Files         uint64                 `protobuf:"varint,2,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes         int64                  `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttemptUsage) Reset() {
+	*x = AttemptUsage{}
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttemptUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttemptUsage) ProtoMessage() {}
+
+func (x *AttemptUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttemptUsage.ProtoReflect.Descriptor instead.
+func (*AttemptUsage) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *AttemptUsage) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+func (x *AttemptUsage) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *AttemptUsage) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type SettleAttemptRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Dataset string                 `protobuf:"bytes,1,opt,name=dataset,proto3" json:"dataset,omitempty"`
+	Attempt string                 `protobuf:"bytes,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// publish makes the attempt's files part of the dataset; without it they are discarded.
+	Publish       bool `protobuf:"varint,3,opt,name=publish,proto3" json:"publish,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleAttemptRequest) Reset() {
+	*x = SettleAttemptRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleAttemptRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleAttemptRequest) ProtoMessage() {}
+
+func (x *SettleAttemptRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleAttemptRequest.ProtoReflect.Descriptor instead.
+func (*SettleAttemptRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *SettleAttemptRequest) GetDataset() string {
+	if x != nil {
+		return x.Dataset
+	}
+	return ""
+}
+
+func (x *SettleAttemptRequest) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+func (x *SettleAttemptRequest) GetPublish() bool {
+	if x != nil {
+		return x.Publish
+	}
+	return false
+}
+
+type SettleAttemptResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// files counts the files published or discarded.
+	Files         uint64 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleAttemptResponse) Reset() {
+	*x = SettleAttemptResponse{}
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleAttemptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleAttemptResponse) ProtoMessage() {}
+
+func (x *SettleAttemptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleAttemptResponse.ProtoReflect.Descriptor instead.
+func (*SettleAttemptResponse) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SettleAttemptResponse) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+// SettleAttemptStep settles at most limit keys' worth of an attempt's files (see
+// DeleteDatasetStep for why commands take steps).
+type SettleAttemptStep struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Dataset       string                 `protobuf:"bytes,1,opt,name=dataset,proto3" json:"dataset,omitempty"`
+	Attempt       string                 `protobuf:"bytes,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Publish       bool                   `protobuf:"varint,3,opt,name=publish,proto3" json:"publish,omitempty"`
+	Limit         uint32                 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleAttemptStep) Reset() {
+	*x = SettleAttemptStep{}
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleAttemptStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleAttemptStep) ProtoMessage() {}
+
+func (x *SettleAttemptStep) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleAttemptStep.ProtoReflect.Descriptor instead.
+func (*SettleAttemptStep) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SettleAttemptStep) GetDataset() string {
+	if x != nil {
+		return x.Dataset
+	}
+	return ""
+}
+
+func (x *SettleAttemptStep) GetAttempt() string {
+	if x != nil {
+		return x.Attempt
+	}
+	return ""
+}
+
+func (x *SettleAttemptStep) GetPublish() bool {
+	if x != nil {
+		return x.Publish
+	}
+	return false
+}
+
+func (x *SettleAttemptStep) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type SettleAttemptStepResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Files         uint64                 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
+	Done          bool                   `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleAttemptStepResult) Reset() {
+	*x = SettleAttemptStepResult{}
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleAttemptStepResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleAttemptStepResult) ProtoMessage() {}
+
+func (x *SettleAttemptStepResult) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleAttemptStepResult.ProtoReflect.Descriptor instead.
+func (*SettleAttemptStepResult) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *SettleAttemptStepResult) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *SettleAttemptStepResult) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
 type NodeUsage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -2321,7 +2663,7 @@ type NodeUsage struct {
 
 func (x *NodeUsage) Reset() {
 	*x = NodeUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2675,7 @@ func (x *NodeUsage) String() string {
 func (*NodeUsage) ProtoMessage() {}
 
 func (x *NodeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2688,7 @@ func (x *NodeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
 func (*NodeUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NodeUsage) GetNode() string {
@@ -2378,7 +2720,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2390,7 +2732,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2403,7 +2745,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -2465,7 +2807,7 @@ type RemoveBlockCopyRequest struct {
 
 func (x *RemoveBlockCopyRequest) Reset() {
 	*x = RemoveBlockCopyRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2477,7 +2819,7 @@ func (x *RemoveBlockCopyRequest) String() string {
 func (*RemoveBlockCopyRequest) ProtoMessage() {}
 
 func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2490,7 +2832,7 @@ func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
@@ -2520,7 +2862,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2874,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2887,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -2578,7 +2920,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2590,7 +2932,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2603,7 +2945,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2625,7 +2967,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2637,7 +2979,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2650,7 +2992,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -2691,7 +3033,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +3045,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +3058,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -2742,7 +3084,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +3096,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +3109,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -2787,7 +3129,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +3141,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +3154,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -2838,7 +3180,7 @@ type ForgetWorkerRequest struct {
 
 func (x *ForgetWorkerRequest) Reset() {
 	*x = ForgetWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +3192,7 @@ func (x *ForgetWorkerRequest) String() string {
 func (*ForgetWorkerRequest) ProtoMessage() {}
 
 func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +3205,7 @@ func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ForgetWorkerRequest) GetWorker() string {
@@ -2883,7 +3225,7 @@ type ForgetWorkerResponse struct {
 
 func (x *ForgetWorkerResponse) Reset() {
 	*x = ForgetWorkerResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +3237,7 @@ func (x *ForgetWorkerResponse) String() string {
 func (*ForgetWorkerResponse) ProtoMessage() {}
 
 func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +3250,7 @@ func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ForgetWorkerResponse) GetForgotten() bool {
@@ -2932,7 +3274,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2944,7 +3286,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2957,7 +3299,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -2997,7 +3339,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3009,7 +3351,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3022,7 +3364,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -3041,7 +3383,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3053,7 +3395,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3066,7 +3408,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -3087,7 +3429,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3099,7 +3441,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3112,7 +3454,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -3144,7 +3486,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3498,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3511,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
 }
 
 type LeaderRequest struct {
@@ -3180,7 +3522,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3534,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3547,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
 }
 
 type LeaderResponse struct {
@@ -3227,7 +3569,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3581,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3594,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -3349,6 +3691,7 @@ type Command struct {
 	//	*Command_SealFile
 	//	*Command_ReopenDataset
 	//	*Command_SetDatasetRecovery
+	//	*Command_SettleAttempt
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3356,7 +3699,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3711,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3724,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -3576,6 +3919,15 @@ func (x *Command) GetSetDatasetRecovery() *SetDatasetRecoveryRequest {
 	return nil
 }
 
+func (x *Command) GetSettleAttempt() *SettleAttemptStep {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SettleAttempt); ok {
+			return x.SettleAttempt
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -3656,6 +4008,10 @@ type Command_SetDatasetRecovery struct {
 	SetDatasetRecovery *SetDatasetRecoveryRequest `protobuf:"bytes,28,opt,name=set_dataset_recovery,json=setDatasetRecovery,proto3,oneof"`
 }
 
+type Command_SettleAttempt struct {
+	SettleAttempt *SettleAttemptStep `protobuf:"bytes,29,opt,name=settle_attempt,json=settleAttempt,proto3,oneof"`
+}
+
 func (*Command_CreateFile) isCommand_Op() {}
 
 func (*Command_RenameFile) isCommand_Op() {}
@@ -3694,6 +4050,8 @@ func (*Command_ReopenDataset) isCommand_Op() {}
 
 func (*Command_SetDatasetRecovery) isCommand_Op() {}
 
+func (*Command_SettleAttempt) isCommand_Op() {}
+
 // DeleteDatasetStep deletes at most limit keys' worth of the dataset's files; the dataset record
 // goes with the last step. Large datasets take several steps because one step is one Badger
 // transaction, whose size is bounded.
@@ -3707,7 +4065,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3719,7 +4077,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3732,7 +4090,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -3759,7 +4117,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3771,7 +4129,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3784,7 +4142,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -3814,7 +4172,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3826,7 +4184,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3839,7 +4197,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -3873,7 +4231,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3885,7 +4243,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3898,7 +4256,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -3924,7 +4282,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[55]
+	mi := &file_master_masterpb_master_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3936,7 +4294,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[55]
+	mi := &file_master_masterpb_master_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3949,7 +4307,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{55}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -3968,7 +4326,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[56]
+	mi := &file_master_masterpb_master_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3980,7 +4338,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[56]
+	mi := &file_master_masterpb_master_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3993,7 +4351,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{56}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -4014,13 +4372,14 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x06source\x18\x03 \x01(\tR\x06source\x12*\n" +
 	"\x11created_unix_nano\x18\x04 \x01(\x03R\x0fcreatedUnixNano\x12\x1a\n" +
 	"\bcomplete\x18\x05 \x01(\bR\bcomplete\x12=\n" +
-	"\brecovery\x18\x06 \x01(\v2!.strata.master.v1.DatasetRecoveryR\brecovery\"L\n" +
+	"\brecovery\x18\x06 \x01(\v2!.strata.master.v1.DatasetRecoveryR\brecovery\"z\n" +
 	"\x0fDatasetRecovery\x12!\n" +
 	"\fwait_seconds\x18\x01 \x01(\x03R\vwaitSeconds\x12\x16\n" +
-	"\x06failed\x18\x02 \x01(\tR\x06failed\"V\n" +
+	"\x06failed\x18\x02 \x01(\tR\x06failed\x12,\n" +
+	"\x12commit_per_attempt\x18\x03 \x01(\bR\x10commitPerAttempt\"V\n" +
 	"\vAccessStats\x12\x14\n" +
 	"\x05reads\x18\x01 \x01(\x04R\x05reads\x121\n" +
-	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\xd2\x03\n" +
+	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\xec\x03\n" +
 	"\x04File\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x18\n" +
@@ -4035,7 +4394,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	" \x01(\x0e2!.strata.master.v1.CheckpointStateR\x0fcheckpointState\x12%\n" +
 	"\x0echeckpoint_uri\x18\v \x01(\tR\rcheckpointUri\x125\n" +
 	"\x06access\x18\f \x01(\v2\x1d.strata.master.v1.AccessStatsR\x06access\x12!\n" +
-	"\fclient_token\x18\r \x01(\tR\vclientToken\"O\n" +
+	"\fclient_token\x18\r \x01(\tR\vclientToken\x12\x18\n" +
+	"\aattempt\x18\x0e \x01(\tR\aattempt\"O\n" +
 	"\rBlockLocation\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x12\n" +
 	"\x04tier\x18\x02 \x01(\tR\x04tier\x12\x12\n" +
@@ -4077,13 +4437,14 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04Peer\x12\x17\n" +
 	"\araft_id\x18\x01 \x01(\tR\x06raftId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
-	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"\x98\x01\n" +
+	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"\xb2\x01\n" +
 	"\x11CreateFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
 	"\aparents\x18\x03 \x03(\tR\aparents\x12\x18\n" +
 	"\alineage\x18\x04 \x01(\tR\alineage\x12!\n" +
-	"\fclient_token\x18\x05 \x01(\tR\vclientToken\"?\n" +
+	"\fclient_token\x18\x05 \x01(\tR\vclientToken\x12\x18\n" +
+	"\aattempt\x18\x06 \x01(\tR\aattempt\"?\n" +
 	"\x0eGetFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x19\n" +
 	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\">\n" +
@@ -4117,12 +4478,13 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x127\n" +
 	"\x05state\x18\x02 \x01(\x0e2!.strata.master.v1.CheckpointStateR\x05state\x12\x10\n" +
 	"\x03uri\x18\x03 \x01(\tR\x03uri\x12!\n" +
-	"\fclient_token\x18\x04 \x01(\tR\vclientToken\"\xa0\x01\n" +
+	"\fclient_token\x18\x04 \x01(\tR\vclientToken\"\xba\x01\n" +
 	"\x0fSealFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12!\n" +
 	"\fclient_token\x18\x03 \x01(\tR\vclientToken\x12<\n" +
-	"\x06blocks\x18\x04 \x03(\v2$.strata.master.v1.CommitBlockRequestR\x06blocks\"?\n" +
+	"\x06blocks\x18\x04 \x03(\v2$.strata.master.v1.CommitBlockRequestR\x06blocks\x12\x18\n" +
+	"\aattempt\x18\x05 \x01(\tR\aattempt\"?\n" +
 	"\x13RecordAccessRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
 	"\x05reads\x18\x02 \x01(\x04R\x05reads\"X\n" +
@@ -4148,7 +4510,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x16GetDatasetUsageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\x12\x1b\n" +
-	"\tlist_lost\x18\x03 \x01(\bR\blistLost\"\xb1\x03\n" +
+	"\tlist_lost\x18\x03 \x01(\bR\blistLost\"\xed\x03\n" +
 	"\fDatasetUsage\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x04R\x05files\x12!\n" +
@@ -4166,7 +4528,26 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\n" +
 	"lost_paths\x18\v \x03(\tR\tlostPaths\x12\x1d\n" +
 	"\n" +
-	"min_copies\x18\f \x01(\rR\tminCopies\"B\n" +
+	"min_copies\x18\f \x01(\rR\tminCopies\x12:\n" +
+	"\battempts\x18\r \x03(\v2\x1e.strata.master.v1.AttemptUsageR\battempts\"T\n" +
+	"\fAttemptUsage\x12\x18\n" +
+	"\aattempt\x18\x01 \x01(\tR\aattempt\x12\x14\n" +
+	"\x05files\x18\x02 \x01(\x04R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\"d\n" +
+	"\x14SettleAttemptRequest\x12\x18\n" +
+	"\adataset\x18\x01 \x01(\tR\adataset\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\tR\aattempt\x12\x18\n" +
+	"\apublish\x18\x03 \x01(\bR\apublish\"-\n" +
+	"\x15SettleAttemptResponse\x12\x14\n" +
+	"\x05files\x18\x01 \x01(\x04R\x05files\"w\n" +
+	"\x11SettleAttemptStep\x12\x18\n" +
+	"\adataset\x18\x01 \x01(\tR\adataset\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\tR\aattempt\x12\x18\n" +
+	"\apublish\x18\x03 \x01(\bR\apublish\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\"C\n" +
+	"\x17SettleAttemptStepResult\x12\x14\n" +
+	"\x05files\x18\x01 \x01(\x04R\x05files\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\"B\n" +
 	"\tNodeUsage\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12!\n" +
 	"\fcached_bytes\x18\x02 \x01(\x03R\vcachedBytes\"\xb7\x01\n" +
@@ -4230,7 +4611,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12\x12\n" +
 	"\x04term\x18\a \x01(\x04R\x04term\x12#\n" +
 	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12,\n" +
-	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\x89\f\n" +
+	"\x05peers\x18\t \x03(\v2\x16.strata.master.v1.PeerR\x05peers\"\xd7\f\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12 \n" +
 	"\fat_unix_nano\x18\x02 \x01(\x03R\n" +
@@ -4258,7 +4639,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\rforget_worker\x18\x19 \x01(\v2%.strata.master.v1.ForgetWorkerRequestH\x00R\fforgetWorker\x12@\n" +
 	"\tseal_file\x18\x1a \x01(\v2!.strata.master.v1.SealFileRequestH\x00R\bsealFile\x12O\n" +
 	"\x0ereopen_dataset\x18\x1b \x01(\v2&.strata.master.v1.ReopenDatasetRequestH\x00R\rreopenDataset\x12_\n" +
-	"\x14set_dataset_recovery\x18\x1c \x01(\v2+.strata.master.v1.SetDatasetRecoveryRequestH\x00R\x12setDatasetRecoveryB\x04\n" +
+	"\x14set_dataset_recovery\x18\x1c \x01(\v2+.strata.master.v1.SetDatasetRecoveryRequestH\x00R\x12setDatasetRecovery\x12L\n" +
+	"\x0esettle_attempt\x18\x1d \x01(\v2#.strata.master.v1.SettleAttemptStepH\x00R\rsettleAttemptB\x04\n" +
 	"\x02op\"=\n" +
 	"\x11DeleteDatasetStep\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -4288,7 +4670,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xa8\x11\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\x8a\x12\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -4309,7 +4691,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x0fCompleteDataset\x12(.strata.master.v1.CompleteDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12R\n" +
 	"\rReopenDataset\x12&.strata.master.v1.ReopenDatasetRequest\x1a\x19.strata.master.v1.Dataset\x12[\n" +
 	"\x0fGetDatasetUsage\x12(.strata.master.v1.GetDatasetUsageRequest\x1a\x1e.strata.master.v1.DatasetUsage\x12\\\n" +
-	"\x12SetDatasetRecovery\x12+.strata.master.v1.SetDatasetRecoveryRequest\x1a\x19.strata.master.v1.Dataset\x12L\n" +
+	"\x12SetDatasetRecovery\x12+.strata.master.v1.SetDatasetRecoveryRequest\x1a\x19.strata.master.v1.Dataset\x12`\n" +
+	"\rSettleAttempt\x12&.strata.master.v1.SettleAttemptRequest\x1a'.strata.master.v1.SettleAttemptResponse\x12L\n" +
 	"\vCommitBlock\x12$.strata.master.v1.CommitBlockRequest\x1a\x17.strata.master.v1.Block\x12l\n" +
 	"\x11GetBlockLocations\x12*.strata.master.v1.GetBlockLocationsRequest\x1a+.strata.master.v1.GetBlockLocationsResponse\x12T\n" +
 	"\x0fRemoveBlockCopy\x12(.strata.master.v1.RemoveBlockCopyRequest\x1a\x17.strata.master.v1.Block\x12S\n" +
@@ -4334,7 +4717,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -4371,31 +4754,36 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*DeleteDatasetResponse)(nil),     // 32: strata.master.v1.DeleteDatasetResponse
 	(*GetDatasetUsageRequest)(nil),    // 33: strata.master.v1.GetDatasetUsageRequest
 	(*DatasetUsage)(nil),              // 34: strata.master.v1.DatasetUsage
-	(*NodeUsage)(nil),                 // 35: strata.master.v1.NodeUsage
-	(*CommitBlockRequest)(nil),        // 36: strata.master.v1.CommitBlockRequest
-	(*RemoveBlockCopyRequest)(nil),    // 37: strata.master.v1.RemoveBlockCopyRequest
-	(*GetBlockLocationsRequest)(nil),  // 38: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 39: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 40: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 41: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 42: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 43: strata.master.v1.MarkWorkerLostRequest
-	(*ForgetWorkerRequest)(nil),       // 44: strata.master.v1.ForgetWorkerRequest
-	(*ForgetWorkerResponse)(nil),      // 45: strata.master.v1.ForgetWorkerResponse
-	(*MarkWorkerLostResponse)(nil),    // 46: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 47: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 48: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 49: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 50: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 51: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 52: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 53: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 54: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 55: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 56: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 57: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 58: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 59: strata.master.v1.RemovePeer
+	(*AttemptUsage)(nil),              // 35: strata.master.v1.AttemptUsage
+	(*SettleAttemptRequest)(nil),      // 36: strata.master.v1.SettleAttemptRequest
+	(*SettleAttemptResponse)(nil),     // 37: strata.master.v1.SettleAttemptResponse
+	(*SettleAttemptStep)(nil),         // 38: strata.master.v1.SettleAttemptStep
+	(*SettleAttemptStepResult)(nil),   // 39: strata.master.v1.SettleAttemptStepResult
+	(*NodeUsage)(nil),                 // 40: strata.master.v1.NodeUsage
+	(*CommitBlockRequest)(nil),        // 41: strata.master.v1.CommitBlockRequest
+	(*RemoveBlockCopyRequest)(nil),    // 42: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 43: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 44: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 45: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 46: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 47: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 48: strata.master.v1.MarkWorkerLostRequest
+	(*ForgetWorkerRequest)(nil),       // 49: strata.master.v1.ForgetWorkerRequest
+	(*ForgetWorkerResponse)(nil),      // 50: strata.master.v1.ForgetWorkerResponse
+	(*MarkWorkerLostResponse)(nil),    // 51: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 52: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 53: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 54: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 55: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 56: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 57: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 58: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 59: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 60: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 61: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 62: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 63: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 64: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	4,  // 0: strata.master.v1.Dataset.recovery:type_name -> strata.master.v1.DatasetRecovery
@@ -4408,94 +4796,98 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	6,  // 7: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
 	21, // 8: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
 	0,  // 9: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
-	36, // 10: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
+	41, // 10: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
 	4,  // 11: strata.master.v1.SetDatasetRecoveryRequest.recovery:type_name -> strata.master.v1.DatasetRecovery
 	10, // 12: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
-	35, // 13: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
-	9,  // 14: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
-	10, // 15: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
-	10, // 16: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
-	2,  // 17: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
-	11, // 18: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
-	12, // 19: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
-	13, // 20: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
-	17, // 21: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
-	18, // 22: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
-	26, // 23: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	54, // 24: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	36, // 25: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	40, // 26: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	41, // 27: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	56, // 28: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
-	23, // 29: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
-	25, // 30: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	58, // 31: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	59, // 32: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	37, // 33: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
-	29, // 34: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
-	44, // 35: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
-	24, // 36: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
-	30, // 37: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
-	31, // 38: strata.master.v1.Command.set_dataset_recovery:type_name -> strata.master.v1.SetDatasetRecoveryRequest
-	46, // 39: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	12, // 40: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	13, // 41: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	14, // 42: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	15, // 43: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	17, // 44: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	18, // 45: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	20, // 46: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	23, // 47: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	24, // 48: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
-	25, // 49: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	26, // 50: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	27, // 51: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	28, // 52: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	29, // 53: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
-	30, // 54: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
-	33, // 55: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	31, // 56: strata.master.v1.Master.SetDatasetRecovery:input_type -> strata.master.v1.SetDatasetRecoveryRequest
-	36, // 57: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	38, // 58: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	37, // 59: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	40, // 60: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	41, // 61: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	43, // 62: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	44, // 63: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
-	47, // 64: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	49, // 65: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	51, // 66: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	6,  // 67: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	6,  // 68: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	16, // 69: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	6,  // 70: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	19, // 71: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	22, // 72: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	6,  // 73: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	6,  // 74: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
-	6,  // 75: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 76: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 77: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	32, // 78: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	3,  // 79: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
-	3,  // 80: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
-	34, // 81: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	3,  // 82: strata.master.v1.Master.SetDatasetRecovery:output_type -> strata.master.v1.Dataset
-	9,  // 83: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	39, // 84: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	9,  // 85: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	11, // 86: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	42, // 87: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	46, // 88: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	45, // 89: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
-	48, // 90: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	50, // 91: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	52, // 92: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	67, // [67:93] is the sub-list for method output_type
-	41, // [41:67] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	40, // 13: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
+	35, // 14: strata.master.v1.DatasetUsage.attempts:type_name -> strata.master.v1.AttemptUsage
+	9,  // 15: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
+	10, // 16: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
+	10, // 17: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
+	2,  // 18: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
+	11, // 19: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
+	12, // 20: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
+	13, // 21: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
+	17, // 22: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
+	18, // 23: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
+	26, // 24: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
+	59, // 25: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	41, // 26: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	45, // 27: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	46, // 28: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	61, // 29: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	23, // 30: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
+	25, // 31: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
+	63, // 32: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	64, // 33: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	42, // 34: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	29, // 35: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
+	49, // 36: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
+	24, // 37: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
+	30, // 38: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
+	31, // 39: strata.master.v1.Command.set_dataset_recovery:type_name -> strata.master.v1.SetDatasetRecoveryRequest
+	38, // 40: strata.master.v1.Command.settle_attempt:type_name -> strata.master.v1.SettleAttemptStep
+	51, // 41: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	12, // 42: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	13, // 43: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	14, // 44: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	15, // 45: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	17, // 46: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	18, // 47: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	20, // 48: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	23, // 49: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	24, // 50: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
+	25, // 51: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	26, // 52: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	27, // 53: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	28, // 54: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	29, // 55: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
+	30, // 56: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
+	33, // 57: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	31, // 58: strata.master.v1.Master.SetDatasetRecovery:input_type -> strata.master.v1.SetDatasetRecoveryRequest
+	36, // 59: strata.master.v1.Master.SettleAttempt:input_type -> strata.master.v1.SettleAttemptRequest
+	41, // 60: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	43, // 61: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	42, // 62: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	45, // 63: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	46, // 64: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	48, // 65: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	49, // 66: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
+	52, // 67: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	54, // 68: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	56, // 69: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	6,  // 70: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	6,  // 71: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	16, // 72: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	6,  // 73: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	19, // 74: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	22, // 75: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	6,  // 76: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	6,  // 77: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
+	6,  // 78: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	3,  // 79: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	3,  // 80: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	32, // 81: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	3,  // 82: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
+	3,  // 83: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
+	34, // 84: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	3,  // 85: strata.master.v1.Master.SetDatasetRecovery:output_type -> strata.master.v1.Dataset
+	37, // 86: strata.master.v1.Master.SettleAttempt:output_type -> strata.master.v1.SettleAttemptResponse
+	9,  // 87: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	44, // 88: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	9,  // 89: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	11, // 90: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	47, // 91: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	51, // 92: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	50, // 93: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
+	53, // 94: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	55, // 95: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	57, // 96: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	70, // [70:97] is the sub-list for method output_type
+	43, // [43:70] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -4503,7 +4895,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[50].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[55].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -4523,6 +4915,7 @@ func file_master_masterpb_master_proto_init() {
 		(*Command_SealFile)(nil),
 		(*Command_ReopenDataset)(nil),
 		(*Command_SetDatasetRecovery)(nil),
+		(*Command_SettleAttempt)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4530,7 +4923,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   57,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,7 @@ const (
 	Master_ReopenDataset_FullMethodName      = "/strata.master.v1.Master/ReopenDataset"
 	Master_GetDatasetUsage_FullMethodName    = "/strata.master.v1.Master/GetDatasetUsage"
 	Master_SetDatasetRecovery_FullMethodName = "/strata.master.v1.Master/SetDatasetRecovery"
+	Master_SettleAttempt_FullMethodName      = "/strata.master.v1.Master/SettleAttempt"
 	Master_CommitBlock_FullMethodName        = "/strata.master.v1.Master/CommitBlock"
 	Master_GetBlockLocations_FullMethodName  = "/strata.master.v1.Master/GetBlockLocations"
 	Master_RemoveBlockCopy_FullMethodName    = "/strata.master.v1.Master/RemoveBlockCopy"
@@ -83,6 +84,9 @@ type MasterClient interface {
 	// DatasetRecovery), registering the dataset first if the master does not know it: its Lineage
 	// may be recomputing it, which made the master forget it.
 	SetDatasetRecovery(ctx context.Context, in *SetDatasetRecoveryRequest, opts ...grpc.CallOption) (*Dataset, error)
+	// SettleAttempt publishes the files one attempt of a dataset's writer sealed (its pod
+	// succeeded) or discards them (it failed or is gone); see File.attempt.
+	SettleAttempt(ctx context.Context, in *SettleAttemptRequest, opts ...grpc.CallOption) (*SettleAttemptResponse, error)
 	CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error)
 	GetBlockLocations(ctx context.Context, in *GetBlockLocationsRequest, opts ...grpc.CallOption) (*GetBlockLocationsResponse, error)
 	// RemoveBlockCopy records that a worker no longer holds a block (it evicted or deleted it):
@@ -267,6 +271,16 @@ func (c *masterClient) SetDatasetRecovery(ctx context.Context, in *SetDatasetRec
 	return out, nil
 }
 
+func (c *masterClient) SettleAttempt(ctx context.Context, in *SettleAttemptRequest, opts ...grpc.CallOption) (*SettleAttemptResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleAttemptResponse)
+	err := c.cc.Invoke(ctx, Master_SettleAttempt_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) CommitBlock(ctx context.Context, in *CommitBlockRequest, opts ...grpc.CallOption) (*Block, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Block)
@@ -399,6 +413,9 @@ type MasterServer interface {
 	// DatasetRecovery), registering the dataset first if the master does not know it: its Lineage
 	// may be recomputing it, which made the master forget it.
 	SetDatasetRecovery(context.Context, *SetDatasetRecoveryRequest) (*Dataset, error)
+	// SettleAttempt publishes the files one attempt of a dataset's writer sealed (its pod
+	// succeeded) or discards them (it failed or is gone); see File.attempt.
+	SettleAttempt(context.Context, *SettleAttemptRequest) (*SettleAttemptResponse, error)
 	CommitBlock(context.Context, *CommitBlockRequest) (*Block, error)
 	GetBlockLocations(context.Context, *GetBlockLocationsRequest) (*GetBlockLocationsResponse, error)
 	// RemoveBlockCopy records that a worker no longer holds a block (it evicted or deleted it):
@@ -470,6 +487,9 @@ func (UnimplementedMasterServer) GetDatasetUsage(context.Context, *GetDatasetUsa
 }
 func (UnimplementedMasterServer) SetDatasetRecovery(context.Context, *SetDatasetRecoveryRequest) (*Dataset, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetDatasetRecovery not implemented")
+}
+func (UnimplementedMasterServer) SettleAttempt(context.Context, *SettleAttemptRequest) (*SettleAttemptResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SettleAttempt not implemented")
 }
 func (UnimplementedMasterServer) CommitBlock(context.Context, *CommitBlockRequest) (*Block, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CommitBlock not implemented")
@@ -810,6 +830,24 @@ func _Master_SetDatasetRecovery_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_SettleAttempt_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleAttemptRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).SettleAttempt(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_SettleAttempt_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).SettleAttempt(ctx, req.(*SettleAttemptRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_CommitBlock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CommitBlockRequest)
 	if err := dec(in); err != nil {
@@ -1060,6 +1098,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetDatasetRecovery",
 			Handler:    _Master_SetDatasetRecovery_Handler,
+		},
+		{
+			MethodName: "SettleAttempt",
+			Handler:    _Master_SettleAttempt_Handler,
 		},
 		{
 			MethodName: "CommitBlock",

@@ -40,6 +40,7 @@ var Policy = authz.Policy{
 	masterpb.Master_ReopenDataset_FullMethodName:      authz.Allow(operator),
 	masterpb.Master_GetDatasetUsage_FullMethodName:    authz.Allow(operator),
 	masterpb.Master_SetDatasetRecovery_FullMethodName: authz.Allow(operator),
+	masterpb.Master_SettleAttempt_FullMethodName:      authz.Allow(operator),
 	masterpb.Master_CommitBlock_FullMethodName:        {Roles: []pki.Role{worker}, ActsFor: commitWorker},
 	masterpb.Master_GetBlockLocations_FullMethodName:  authz.Allow(worker, operator),
 	masterpb.Master_RemoveBlockCopy_FullMethodName:    {Roles: []pki.Role{worker}, ActsFor: removeWorker},

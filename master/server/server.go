@@ -191,6 +191,21 @@ func (s *Server) SetDatasetRecovery(ctx context.Context, req *masterpb.SetDatase
 	return apply[*masterpb.Dataset](ctx, s, &masterpb.Command{Op: &masterpb.Command_SetDatasetRecovery{SetDatasetRecovery: req}})
 }
 
+// SettleAttempt publishes or discards the files of one attempt of a dataset's writer.
+func (s *Server) SettleAttempt(ctx context.Context, req *masterpb.SettleAttemptRequest) (*masterpb.SettleAttemptResponse, error) {
+	if err := required("dataset", req.Dataset); err != nil {
+		return nil, err
+	}
+	if err := required("attempt", req.Attempt); err != nil {
+		return nil, err
+	}
+	resp, err := s.store.SettleAttempt(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
 // DeleteDataset deletes a dataset and its files.
 func (s *Server) DeleteDataset(ctx context.Context, req *masterpb.DeleteDatasetRequest) (*masterpb.DeleteDatasetResponse, error) {
 	if err := required("name", req.Name); err != nil {

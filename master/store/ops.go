@@ -37,6 +37,25 @@ func (s *Store) MarkWorkerLost(ctx context.Context, worker, reason string) (*mas
 	}
 }
 
+// SettleAttempt publishes or discards the files of one attempt of a dataset's writer, in as
+// many commands as it takes (see masterpb.SettleAttemptStep).
+func (s *Store) SettleAttempt(ctx context.Context, req *masterpb.SettleAttemptRequest) (*masterpb.SettleAttemptResponse, error) {
+	total := &masterpb.SettleAttemptResponse{}
+	for {
+		resp, err := s.Apply(ctx, &masterpb.Command{Op: &masterpb.Command_SettleAttempt{
+			SettleAttempt: &masterpb.SettleAttemptStep{Dataset: req.Dataset, Attempt: req.Attempt, Publish: req.Publish, Limit: stepLimit},
+		}})
+		if err != nil {
+			return total, fmt.Errorf("settling attempt %s of dataset %s: %w", req.Attempt, req.Dataset, err)
+		}
+		step := resp.(*masterpb.SettleAttemptStepResult)
+		total.Files += step.Files
+		if step.Done {
+			return total, nil
+		}
+	}
+}
+
 // DeleteDataset deletes a dataset and every file below its root, in steps of stepLimit keys.
 // If it is interrupted, the files deleted so far stay deleted and calling it again finishes.
 func (s *Store) DeleteDataset(ctx context.Context, name string) (*masterpb.DeleteDatasetResponse, error) {
