@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,13 +23,33 @@ var ErrNotFound = errors.New("block not on that worker")
 // ErrClosed is returned once the client is closed.
 var ErrClosed = errors.New("data-plane client closed")
 
+// ErrNoAnswer is returned when a peer does not start sending a block within the answer timeout.
+var ErrNoAnswer = errors.New("the worker did not answer in time")
+
+// DefaultAnswerTimeout is how long a block read waits for a peer's first message. A worker
+// whose node stopped never answers, and never refuses either: its packets are dropped, so a
+// connection to it takes the kernel's SYN retries (about 30 s), or a stream over a connection
+// made before hangs until TCP gives up. The reader has other copies to try (another holder, the
+// checkpoint), so it gives up on one that does not answer quickly; a live worker sends a
+// block's header as soon as it opened the block.
+const DefaultAnswerTimeout = 5 * time.Second
+
+// silentFor is how long a peer that did not answer a block read is taken for gone: reads in the
+// meantime go to other copies at once instead of each waiting out the answer timeout. A worker
+// that comes back is asked again after that.
+const silentFor = 30 * time.Second
+
 // Peers is a client of other workers' data planes, keeping one connection per address.
 type Peers struct {
 	dialOpts []grpc.DialOption
+	// answerTimeout bounds the wait for a block read's first message.
+	answerTimeout time.Duration
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	closed bool
+	// silentUntil holds, by address, until when a peer that did not answer is not asked.
+	silentUntil map[string]time.Time
 }
 
 // NewPeers returns a client. With no options it dials without transport security, as the
@@ -37,7 +58,14 @@ func NewPeers(opts ...grpc.DialOption) *Peers {
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	return &Peers{dialOpts: opts, conns: map[string]*grpc.ClientConn{}}
+	return &Peers{dialOpts: opts, conns: map[string]*grpc.ClientConn{}, answerTimeout: DefaultAnswerTimeout, silentUntil: map[string]time.Time{}}
+}
+
+// WithAnswerTimeout sets how long a block read waits for a peer's first message (see
+// DefaultAnswerTimeout), and returns p.
+func (p *Peers) WithAnswerTimeout(d time.Duration) *Peers {
+	p.answerTimeout = d
+	return p
 }
 
 // Close closes every connection.
@@ -61,6 +89,24 @@ func (p *Peers) stub(addr string) (workerpb.WorkerClient, error) {
 		return nil, err
 	}
 	return workerpb.NewWorkerClient(c), nil
+}
+
+// silent says whether the worker at addr did not answer a block read within the last silentFor.
+func (p *Peers) silent(addr string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	until, ok := p.silentUntil[addr]
+	if ok && !time.Now().Before(until) {
+		delete(p.silentUntil, addr)
+		return false
+	}
+	return ok
+}
+
+func (p *Peers) markSilent(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silentUntil[addr] = time.Now().Add(silentFor)
 }
 
 // conn is the connection to the worker at addr, made at first use.
@@ -116,17 +162,27 @@ func (p *Peers) DescribeDataset(ctx context.Context, addr, uid string) (*workerp
 // ReadBlock reads a whole block from the worker at addr and checks it against its CRC-32C. It
 // fails with ErrNotFound when that worker does not hold the block.
 func (p *Peers) ReadBlock(ctx context.Context, addr, id string) ([]byte, *workerpb.BlockHeader, error) {
+	if p.silent(addr) {
+		return nil, nil, fmt.Errorf("reading block %s from %s: %w recently", id, addr, ErrNoAnswer)
+	}
 	stub, err := p.stub(addr)
 	if err != nil {
 		return nil, nil, err
 	}
+	caller := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream if we stop reading early
+	// Only the first message is bounded: a block being sent takes as long as it takes.
+	silent := time.AfterFunc(p.answerTimeout, cancel)
 	stream, err := stub.ReadBlock(ctx, &workerpb.ReadBlockRequest{BlockId: id})
-	if err != nil {
-		return nil, nil, clientError("reading block", id, addr, err)
+	var first *workerpb.ReadBlockResponse
+	if err == nil {
+		first, err = stream.Recv()
 	}
-	first, err := stream.Recv()
+	if !silent.Stop() && caller.Err() == nil {
+		p.markSilent(addr)
+		return nil, nil, fmt.Errorf("reading block %s from %s: %w within %s", id, addr, ErrNoAnswer, p.answerTimeout)
+	}
 	if err != nil {
 		return nil, nil, clientError("reading block", id, addr, err)
 	}

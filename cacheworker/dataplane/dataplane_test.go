@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
@@ -311,4 +312,61 @@ func drain(stream workerpb.Worker_ReadBlockClient) ([]byte, error) {
 		}
 		out = append(out, msg.GetData()...)
 	}
+}
+
+// TestAPeerThatNeverAnswersIsGivenUp: a worker whose node stopped drops every packet; a block
+// read from it ends with ErrNoAnswer once the answer timeout passes, so that the reader tries
+// another copy, instead of waiting for TCP to give up. Here the peer accepts connections and
+// never says a word.
+func TestAPeerThatNeverAnswersIsGivenUp(t *testing.T) {
+	g := NewWithT(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	g.Expect(err).NotTo(HaveOccurred())
+	var mu sync.Mutex
+	var silent []net.Conn
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			silent = append(silent, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = lis.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range silent {
+			_ = c.Close()
+		}
+	})
+	p := newPeers(t).WithAnswerTimeout(100 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := p.ReadBlock(context.Background(), lis.Addr().String(), "b1")
+		done <- err
+	}()
+	var got error
+	g.Eventually(done, "20s").Should(Receive(&got), "the read ends although the peer never answers")
+	g.Expect(got).To(MatchError(ErrNoAnswer))
+
+	// The next read does not wait for it again (it would wait an hour): the peer is taken for
+	// gone for a while.
+	p.WithAnswerTimeout(time.Hour)
+	go func() {
+		_, _, err := p.ReadBlock(context.Background(), lis.Addr().String(), "b2")
+		done <- err
+	}()
+	g.Eventually(done, "20s").Should(Receive(&got), "a peer that just stayed silent is not asked again")
+	g.Expect(got).To(MatchError(ErrNoAnswer))
+
+	// A caller that gives up is told so, not that the peer is silent.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, _, err = newPeers(t).ReadBlock(ctx, lis.Addr().String(), "b1")
+	g.Expect(err).NotTo(MatchError(ErrNoAnswer))
+	g.Expect(err).To(HaveOccurred())
 }
