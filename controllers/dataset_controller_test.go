@@ -591,9 +591,14 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(cond.Message).To(ContainSubstring(`does not list "features" in spec.outputs`))
 
 		By("once the Lineage lists it, its volume is a writable output's, with no source")
-		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(lineage), lineage)).To(Succeed())
-		lineage.Spec.Outputs = []string{"features"}
-		Expect(k8sClient.Update(ctx, lineage)).To(Succeed())
+		// The Lineage reconciler writes its status meanwhile: read it again on a conflict.
+		Eventually(func() error {
+			if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(lineage), lineage); err != nil {
+				return err
+			}
+			lineage.Spec.Outputs = []string{"features"}
+			return k8sClient.Update(ctx, lineage)
+		}).Should(Succeed())
 		readyCondition(ds, ReasonNoCSIDriver)
 		pv := &corev1.PersistentVolume{}
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: "strata-" + string(ds.UID)}, pv)).To(Succeed())

@@ -466,36 +466,14 @@ func settleAttemptStep(txn *badger.Txn, req *masterpb.SettleAttemptStep) (proto.
 	if err != nil {
 		return nil, err
 	}
-	limit := int(req.Limit)
-	if limit == 0 {
-		limit = defaultStepLimit
+	cost := removalCost
+	if req.Publish {
+		cost = func(*masterpb.File) int { return 1 } // its record rewritten
 	}
-	var files []*masterpb.File
-	budget, more := limit, false
-	opts := badger.DefaultIteratorOptions
-	opts.Prefix = dirPrefix(ds.Root)
-	it := txn.NewIterator(opts)
-	for it.Rewind(); it.Valid(); it.Next() {
-		f := &masterpb.File{}
-		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, f) }); err != nil {
-			it.Close()
-			return nil, fmt.Errorf("decoding %q: %w", it.Item().Key(), err)
-		}
-		if f.Attempt != req.Attempt {
-			continue
-		}
-		cost := 1
-		if !req.Publish {
-			cost = 2 + len(f.BlockIds)*(1+MaxLocationsPerBlock)
-		}
-		if len(files) > 0 && cost > budget {
-			more = true
-			break
-		}
-		files = append(files, f)
-		budget -= cost
+	files, more, err := filesForStep(txn, ds.Root, req.Limit, func(f *masterpb.File) bool { return f.Attempt == req.Attempt }, cost)
+	if err != nil {
+		return nil, err
 	}
-	it.Close()
 	if req.Publish && ds.Complete && len(files) > 0 {
 		return nil, completeError(ds, "publish the files of attempt "+req.Attempt+" in", ds.Root)
 	}
@@ -588,37 +566,49 @@ func registerDataset(txn *badger.Txn, at int64, req *masterpb.RegisterDatasetReq
 // does not say.
 const defaultStepLimit = 1024
 
+// removalCost bounds the keys removing f touches: its records, and each block's with its copies.
+func removalCost(f *masterpb.File) int { return 2 + len(f.BlockIds)*(1+MaxLocationsPerBlock) }
+
+// filesForStep collects, in key order, the files below root that match, as many as one step of
+// a multi-step command may touch: at most limit keys (defaultStepLimit if 0) as cost counts them,
+// and always at least one. more says files were left for the next step. The files are collected
+// first and changed after: the iterator must not see its own changes.
+func filesForStep(txn *badger.Txn, root string, limit uint32, match func(*masterpb.File) bool, cost func(*masterpb.File) int) (files []*masterpb.File, more bool, err error) {
+	budget := int(limit)
+	if budget == 0 {
+		budget = defaultStepLimit
+	}
+	opts := badger.DefaultIteratorOptions
+	opts.Prefix = dirPrefix(root)
+	it := txn.NewIterator(opts)
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		f := &masterpb.File{}
+		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, f) }); err != nil {
+			return nil, false, fmt.Errorf("decoding %q: %w", it.Item().Key(), err)
+		}
+		if !match(f) {
+			continue
+		}
+		c := cost(f)
+		if len(files) > 0 && c > budget {
+			return files, true, nil
+		}
+		files = append(files, f)
+		budget -= c
+	}
+	return files, false, nil
+}
+
 func deleteDatasetStep(txn *badger.Txn, req *masterpb.DeleteDatasetStep) (proto.Message, error) {
 	ds, err := getDataset(txn, req.Name)
 	if err != nil {
 		return nil, err
 	}
-	limit := int(req.Limit)
-	if limit == 0 {
-		limit = defaultStepLimit
+	files, more, err := filesForStep(txn, ds.Root, req.Limit, func(*masterpb.File) bool { return true }, removalCost)
+	if err != nil {
+		return nil, err
 	}
-	// Collect first and delete after: the iterator must not see its own deletions.
-	prefix := dirPrefix(ds.Root)
-	var files []*masterpb.File
-	budget, more := limit, false
-	opts := badger.DefaultIteratorOptions
-	opts.Prefix = prefix
-	it := txn.NewIterator(opts)
-	for it.Rewind(); it.Valid(); it.Next() {
-		f := &masterpb.File{}
-		if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, f) }); err != nil {
-			it.Close()
-			return nil, fmt.Errorf("decoding %q: %w", it.Item().Key(), err)
-		}
-		cost := 2 + len(f.BlockIds)*(1+MaxLocationsPerBlock)
-		if len(files) > 0 && cost > budget {
-			more = true
-			break
-		}
-		files = append(files, f)
-		budget -= cost
-	}
-	it.Close()
 	for _, f := range files {
 		if _, err := removeFile(txn, f); err != nil {
 			return nil, err
