@@ -64,7 +64,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 				sealed := checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: benchFileSize, Blocks: f.blocks}
 				b.StartTimer()
 				wrote, err := n.cp.WriteThrough(ctx, sealed)
-				if err != nil || !wrote {
+				if err != nil || wrote == "" {
 					b.Fatalf("wrote %v: %v", wrote, err)
 				}
 				n.cp.Published(ctx, sealed, wrote)
@@ -100,7 +100,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		for range b.N {
 			seed := n.nextID.Add(1)
 			f := n.sealData("ns/later/u2", fmt.Sprintf("part-%d", seed), data, seed)
-			n.cp.Published(ctx, checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: benchFileSize, Blocks: f.blocks}, false)
+			n.cp.Published(ctx, checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: benchFileSize, Blocks: f.blocks}, "")
 			for !n.checkpointed(f) {
 				time.Sleep(time.Millisecond)
 			}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,6 +63,8 @@ type node struct {
 	minio    *miniotest.Server
 	store    *tierstore.Store
 	cp       *checkpoint.Checkpointer
+	// calls counts the checkpointer's calls to the master.
+	calls *countedMaster
 	reg      *prometheus.Registry
 	clock    *clock
 	nextID   atomic.Uint64
@@ -86,7 +89,8 @@ func newNodeWith(t testing.TB, quota int64, masterOpts mastertest.Options) *node
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.cp = checkpoint.New(checkpoint.Config{Master: n.master, Metrics: metrics, Now: n.clock.Now, Poll: 50 * time.Millisecond, Log: testr.NewWithInterface(t, testr.Options{})})
+	n.calls = &countedMaster{Master: n.master}
+	n.cp = checkpoint.New(checkpoint.Config{Master: n.calls, Metrics: metrics, Now: n.clock.Now, Poll: 50 * time.Millisecond, Log: testr.NewWithInterface(t, testr.Options{})})
 	base := t.TempDir()
 	n.store, err = tierstore.Open(context.Background(), tierstore.Config{
 		Tiers:    []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(base, "mem")}, Quota: quota}},
@@ -101,6 +105,65 @@ func newNodeWith(t testing.TB, quota int64, masterOpts mastertest.Options) *node
 		t.Fatal(err)
 	}
 	return n
+}
+
+// countedMaster is the master as the checkpointer calls it, counting the calls about each path;
+// it can hold the answer to the next GetFile of a path until the test lets it go.
+type countedMaster struct {
+	checkpoint.Master
+	mu     sync.Mutex
+	byPath map[string]int
+	holds  map[string]*heldAnswer
+}
+
+// heldAnswer is a GetFile answer held: reached is closed when it is, released by the test.
+type heldAnswer struct{ reached, released chan struct{} }
+
+// holdNextGetFile holds the answer to the next GetFile of path.
+func (m *countedMaster) holdNextGetFile(path string) *heldAnswer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holds == nil {
+		m.holds = map[string]*heldAnswer{}
+	}
+	h := &heldAnswer{reached: make(chan struct{}), released: make(chan struct{})}
+	m.holds[path] = h
+	return h
+}
+
+func (m *countedMaster) count(path string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byPath == nil {
+		m.byPath = map[string]int{}
+	}
+	m.byPath[path]++
+}
+
+// about is how many calls were made about path.
+func (m *countedMaster) about(path string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byPath[path]
+}
+
+func (m *countedMaster) GetFile(ctx context.Context, req *masterpb.GetFileRequest) (*masterpb.File, error) {
+	m.count(req.GetPath())
+	f, err := m.Master.GetFile(ctx, req)
+	m.mu.Lock()
+	h := m.holds[req.GetPath()]
+	delete(m.holds, req.GetPath())
+	m.mu.Unlock()
+	if h != nil {
+		close(h.reached)
+		<-h.released
+	}
+	return f, err
+}
+
+func (m *countedMaster) CheckpointFile(ctx context.Context, req *masterpb.CheckpointFileRequest) (*masterpb.File, error) {
+	m.count(req.GetPath())
+	return m.Master.CheckpointFile(ctx, req)
 }
 
 // run runs the background loop until the test ends.
@@ -389,7 +452,7 @@ func TestWriteThroughAboveTheThreshold(t *testing.T) {
 	sealed := checkpoint.SealedFile{Dataset: big.dataset, Path: big.path(), Token: big.token, Size: int64(len(big.data)), Blocks: big.blocks}
 	wrote, err := n.cp.WriteThrough(ctx, sealed)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(wrote).To(BeTrue())
+	g.Expect(wrote).NotTo(BeEmpty(), "the version written")
 	g.Expect(n.object(big)).To(Equal(big.data), "written before the seal returns")
 	n.cp.Published(ctx, sealed, wrote)
 	g.Expect(n.checkpointed(big)).To(BeTrue(), "recorded at the master and clean once published")
@@ -398,7 +461,7 @@ func TestWriteThroughAboveTheThreshold(t *testing.T) {
 	wrote, err = n.cp.WriteThrough(ctx, checkpoint.SealedFile{Dataset: small.dataset, Path: small.path(), Token: small.token,
 		Size: int64(len(small.data)), Blocks: small.blocks})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(wrote).To(BeFalse())
+	g.Expect(wrote).To(BeEmpty())
 	g.Expect(n.object(small)).To(BeNil())
 
 	n.settings("http://"+miniotest.ClosedAddr(t), checkpoint.Dataset{Name: "ns/big/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 2 * blockSize})
@@ -527,7 +590,7 @@ func TestAFileIsCheckpointedOncePublished(t *testing.T) {
 	// What the output mount says once it published the file (the clock stands still: only this
 	// brings the file's turn).
 	n.cp.Published(context.Background(), checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token,
-		Size: int64(len(f.data)), Blocks: f.blocks}, false)
+		Size: int64(len(f.data)), Blocks: f.blocks}, "")
 	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
 	g.Expect(n.object(f)).To(Equal(f.data))
 }
@@ -551,7 +614,80 @@ func TestAnAttemptsFileIsCheckpointedOncePublished(t *testing.T) {
 	g.Consistently(func() []byte { return n.object(f) }).WithTimeout(500*time.Millisecond).Should(BeNil(), "an attempt's file stays out of the under-store")
 	_, err = n.operator.SettleAttempt(ctx, &masterpb.SettleAttemptRequest{Dataset: "ns/out/u1", Attempt: "pod-1", Publish: true})
 	g.Expect(err).NotTo(HaveOccurred())
-	n.cp.Published(ctx, checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: int64(len(f.data)), Blocks: f.blocks}, false)
+	n.cp.Published(ctx, checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: int64(len(f.data)), Blocks: f.blocks}, "")
 	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
 	g.Expect(n.object(f)).To(Equal(f.data))
+}
+
+// TestAnOlderVersionsUploadNeverLandsOnANewerOne: a checkpoint of a file that the master said
+// was current, whose upload starts only after the file was written again (its output recomputed:
+// the old version forgotten, the new one written through and published), fails when it would
+// land, and the bucket keeps the new version's bytes, which read back as the new version.
+func TestAnOlderVersionsUploadNeverLandsOnANewerOne(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1", SyncWriteThreshold: 1})
+	old := n.seal("ns/out/u1", "x", 2*blockSize, 1)
+	held := n.calls.holdNextGetFile(old.path())
+	n.run()
+	n.cp.Wake()
+	g.Eventually(held.reached).WithTimeout(30*time.Second).Should(BeClosed(), "the master said the old version is current")
+
+	_, err := n.master.DeleteFile(ctx, old.path())
+	g.Expect(err).NotTo(HaveOccurred())
+	newer, publish := n.storeFile("ns/out/u1", "x", randomBytes(2*blockSize, 2), 2)
+	sealed := checkpoint.SealedFile{Dataset: newer.dataset, Path: newer.path(), Token: newer.token, Size: int64(len(newer.data)), Blocks: newer.blocks}
+	written, err := n.cp.WriteThrough(ctx, sealed)
+	g.Expect(err).NotTo(HaveOccurred())
+	n.publish(publish)
+	n.cp.Published(ctx, sealed, written)
+	g.Expect(n.checkpointed(newer)).To(BeTrue())
+	g.Expect(n.object(newer)).To(Equal(newer.data))
+
+	before := n.calls.about(old.path())
+	close(held.released)
+	// The master is asked about the path again only once the old upload has ended, landed or not.
+	g.Eventually(func() int { return n.calls.about(old.path()) }).WithTimeout(30*time.Second).Should(BeNumerically(">", before))
+	g.Expect(n.object(newer)).To(Equal(newer.data), "the old version's upload did not land on the new one")
+
+	for _, id := range newer.blocks {
+		g.Expect(n.store.Delete(ctx, id)).To(Succeed())
+	}
+	data, err := n.cp.ReadBack(ctx, checkpoint.ReadBackRequest{Dataset: newer.dataset, Root: root(newer.dataset), Path: newer.path(),
+		Token: newer.token, BlockID: newer.blocks[1], Index: 1, Offset: blockSize, Length: blockSize})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(data).To(Equal(newer.data[blockSize:]))
+}
+
+// TestACheckpointReplacedInTheBucketIsNotReadBack: a checkpoint object replaced since it was
+// written (by hand, or by another writer of the path) holds other bytes: a read back refuses it,
+// and the master's record of the checkpoint is cleared, so the file counts as lost.
+func TestACheckpointReplacedInTheBucketIsNotReadBack(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	n := newNode(t, 64<<20)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1", Strategy: datav1alpha1.CheckpointNone, SyncWriteThreshold: 1})
+	f := n.seal("ns/out/u1", "x", 2*blockSize, 1)
+	sealed := checkpoint.SealedFile{Dataset: f.dataset, Path: f.path(), Token: f.token, Size: int64(len(f.data)), Blocks: f.blocks}
+	written, err := n.cp.WriteThrough(ctx, sealed)
+	g.Expect(err).NotTo(HaveOccurred())
+	n.cp.Published(ctx, sealed, written)
+	g.Expect(n.checkpointed(f)).To(BeTrue())
+	mf, err := n.master.GetFile(ctx, &masterpb.GetFileRequest{Path: f.path()})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(mf.GetCheckpointVersion()).To(Equal(written), "the master records the version written")
+
+	other := randomBytes(len(f.data), 2)
+	n.minio.Put(t, bucket, "ns-out-u1/x", other)
+	for _, id := range f.blocks {
+		g.Expect(n.store.Delete(ctx, id)).To(Succeed())
+	}
+	_, err = n.cp.ReadBack(ctx, checkpoint.ReadBackRequest{Dataset: f.dataset, Root: root(f.dataset), Path: f.path(), Token: f.token,
+		BlockID: f.blocks[0], Index: 0, Offset: 0, Length: blockSize})
+	g.Expect(errors.Is(err, checkpoint.ErrNotCheckpointed)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(ContainSubstring("replaced in the under-store")))
+	mf, err = n.master.GetFile(ctx, &masterpb.GetFileRequest{Path: f.path()})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(mf.GetCheckpointState()).To(Equal(masterpb.CheckpointState_CHECKPOINT_STATE_NONE), "no checkpoint: the file is lost, and recomputed")
 }

@@ -346,10 +346,38 @@ var errNotPublished = errors.New("the file is not published at the master yet")
 // taken for one being sealed, not for one forgotten: the sweeper's own grace.
 const publishGrace = 10 * time.Minute
 
+// landTries is how many times a checkpoint is written when another writer's upload of the same
+// path keeps landing first (understore.ErrChanged): each try looks at the object and the
+// master's record again.
+const landTries = 3
+
 // checkpoint writes the file f, which this node holds, to its Dataset's target, records it at
 // the master, and marks its blocks clean. Background writes (limited) keep to the Dataset's
 // bandwidth cap.
 func (c *Checkpointer) checkpoint(ctx context.Context, store Blocks, f *heldFile, reason string, limited bool) error {
+	target, err := c.storeOf(ctx, f.ds)
+	if err != nil {
+		return err
+	}
+	for try := 1; ; try++ {
+		err := c.checkpointOnce(ctx, store, target, f, reason, limited)
+		if !errors.Is(err, understore.ErrChanged) || try == landTries {
+			return err
+		}
+	}
+}
+
+// checkpointOnce is one try of checkpoint. The object the upload may replace is looked at
+// before the master's record of the file, so that an upload of an older version never lands on
+// a newer one: a newer version's upload that lands after that look fails this one (the object
+// changed, ErrChanged); one that landed before it was of a version published before it, so the
+// record then says this version is gone.
+func (c *Checkpointer) checkpointOnce(ctx context.Context, store Blocks, target understore.Store, f *heldFile, reason string, limited bool) error {
+	pre, err := understore.Current(ctx, target, f.ds.rel(f.path))
+	if err != nil {
+		c.cfg.Metrics.failures.WithLabelValues(reason).Inc()
+		return fmt.Errorf("looking at the checkpoint of %s before writing it: %w", f.path, err)
+	}
 	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
 	mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: f.path})
 	cancel()
@@ -379,11 +407,12 @@ func (c *Checkpointer) checkpoint(ctx context.Context, store Blocks, f *heldFile
 		bandwidth = rate.Limit(f.ds.BandwidthLimit)
 	}
 	start := c.cfg.Now()
-	if err := c.write(ctx, store, f.ds, f.path, ids, mf.GetSize(), bandwidth); err != nil {
+	version, err := c.write(ctx, store, target, f.ds, f.path, ids, mf.GetSize(), bandwidth, pre)
+	if err != nil {
 		c.cfg.Metrics.failures.WithLabelValues(reason).Inc()
 		return err
 	}
-	if err := c.record(ctx, f.ds, f.path, f.token); err != nil {
+	if err := c.record(ctx, f.ds, f.path, f.token, version); err != nil {
 		c.cfg.Metrics.failures.WithLabelValues(reason).Inc()
 		return err
 	}
@@ -396,12 +425,11 @@ func (c *Checkpointer) checkpoint(ctx context.Context, store Blocks, f *heldFile
 	return nil
 }
 
-// write streams the blocks ids, size bytes in all, to the file path's place in d's target.
-func (c *Checkpointer) write(ctx context.Context, store Blocks, d *dataset, path string, ids []string, size int64, bandwidth rate.Limit) error {
-	target, err := c.storeOf(ctx, d)
-	if err != nil {
-		return err
-	}
+// write streams the blocks ids, size bytes in all, to the file path's place in d's target, if
+// the object there is still what pre says when it lands, and returns the version written.
+func (c *Checkpointer) write(ctx context.Context, store Blocks, target understore.Store, d *dataset, path string, ids []string,
+	size int64, bandwidth rate.Limit, pre understore.Precondition,
+) (string, error) {
 	r := &blocksReader{ctx: ctx, store: store, ids: ids}
 	defer r.close()
 	var body io.Reader = r
@@ -410,19 +438,22 @@ func (c *Checkpointer) write(ctx context.Context, store Blocks, d *dataset, path
 		c.limiter.SetLimit(bandwidth)
 		body = &throttle.Reader{Ctx: ctx, R: r, Limiter: c.limiter}
 	}
-	if err := target.Write(ctx, d.rel(path), body, size); err != nil {
-		return fmt.Errorf("checkpointing %s: %w", path, err)
+	version, err := target.Write(ctx, d.rel(path), body, size, pre)
+	if err != nil {
+		return "", fmt.Errorf("checkpointing %s: %w", path, err)
 	}
-	return nil
+	return version, nil
 }
 
-// record tells the master that the version token of path is checkpointed. The master refuses
-// if the file has another version by now, and the write is then forgotten (errGone).
-func (c *Checkpointer) record(ctx context.Context, d *dataset, path, token string) error {
+// record tells the master that the version token of path is checkpointed, as the object's
+// version written. The master refuses if the file has another version by now, and the write is
+// then forgotten (errGone).
+func (c *Checkpointer) record(ctx context.Context, d *dataset, path, token, written string) error {
 	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
 	defer cancel()
 	_, err := c.cfg.Master.CheckpointFile(mctx, &masterpb.CheckpointFileRequest{
 		Path: path, State: masterpb.CheckpointState_CHECKPOINT_STATE_DONE, Uri: d.Target.objectURI(d.rel(path)), ClientToken: token,
+		Version: written,
 	})
 	switch {
 	case status.Code(err) == codes.NotFound || status.Code(err) == codes.FailedPrecondition:

@@ -35,11 +35,30 @@
 //     background. A temporary file deleted before memory runs short never reaches the under-store.
 //
 // A file written is recorded at the master (CheckpointFile, with its version's token, so that
-// a checkpoint of an older version is never recorded on a newer one), and then its blocks are
+// a checkpoint of an older version is never recorded on a newer one, and the object's version
+// as the under-store gave it), and then its blocks are
 // marked clean in the tier store: from then on they may leave memory without another copy. A
 // write that fails (the under-store unreachable, the credentials refused) is logged and counted,
 // and the file is tried again after a backoff of 5 s doubling up to 5 min; meanwhile the next
 // file goes.
+//
+// # Versions in the bucket
+//
+// A path is written again when its output is recomputed (the old version forgotten at the
+// master first) or retried by another attempt, and the old version's upload may still be under
+// way, or about to start, on another node. The token check at the master keeps it from being
+// recorded; what keeps it out of the bucket is the order of the looks: a checkpoint looks at
+// the object first (its ETag, or none), then at the master's record, and writes conditionally
+// on what it saw (S3's If-Match and If-None-Match, checked by the server when the object
+// lands). A newer version's upload that lands after the look makes the old one fail with
+// understore.ErrChanged; one that landed before it belongs to a version published before the
+// look at the master, which then says the old version is gone. A write that another lands
+// before looks again (up to three times). A write through, of a file not published yet, writes
+// over what it sees, conditionally too. A read back reads only the object's version the master
+// recorded: an object replaced since (by hand, or by a second writer of a new path whose seal
+// then failed) is refused, and the record cleared, so that the file counts as lost and is
+// recomputed rather than read with another file's bytes. An S3 store that ignores the
+// conditional headers gets the old behaviour, and the read back still refuses what it replaced.
 //
 // # At once
 //

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/cacheworker/tierstore"
+	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/master/masterpb"
 )
@@ -65,36 +66,61 @@ type SealedFile struct {
 }
 
 // WriteThrough writes f to its Dataset's target before its seal returns, when f is larger than
-// the Dataset's syncWriteThreshold, and reports whether it did: the file is durable before the
-// writer's close(2) returns, or the close fails. A Dataset without a known target, or no
-// threshold, writes nothing here: the background loop checkpoints the file later.
-func (c *Checkpointer) WriteThrough(ctx context.Context, f SealedFile) (bool, error) {
+// the Dataset's syncWriteThreshold, and returns the version of the object written, or "" if it
+// wrote nothing: the file is durable before the writer's close(2) returns, or the close fails.
+// A Dataset without a known target, or no threshold, writes nothing here: the background loop
+// checkpoints the file later.
+func (c *Checkpointer) WriteThrough(ctx context.Context, f SealedFile) (string, error) {
 	d := c.current().of(f.Dataset)
 	if d == nil || d.SyncWriteThreshold <= 0 || f.Size <= d.SyncWriteThreshold {
-		return false, nil
+		return "", nil
 	}
 	store, err := c.blocks()
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	start := c.cfg.Now()
-	if err := c.write(ctx, store, d, f.Path, f.Blocks, f.Size, rate.Inf); err != nil {
+	version, err := c.writeThrough(ctx, store, d, f)
+	if err != nil {
 		c.cfg.Metrics.failures.WithLabelValues(reasonWriteThrough).Inc()
-		return false, fmt.Errorf("writing %s through to its checkpoint target (it is above the syncWriteThreshold of %d bytes): %w",
+		return "", fmt.Errorf("writing %s through to its checkpoint target (it is above the syncWriteThreshold of %d bytes): %w",
 			f.Path, d.SyncWriteThreshold, err)
 	}
 	c.cfg.Metrics.files.WithLabelValues(reasonWriteThrough).Inc()
 	c.cfg.Metrics.bytes.WithLabelValues(reasonWriteThrough).Add(float64(f.Size))
 	c.cfg.Metrics.duration.WithLabelValues(reasonWriteThrough).Observe(c.cfg.Now().Sub(start).Seconds())
-	return true, nil
+	return version, nil
 }
 
-// Published tells the checkpointer that f is published at the master. A file written through
-// is recorded as checkpointed and its blocks marked clean; any other is a new candidate for the
-// background loop.
-func (c *Checkpointer) Published(ctx context.Context, f SealedFile, wroteThrough bool) {
+// writeThrough writes f, which is not published yet, over whatever object its path holds: the
+// version before it at the master was forgotten (a file is written again only once its old
+// version is), and an upload of that version still under way fails once this one lands. A
+// write that another lands before (that old upload, or another writer of the same new path)
+// looks again and is written again; the version recorded at publication tells a read back
+// whether the object is still this file's.
+func (c *Checkpointer) writeThrough(ctx context.Context, store Blocks, d *dataset, f SealedFile) (string, error) {
+	target, err := c.storeOf(ctx, d)
+	if err != nil {
+		return "", err
+	}
+	for try := 1; ; try++ {
+		pre, err := understore.Current(ctx, target, d.rel(f.Path))
+		if err != nil {
+			return "", fmt.Errorf("looking at the object it replaces: %w", err)
+		}
+		version, err := c.write(ctx, store, target, d, f.Path, f.Blocks, f.Size, rate.Inf, pre)
+		if !errors.Is(err, understore.ErrChanged) || try == landTries {
+			return version, err
+		}
+	}
+}
+
+// Published tells the checkpointer that f is published at the master; written is the version
+// WriteThrough wrote, if it did. A file written through is recorded as checkpointed and its
+// blocks marked clean; any other is a new candidate for the background loop.
+func (c *Checkpointer) Published(ctx context.Context, f SealedFile, written string) {
 	defer c.Wake()
-	if !wroteThrough {
+	if written == "" {
 		// The background loop may have seen its blocks before it was published: now it may.
 		c.mu.Lock()
 		delete(c.retries, fileKey(f.Path, f.Token))
@@ -105,7 +131,7 @@ func (c *Checkpointer) Published(ctx context.Context, f SealedFile, wroteThrough
 	if d == nil {
 		return
 	}
-	if err := c.record(ctx, d, f.Path, f.Token); err != nil {
+	if err := c.record(ctx, d, f.Path, f.Token, written); err != nil {
 		// The background loop writes it again and records it then.
 		c.log.Error(err, "Recording a file written through; it is checkpointed again later", "file", f.Path)
 		return
@@ -142,19 +168,19 @@ func (c *Checkpointer) ReadBack(ctx context.Context, r ReadBackRequest) ([]byte,
 	if d == nil {
 		return nil, fmt.Errorf("reading %s back: Dataset %s has %w this worker knows of", r.Path, r.Dataset, ErrNoTarget)
 	}
-	checkpointed := func(staleOK bool) (bool, error) {
+	checkpointed := func(staleOK bool) (*masterpb.File, bool, error) {
 		mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
 		defer cancel()
 		mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: r.Path, StaleOk: staleOK})
 		if err != nil {
-			return false, fmt.Errorf("reading %s back: asking the master for its checkpoint: %w", r.Path, err)
+			return nil, false, fmt.Errorf("reading %s back: asking the master for its checkpoint: %w", r.Path, err)
 		}
-		return mf.GetClientToken() == r.Token && mf.GetCheckpointState() == masterpb.CheckpointState_CHECKPOINT_STATE_DONE, nil
+		return mf, mf.GetClientToken() == r.Token && mf.GetCheckpointState() == masterpb.CheckpointState_CHECKPOINT_STATE_DONE, nil
 	}
 	// A follower may not know of a checkpoint just recorded: a no is asked of the leader again.
-	ok, err := checkpointed(true)
+	mf, ok, err := checkpointed(true)
 	if err == nil && !ok {
-		ok, err = checkpointed(false)
+		mf, ok, err = checkpointed(false)
 	}
 	switch {
 	case err != nil:
@@ -167,12 +193,40 @@ func (c *Checkpointer) ReadBack(ctx context.Context, r ReadBackRequest) ([]byte,
 		return nil, err
 	}
 	buf := make([]byte, r.Length)
-	if n, err := target.ReadAt(ctx, d.rel(r.Path), buf, r.Offset); int64(n) < r.Length {
+	var n int
+	if version := mf.GetCheckpointVersion(); version != "" {
+		n, err = target.ReadVersionAt(ctx, d.rel(r.Path), version, buf, r.Offset)
+	} else {
+		// Recorded before versions were: whatever the object is now.
+		n, err = target.ReadAt(ctx, d.rel(r.Path), buf, r.Offset)
+	}
+	if errors.Is(err, understore.ErrChanged) {
+		c.forgetReplaced(ctx, r)
+		return nil, fmt.Errorf("reading %s back: its checkpoint %s was replaced in the under-store since it was written, and holds other bytes now: this version is %w",
+			r.Path, mf.GetCheckpointUri(), ErrNotCheckpointed)
+	}
+	if int64(n) < r.Length {
 		return nil, fmt.Errorf("reading block %d of %s back from its checkpoint: %d of %d bytes: %w", r.Index, r.Path, n, r.Length, err)
 	}
 	c.cfg.Metrics.readBack.Add(float64(r.Length))
 	c.keep(ctx, r, buf)
 	return buf, nil
+}
+
+// forgetReplaced clears the master's record of a checkpoint whose object was replaced, so that
+// the file, if no worker holds it either, counts as lost and is recomputed rather than read
+// back in vain.
+func (c *Checkpointer) forgetReplaced(ctx context.Context, r ReadBackRequest) {
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
+	defer cancel()
+	_, err := c.cfg.Master.CheckpointFile(mctx, &masterpb.CheckpointFileRequest{
+		Path: r.Path, State: masterpb.CheckpointState_CHECKPOINT_STATE_NONE, ClientToken: r.Token,
+	})
+	if err != nil {
+		c.log.Error(err, "Clearing the record of a checkpoint replaced in the under-store; the next read back tries again", "file", r.Path)
+		return
+	}
+	c.log.Info("A checkpoint was replaced in the under-store since it was written; its record is cleared", "file", r.Path)
 }
 
 // keep stores a block read back, clean (its checkpoint is a copy), so that the next reads are

@@ -61,10 +61,11 @@ type Locations interface {
 // (checkpoint.Checkpointer).
 type Checkpoints interface {
 	// WriteThrough writes f to the under-store if it is above the Dataset's sync write
-	// threshold, before it is published, and reports whether it did.
-	WriteThrough(ctx context.Context, f checkpoint.SealedFile) (bool, error)
-	// Published says f is published at the master.
-	Published(ctx context.Context, f checkpoint.SealedFile, wroteThrough bool)
+	// threshold, before it is published, and returns the version written, or "" if it wrote
+	// nothing.
+	WriteThrough(ctx context.Context, f checkpoint.SealedFile) (string, error)
+	// Published says f is published at the master, with what WriteThrough returned.
+	Published(ctx context.Context, f checkpoint.SealedFile, written string)
 	ReadBack(ctx context.Context, r checkpoint.ReadBackRequest) ([]byte, error)
 }
 

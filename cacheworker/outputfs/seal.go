@@ -141,14 +141,14 @@ func (o *output) writeThrough(ctx context.Context, final, token string, size int
 	for index := int64(0); index*o.cfg.BlockSize < size; index++ {
 		f.Blocks = append(f.Blocks, BlockID(token, index))
 	}
-	wrote, err := o.cfg.Checkpoints.WriteThrough(ctx, f)
+	written, err := o.cfg.Checkpoints.WriteThrough(ctx, f)
 	if err != nil {
 		return err
 	}
 	if err := publish(); err != nil {
 		return err
 	}
-	o.cfg.Checkpoints.Published(ctx, f, wrote)
+	o.cfg.Checkpoints.Published(ctx, f, written)
 	return nil
 }
 

@@ -295,6 +295,6 @@ func (c *ClaimStore) List(ctx context.Context, prefix string) iter.Seq2[ObjectIn
 }
 
 // Write implements Store: claims are served read-only.
-func (c *ClaimStore) Write(_ context.Context, p string, _ io.Reader, _ int64) error {
-	return c.fail("write", p, ErrReadOnly, errors.New("the claim of a pvc:// source is mounted read-only"))
+func (c *ClaimStore) Write(_ context.Context, p string, _ io.Reader, _ int64, _ Precondition) (string, error) {
+	return "", c.fail("write", p, ErrReadOnly, errors.New("the claim of a pvc:// source is mounted read-only"))
 }

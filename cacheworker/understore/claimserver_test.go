@@ -132,7 +132,7 @@ func TestAClaimIsReadThroughItsServerAsIfLocal(t *testing.T) {
 
 	t.Run("the claim is read-only", func(t *testing.T) {
 		g := NewWithT(t)
-		err := claim.Write(ctx, "new.txt", bytes.NewReader([]byte("x")), 1)
+		_, err := claim.Write(ctx, "new.txt", bytes.NewReader([]byte("x")), 1, Precondition{})
 		g.Expect(err).To(MatchError(ErrReadOnly))
 	})
 }

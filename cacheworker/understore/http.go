@@ -216,6 +216,6 @@ func unquoteETag(header string) string {
 }
 
 // Write implements Store: HTTP under-stores are read-only.
-func (h *HTTP) Write(_ context.Context, p string, _ io.Reader, _ int64) error {
-	return h.fail("write", p, ErrReadOnly, errors.New("checkpoints need a writable under-store such as S3 or a path"))
+func (h *HTTP) Write(_ context.Context, p string, _ io.Reader, _ int64, _ Precondition) (string, error) {
+	return "", h.fail("write", p, ErrReadOnly, errors.New("checkpoints need a writable under-store such as S3 or a path"))
 }

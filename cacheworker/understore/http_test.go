@@ -164,7 +164,7 @@ func TestHTTPIsReadOnly(t *testing.T) {
 	g := NewWithT(t)
 	h, err := NewHTTP(HTTPConfig{BaseURL: "https://data.example.com/sets"})
 	g.Expect(err).NotTo(HaveOccurred())
-	err = h.Write(context.Background(), "out/part-0", strings.NewReader("x"), 1)
+	_, err = h.Write(context.Background(), "out/part-0", strings.NewReader("x"), 1, Precondition{})
 	g.Expect(err).To(MatchError(ErrReadOnly))
 	g.Expect(err).To(MatchError(errors.ErrUnsupported))
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // LocalConfig is a directory on the node (a host path or an NFS mount) served as an under-store.
@@ -36,6 +37,10 @@ type Local struct {
 	// escapes is the error os.Root gives for a path that leaves the root. The standard
 	// library does not export it, so NewLocal provokes it once to learn it.
 	escapes error
+	// landing holds a Write from its check of what it expects to its rename, so that the
+	// writers of this process land one at a time (a path is a node's own directory, and one
+	// worker writes it; writers on several hosts of one NFS share are not ordered).
+	landing sync.Mutex
 }
 
 var _ Store = (*Local)(nil)
@@ -267,22 +272,23 @@ func (l *Local) Open(ctx context.Context, p string) (io.ReadCloser, error) {
 }
 
 // Write implements Store atomically: a temporary file in the target directory, synced and
-// renamed over the path, then the directory synced, so a checkpoint is whole or absent.
-func (l *Local) Write(ctx context.Context, p string, r io.Reader, _ int64) (err error) {
+// renamed over the path if the path is still what pre says, then the directory synced, so a
+// checkpoint is whole or absent.
+func (l *Local) Write(ctx context.Context, p string, r io.Reader, _ int64, pre Precondition) (etag string, err error) {
 	if err := checkPath(p); err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
 	dir, base := path.Split(p)
 	dir = path.Clean(dir)
 	if err := l.root.MkdirAll(filepath.FromSlash(dir), 0o750); err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(dir, ".strata-tmp-"+base+"-"+hex.EncodeToString(rnd[:]))
 	f, err := l.root.OpenFile(filepath.FromSlash(tmp), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o640)
 	if err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
 	defer func() {
 		if err != nil {
@@ -291,24 +297,51 @@ func (l *Local) Write(ctx context.Context, p string, r io.Reader, _ int64) (err 
 		}
 	}()
 	if _, err = io.Copy(f, ctxReader{ctx, r}); err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
 	if err = f.Sync(); err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
 	if err = f.Close(); err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
-	if err = l.root.Rename(filepath.FromSlash(tmp), filepath.FromSlash(p)); err != nil {
-		return l.fail("write", p, err)
+	if etag, err = l.land(tmp, p, pre); err != nil {
+		return "", err
 	}
 	d, err := l.root.Open(filepath.FromSlash(dir))
 	if err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
 	defer func() { _ = d.Close() }() // the sync above is what matters
 	if err = d.Sync(); err != nil {
-		return l.fail("write", p, err)
+		return "", l.fail("write", p, err)
 	}
-	return nil
+	return etag, nil
+}
+
+// land renames the written file tmp to p if p is what pre says, and returns the version
+// written.
+func (l *Local) land(tmp, p string, pre Precondition) (string, error) {
+	l.landing.Lock()
+	defer l.landing.Unlock()
+	st, err := l.root.Lstat(filepath.FromSlash(p))
+	switch {
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return "", l.fail("write", p, err)
+	case pre.Absent && err == nil:
+		return "", &Error{Op: "write", Store: l.name, Path: p, Kind: ErrChanged, Err: errors.New("the file exists, and the write expected none")}
+	case pre.ETag != "" && err != nil:
+		return "", &Error{Op: "write", Store: l.name, Path: p, Kind: ErrChanged, Err: fmt.Errorf("the file is gone, and the write expected version %s", pre.ETag)}
+	case pre.ETag != "" && fileETag(st) != pre.ETag:
+		return "", &Error{Op: "write", Store: l.name, Path: p, Kind: ErrChanged,
+			Err: fmt.Errorf("the file is version %s (size and modification time), and the write expected %s", fileETag(st), pre.ETag)}
+	}
+	if err := l.root.Rename(filepath.FromSlash(tmp), filepath.FromSlash(p)); err != nil {
+		return "", l.fail("write", p, err)
+	}
+	st, err = l.root.Lstat(filepath.FromSlash(p))
+	if err != nil {
+		return "", l.fail("write", p, err)
+	}
+	return fileETag(st), nil
 }

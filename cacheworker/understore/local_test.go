@@ -161,7 +161,7 @@ func TestLocalRefusesEveryWayOut(t *testing.T) {
 				g.Expect(err.Error()).To(ContainSubstring(tc.path), "the error names the object")
 				g.Expect(err.Error()).NotTo(ContainSubstring("do not read"))
 			}
-			if werr := l.Write(ctx, tc.path, strings.NewReader("x"), 1); tc.writeKind != nil {
+			if _, werr := l.Write(ctx, tc.path, strings.NewReader("x"), 1, Precondition{}); tc.writeKind != nil {
 				g.Expect(werr).To(MatchError(tc.writeKind))
 			}
 			secret, err := os.ReadFile(filepath.Join(f.secret, "key"))
@@ -248,8 +248,8 @@ func TestLocalWriteIsAtomic(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	defer func() { g.Expect(l.Close()).To(Succeed()) }()
 
-	g.Expect(l.Write(ctx, "checkpoints/run-1/part-0", strings.NewReader("first"), 5)).To(Succeed())
-	g.Expect(l.Write(ctx, "checkpoints/run-1/part-0", strings.NewReader("second"), 6)).To(Succeed())
+	g.Expect(l.Write(ctx, "checkpoints/run-1/part-0", strings.NewReader("first"), 5, Precondition{})).Error().NotTo(HaveOccurred())
+	g.Expect(l.Write(ctx, "checkpoints/run-1/part-0", strings.NewReader("second"), 6, Precondition{})).Error().NotTo(HaveOccurred())
 	rc, err := l.Open(ctx, "checkpoints/run-1/part-0")
 	g.Expect(err).NotTo(HaveOccurred())
 	b, err := io.ReadAll(rc)
@@ -258,7 +258,7 @@ func TestLocalWriteIsAtomic(t *testing.T) {
 	g.Expect(string(b)).To(Equal("second"))
 
 	// A write whose source fails leaves the old object and no temporary file.
-	err = l.Write(ctx, "checkpoints/run-1/part-0", io.MultiReader(strings.NewReader("thi"), errReader{}), 5)
+	_, err = l.Write(ctx, "checkpoints/run-1/part-0", io.MultiReader(strings.NewReader("thi"), errReader{}), 5, Precondition{})
 	g.Expect(err).To(MatchError(ContainSubstring("source broke")))
 	entries, err := os.ReadDir(filepath.Join(f.dataset, "checkpoints", "run-1"))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -270,7 +270,53 @@ func TestLocalWriteIsAtomic(t *testing.T) {
 	// A cancelled context stops the write.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	g.Expect(l.Write(cctx, "checkpoints/x", bytes.NewReader([]byte("y")), 1)).To(MatchError(context.Canceled))
+	g.Expect(l.Write(cctx, "checkpoints/x", bytes.NewReader([]byte("y")), 1, Precondition{})).Error().To(MatchError(context.Canceled))
+
+	testConditionalWrites(t, l, "checkpoints/conditional", 1<<10, 1<<10)
+}
+
+// testConditionalWrites checks a store's conditional writes at p with objects of n bytes
+// (size as Write is told: n, or -1 for unknown): of two writers that looked at the same
+// version, or at no object, the first to land wins and the other fails with ErrChanged,
+// leaving the winner's bytes.
+func testConditionalWrites(t *testing.T, s Store, p string, n int, size int64) {
+	ctx := context.Background()
+	g := NewWithT(t)
+	content := func(fill byte) []byte { return bytes.Repeat([]byte{fill}, n) }
+	write := func(fill byte, pre Precondition) (string, error) {
+		return s.Write(ctx, p, bytes.NewReader(content(fill)), size, pre)
+	}
+	holds := func(fill byte) {
+		t.Helper()
+		rc, err := s.Open(ctx, p)
+		g.Expect(err).NotTo(HaveOccurred())
+		b, err := io.ReadAll(rc)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(rc.Close()).To(Succeed())
+		g.Expect(bytes.Equal(b, content(fill))).To(BeTrue(), "%s holds the bytes of writer %c", p, fill)
+	}
+
+	none, err := Current(ctx, s, p)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(none).To(Equal(Precondition{Absent: true}))
+	etag, err := write('a', none)
+	g.Expect(err).NotTo(HaveOccurred())
+	info, err := s.Stat(ctx, p)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(etag).To(Equal(info.ETag), "Write returns the version Stat gives")
+	_, err = write('b', none)
+	g.Expect(err).To(MatchError(ErrChanged), "a second writer that saw no object finds one")
+	holds('a')
+
+	seen, err := Current(ctx, s, p)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(seen).To(Equal(Precondition{ETag: etag}))
+	_, err = write('c', seen)
+	g.Expect(err).NotTo(HaveOccurred(), "the version it expects")
+	_, err = write('d', seen)
+	g.Expect(err).To(MatchError(ErrChanged), "a writer that saw the version replaced since")
+	g.Expect(err.Error()).To(ContainSubstring(p))
+	holds('c')
 }
 
 type errReader struct{}

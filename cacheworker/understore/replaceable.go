@@ -137,10 +137,10 @@ func (u *usedReader) Close() error {
 }
 
 // Write implements Store.
-func (r *Replaceable) Write(ctx context.Context, p string, src io.Reader, size int64) error {
+func (r *Replaceable) Write(ctx context.Context, p string, src io.Reader, size int64, pre Precondition) (string, error) {
 	b := r.use()
 	defer b.done()
-	return b.Write(ctx, p, src, size)
+	return b.Write(ctx, p, src, size, pre)
 }
 
 func (r *Replaceable) String() string { return r.cur.Load().String() }

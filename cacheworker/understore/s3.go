@@ -269,12 +269,22 @@ func (s *S3) Open(ctx context.Context, p string) (io.ReadCloser, error) {
 }
 
 // Write implements Store.
-func (s *S3) Write(ctx context.Context, p string, r io.Reader, size int64) error {
+func (s *S3) Write(ctx context.Context, p string, r io.Reader, size int64, pre Precondition) (string, error) {
 	if err := checkPath(p); err != nil {
-		return s.fail("write", p, err)
+		return "", s.fail("write", p, err)
 	}
-	if _, err := s.core.Client.PutObject(ctx, s.cfg.Bucket, s.key(p), r, size, minio.PutObjectOptions{}); err != nil {
-		return s.fail("write", p, err)
+	// S3's conditional writes (If-Match, If-None-Match): the server checks them when the object
+	// lands, at the PUT or at the completion of a multipart upload.
+	var opts minio.PutObjectOptions
+	switch {
+	case pre.Absent:
+		opts.SetMatchETagExcept("*")
+	case pre.ETag != "":
+		opts.SetMatchETag(pre.ETag)
 	}
-	return nil
+	info, err := s.core.Client.PutObject(ctx, s.cfg.Bucket, s.key(p), r, size, opts)
+	if err != nil {
+		return "", s.fail("write", p, err)
+	}
+	return info.ETag, nil
 }

@@ -117,8 +117,8 @@ func TestS3AgainstMinIO(t *testing.T) {
 	t.Run("Write stores a checkpoint that reads back", func(t *testing.T) {
 		g := NewWithT(t)
 		s := open(t, func(c *S3Config) { c.Prefix = "checkpoints/" })
-		g.Expect(s.Write(ctx, "run-1/part-0", bytes.NewReader([]byte("output")), 6)).To(Succeed())
-		g.Expect(s.Write(ctx, "run-1/part-1", bytes.NewReader([]byte("unknown size")), -1)).To(Succeed())
+		g.Expect(s.Write(ctx, "run-1/part-0", bytes.NewReader([]byte("output")), 6, Precondition{})).Error().NotTo(HaveOccurred())
+		g.Expect(s.Write(ctx, "run-1/part-1", bytes.NewReader([]byte("unknown size")), -1, Precondition{})).Error().NotTo(HaveOccurred())
 		for p, want := range map[string]string{"run-1/part-0": "output", "run-1/part-1": "unknown size"} {
 			rc, err := s.Open(ctx, p)
 			g.Expect(err).NotTo(HaveOccurred())
@@ -127,6 +127,14 @@ func TestS3AgainstMinIO(t *testing.T) {
 			g.Expect(rc.Close()).To(Succeed())
 			g.Expect(string(b)).To(Equal(want))
 		}
+	})
+
+	t.Run("a conditional Write lands only on the version it expects", func(t *testing.T) {
+		s := open(t, func(c *S3Config) { c.Prefix = "conditional/" })
+		testConditionalWrites(t, s, "one-part", 1<<10, 1<<10)
+		// Unknown and above minio-go's part size: a multipart upload, whose condition the server
+		// checks at its completion.
+		testConditionalWrites(t, s, "multipart", 17<<20, -1)
 	})
 
 	t.Run("a source without credentials reads a public bucket anonymously", func(t *testing.T) {

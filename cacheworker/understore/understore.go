@@ -27,11 +27,37 @@ type Store interface {
 	ReadVersionAt(ctx context.Context, path, etag string, p []byte, off int64) (int, error)
 	// Open streams a whole object. The caller closes it.
 	Open(ctx context.Context, path string) (io.ReadCloser, error)
-	// Write stores size bytes from r as path (size -1 when unknown), replacing any object of
-	// that path; checkpoints are written this way.
-	Write(ctx context.Context, path string, r io.Reader, size int64) error
+	// Write stores size bytes from r as path (size -1 when unknown) if the object of that path
+	// is still what pre says when the write lands, and fails with ErrChanged otherwise; it
+	// returns the version written (its ETag). Checkpoints are written this way.
+	Write(ctx context.Context, path string, r io.Reader, size int64, pre Precondition) (etag string, err error)
 	// String names the store in messages, such as s3://bucket/prefix.
 	String() string
+}
+
+// Precondition is what a Write expects the object at its path to be when the write lands. Of two
+// writers that looked at the same object, only the first to finish lands; the other fails with
+// ErrChanged and looks again. The zero Precondition expects nothing: the write replaces whatever is
+// there.
+type Precondition struct {
+	// Absent: no object of that path.
+	Absent bool
+	// ETag: this version of the object, as Stat gave it.
+	ETag string
+}
+
+// Current is what a Write of path may replace: the object s holds there now, or none.
+func Current(ctx context.Context, s Store, path string) (Precondition, error) {
+	info, err := s.Stat(ctx, path)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Precondition{Absent: true}, nil
+	case err != nil:
+		return Precondition{}, err
+	case info.ETag == "":
+		return Precondition{}, fmt.Errorf("%s/%s has no version (ETag) that a write could be made conditional on", s, path)
+	}
+	return Precondition{ETag: info.ETag}, nil
 }
 
 // ObjectInfo describes an object.

@@ -199,12 +199,13 @@ func (u *Union) Open(ctx context.Context, p string) (io.ReadCloser, error) {
 }
 
 // Write implements Store.
-func (u *Union) Write(ctx context.Context, p string, r io.Reader, size int64) error {
+func (u *Union) Write(ctx context.Context, p string, r io.Reader, size int64, pre Precondition) (string, error) {
 	m, rest, err := u.route("write", p)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return m.fail(m.Store.Write(ctx, rest, r, size))
+	etag, err := m.Store.Write(ctx, rest, r, size, pre)
+	return etag, m.fail(err)
 }
 
 // Close closes the stores that hold resources, and returns their errors joined.

@@ -157,7 +157,8 @@ func TestUnionNamesTheMountThatFailed(t *testing.T) {
 		},
 		"a write to a store that takes none": {
 			err: func() error {
-				return u.Write(ctx, "raw/new.txt", errReader{}, -1)
+				_, err := u.Write(ctx, "raw/new.txt", errReader{}, -1, Precondition{})
+				return err
 			},
 			mount: "raw",
 		},

@@ -942,7 +942,7 @@ func checkpointFile(txn *badger.Txn, at int64, req *masterpb.CheckpointFileReque
 		return nil, failedPrecondition("cannot record a checkpoint of %s: it was written again since (client token %q, not %q)",
 			req.Path, f.ClientToken, req.ClientToken)
 	}
-	f.CheckpointState, f.CheckpointUri, f.ModifiedUnixNano = req.State, req.Uri, at
+	f.CheckpointState, f.CheckpointUri, f.CheckpointVersion, f.ModifiedUnixNano = req.State, req.Uri, req.Version, at
 	if err := putProto(txn, fileKey(f.Path), f); err != nil {
 		return nil, err
 	}

@@ -411,9 +411,13 @@ type File struct {
 	// DatasetRecovery.commit_per_attempt): the UID of the pod that sealed it. Readers leave such
 	// a file out; another attempt's seal of the same path replaces it; SettleAttempt publishes
 	// it (clears attempt) or discards it. Empty for every published file.
-	Attempt       string `protobuf:"bytes,14,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Attempt string `protobuf:"bytes,14,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// checkpoint_version is the version (ETag) of the checkpoint object as it was written: a read
+	// back reads that version only, so an object replaced in the under-store since (by hand, or by
+	// another writer of the path) is never taken for this file's bytes.
+	CheckpointVersion string `protobuf:"bytes,15,opt,name=checkpoint_version,json=checkpointVersion,proto3" json:"checkpoint_version,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *File) Reset() {
@@ -540,6 +544,13 @@ func (x *File) GetClientToken() string {
 func (x *File) GetAttempt() string {
 	if x != nil {
 		return x.Attempt
+	}
+	return ""
+}
+
+func (x *File) GetCheckpointVersion() string {
+	if x != nil {
+		return x.CheckpointVersion
 	}
 	return ""
 }
@@ -1599,7 +1610,9 @@ type CheckpointFileRequest struct {
 	Uri   string                 `protobuf:"bytes,3,opt,name=uri,proto3" json:"uri,omitempty"`
 	// client_token, when set, must be the file's: a checkpoint of one version of a file is never
 	// recorded on another written since (FAILED_PRECONDITION).
-	ClientToken   string `protobuf:"bytes,4,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	ClientToken string `protobuf:"bytes,4,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
+	// version is the version (ETag) of the object written, for DONE.
+	Version       string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1658,6 +1671,13 @@ func (x *CheckpointFileRequest) GetUri() string {
 func (x *CheckpointFileRequest) GetClientToken() string {
 	if x != nil {
 		return x.ClientToken
+	}
+	return ""
+}
+
+func (x *CheckpointFileRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
 	}
 	return ""
 }
@@ -4379,7 +4399,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x12commit_per_attempt\x18\x03 \x01(\bR\x10commitPerAttempt\"V\n" +
 	"\vAccessStats\x12\x14\n" +
 	"\x05reads\x18\x01 \x01(\x04R\x05reads\x121\n" +
-	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\xec\x03\n" +
+	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\x9b\x04\n" +
 	"\x04File\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x18\n" +
@@ -4395,7 +4415,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x0echeckpoint_uri\x18\v \x01(\tR\rcheckpointUri\x125\n" +
 	"\x06access\x18\f \x01(\v2\x1d.strata.master.v1.AccessStatsR\x06access\x12!\n" +
 	"\fclient_token\x18\r \x01(\tR\vclientToken\x12\x18\n" +
-	"\aattempt\x18\x0e \x01(\tR\aattempt\"O\n" +
+	"\aattempt\x18\x0e \x01(\tR\aattempt\x12-\n" +
+	"\x12checkpoint_version\x18\x0f \x01(\tR\x11checkpointVersion\"O\n" +
 	"\rBlockLocation\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x12\n" +
 	"\x04tier\x18\x02 \x01(\tR\x04tier\x12\x12\n" +
@@ -4473,12 +4494,13 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04file\x18\x03 \x01(\v2\x16.strata.master.v1.FileR\x04file\"t\n" +
 	"\x11ListFilesResponse\x125\n" +
 	"\aentries\x18\x01 \x03(\v2\x1b.strata.master.v1.ListEntryR\aentries\x12(\n" +
-	"\x10next_start_after\x18\x02 \x01(\tR\x0enextStartAfter\"\x99\x01\n" +
+	"\x10next_start_after\x18\x02 \x01(\tR\x0enextStartAfter\"\xb3\x01\n" +
 	"\x15CheckpointFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x127\n" +
 	"\x05state\x18\x02 \x01(\x0e2!.strata.master.v1.CheckpointStateR\x05state\x12\x10\n" +
 	"\x03uri\x18\x03 \x01(\tR\x03uri\x12!\n" +
-	"\fclient_token\x18\x04 \x01(\tR\vclientToken\"\xba\x01\n" +
+	"\fclient_token\x18\x04 \x01(\tR\vclientToken\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\"\xba\x01\n" +
 	"\x0fSealFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12!\n" +
