@@ -64,10 +64,10 @@ type node struct {
 	store    *tierstore.Store
 	cp       *checkpoint.Checkpointer
 	// calls counts the checkpointer's calls to the master.
-	calls *countedMaster
-	reg      *prometheus.Registry
-	clock    *clock
-	nextID   atomic.Uint64
+	calls  *countedMaster
+	reg    *prometheus.Registry
+	clock  *clock
+	nextID atomic.Uint64
 	// bs is the size of the blocks files are sealed into.
 	bs int64
 }
@@ -648,7 +648,7 @@ func TestAnOlderVersionsUploadNeverLandsOnANewerOne(t *testing.T) {
 	before := n.calls.about(old.path())
 	close(held.released)
 	// The master is asked about the path again only once the old upload has ended, landed or not.
-	g.Eventually(func() int { return n.calls.about(old.path()) }).WithTimeout(30*time.Second).Should(BeNumerically(">", before))
+	g.Eventually(func() int { return n.calls.about(old.path()) }).WithTimeout(30 * time.Second).Should(BeNumerically(">", before))
 	g.Expect(n.object(newer)).To(Equal(newer.data), "the old version's upload did not land on the new one")
 
 	for _, id := range newer.blocks {
