@@ -179,6 +179,9 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 			ctrl.LoggerFrom(ctx).Info("cannot tell the master how readers of a lost output wait; trying again on the next reconcile", "error", err.Error())
 		}
 	}
+	if err := r.recordRunTime(ctx, l); err != nil {
+		ctrl.LoggerFrom(ctx).Info("cannot learn the step's run time yet; trying again on the next reconcile", "error", err.Error())
+	}
 	ns.lineages[l.Name] = l
 	l.Status.UncheckpointedDepth = int32(ns.depth(l))
 	meta.SetStatusCondition(&l.Status.Conditions, checkpointedCondition(l, ns))
@@ -406,6 +409,7 @@ func (r *LineageReconciler) createRunJob(ctx context.Context, l *datav1alpha1.Li
 		return nil, err
 	}
 	job.Name = runJobName(l)
+	r.noteInputs(ctx, l, job)
 	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("creating Job %s/%s: %w", job.Namespace, job.Name, err)
 	}

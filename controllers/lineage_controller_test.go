@@ -262,6 +262,58 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		Eventually(waitSeconds).Should(BeZero())
 	})
 
+	It("learns a step's run time from its runs, and predicts the next from its inputs' cache", func() {
+		priorityClass(DefaultRecomputeClass, -100)
+		runChain("pool/"+namespace+"-a", [3]string{"extract", "", "raw"})
+		// The input's size and cache, as the Dataset reconciler has them from the master (it
+		// runs here without one).
+		Eventually(func() error {
+			ds := &datav1alpha1.Dataset{}
+			if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "raw"}, ds); err != nil {
+				return err
+			}
+			ds.Status.TotalBytes, ds.Status.CachedBytes = 100, 100
+			return k8sClient.Status().Update(ctx, ds)
+		}).Should(Succeed())
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "features", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "featurize"}},
+		})).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "featurize", []string{"raw"}, []string{"features"}))).To(Succeed())
+
+		By("the run Job notes what it reads and finds cached")
+		job := &batchv1.Job{}
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "featurize-run"}, job)
+		}).Should(Succeed())
+		Expect(job.Annotations).To(And(HaveKeyWithValue(inputBytesAnnotation, "100"), HaveKeyWithValue(cachedBytesAnnotation, "100")))
+		writeOn("features", "pool/"+namespace+"-b")
+		finishJobAfter(job, 30*time.Second)
+		Eventually(func(g Gomega) {
+			st := lineageOf("featurize").Status.RunTime
+			g.Expect(st).NotTo(BeNil())
+			g.Expect(st.Runs).To(HaveExactElements(And(HaveField("Job", "featurize-run"), HaveField("Milliseconds", BeEquivalentTo(30000)),
+				HaveField("InputBytes", BeEquivalentTo(100)), HaveField("CachedBytes", BeEquivalentTo(100)))))
+			g.Expect(st.Predicted).To(Equal("30s"))
+			g.Expect(st.CachedPercentage).To(Equal("100%"))
+		}).Should(Succeed())
+
+		By("its recomputation is predicted from that run, and the prediction's error is said once it ran")
+		lose("pool/" + namespace + "-b")
+		var recompute *batchv1.Job
+		Eventually(func() *batchv1.Job { recompute = recomputeJob("featurize"); return recompute }).ShouldNot(BeNil())
+		Expect(recompute.Annotations).To(HaveKeyWithValue(predictionAnnotation, "30000"))
+		writeOn("features", "pool/"+namespace+"-c")
+		finishJobAfter(recompute, 33*time.Second)
+		Eventually(func(g Gomega) {
+			st := lineageOf("featurize").Status.RunTime
+			g.Expect(st.Runs).To(HaveLen(2))
+			g.Expect(st.Runs[1]).To(And(HaveField("Milliseconds", BeEquivalentTo(33000)), HaveField("PredictedMilliseconds", BeEquivalentTo(30000))))
+			g.Expect(st.LastError).To(Equal("+10%"))
+			g.Expect(st.PredictedMilliseconds).To(BeNumerically("~", 31500, 100), "two runs of the same input: their mean")
+		}).Should(Succeed())
+	})
+
 	It("recomputes a parent before its child when one loss takes both", func() {
 		priorityClass(DefaultRecomputeClass, -100)
 		runChain("pool/"+namespace, [3]string{"parent", "", "p-out"}, [3]string{"child", "p-out", "c-out"})
@@ -726,6 +778,19 @@ func finishJob(job *batchv1.Job, succeeded bool) {
 			return err
 		}
 		endJob(job, succeeded)
+		return k8sClient.Status().Update(ctx, job)
+	}).Should(Succeed())
+}
+
+// finishJobAfter ends job as the Job controller would once it succeeded after running for d.
+func finishJobAfter(job *batchv1.Job, d time.Duration) {
+	GinkgoHelper()
+	Eventually(func() error {
+		if err := k8sClient.Get(ctx, client.ObjectKeyFromObject(job), job); err != nil {
+			return err
+		}
+		endJob(job, true)
+		job.Status.StartTime = &metav1.Time{Time: job.Status.CompletionTime.Add(-d)}
 		return k8sClient.Status().Update(ctx, job)
 	}).Should(Succeed())
 }

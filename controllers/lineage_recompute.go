@@ -484,6 +484,9 @@ func (r *LineageReconciler) createRecomputeJob(ctx context.Context, l *datav1alp
 	if index != nil {
 		job.GenerateName = objectName(l.Name, fmt.Sprintf("-recompute-%d-index-%d-", n, *index))
 		onlyIndex(job, *index)
+	} else {
+		// A whole recomputation is a run of the step to learn from; one index reads a part.
+		r.noteInputs(ctx, l, job)
 	}
 	job.Labels[recomputationLabel] = strconv.Itoa(int(n))
 	job.Spec.Suspend = ptr.To(suspended)

@@ -2,8 +2,10 @@
 // pipeline of a namespace's steps (Lineages) and the Datasets they pass on, with its cycles and
 // the stages until each Dataset is read next (Pipeline); the graph of output files and the files
 // they were computed from, with how deep its uncheckpointed chains are (Graph); and the Edge
-// planner that chooses which file to checkpoint next (Tachyon, §4). Every walk of either graph
-// goes through one evaluation (walk.go), which meets a cycle once and never loops on it.
+// planner that chooses which file to checkpoint next (Tachyon, §4); and the model that predicts a
+// step's run time from the share of its input that is cached (RunTimeModel, Kariz §3.3). Every
+// walk of either graph goes through one evaluation (walk.go), which meets a cycle once and never
+// loops on it.
 package lineage
 
 import (

@@ -168,6 +168,66 @@ type LineageStatus struct {
 	// this Lineage: how many Jobs a loss could force to rerun.
 	// +optional
 	UncheckpointedDepth int32 `json:"uncheckpointedDepth,omitempty"`
+
+	// RunTime is what the step's runs tell of its run time, and the run time predicted for a
+	// run that would start now (Kariz §3.3).
+	// +optional
+	RunTime *LineageRunTime `json:"runTime,omitempty"`
+}
+
+// MaxRecordedRuns is how many of a step's runs its status keeps.
+const MaxRecordedRuns = 10
+
+// LineageRunTime is what the operator learned of a step's run time from its runs (its run Job
+// and each recomputation of the whole step): a run takes the step's own work plus its reads,
+// the uncached part at the under-store's rate and the cached part at the cache's, each rate as
+// the step's runs show it.
+type LineageRunTime struct {
+	// Runs are the step's last runs that succeeded, oldest first.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=10
+	Runs []LineageRun `json:"runs,omitempty"`
+	// Predicted is the run time predicted for a run that starts now, with the inputs as cached
+	// as they are, such as "1m12s".
+	// +optional
+	Predicted string `json:"predicted,omitempty"`
+	// PredictedMilliseconds is Predicted in milliseconds.
+	// +optional
+	PredictedMilliseconds int64 `json:"predictedMilliseconds,omitempty"`
+	// CachedPercentage is the share of the inputs cached now, which Predicted assumes.
+	// +optional
+	CachedPercentage string `json:"cachedPercentage,omitempty"`
+	// LastError is how far the prediction made when the last run started was from its run
+	// time, (actual - predicted) / predicted, such as "+12%".
+	// +optional
+	LastError string `json:"lastError,omitempty"`
+	// OwnWorkSeconds is the part of a run that does not depend on its reads (start-up and
+	// compute), as the runs show it.
+	// +optional
+	OwnWorkSeconds int64 `json:"ownWorkSeconds,omitempty"`
+	// UnderStoreRate is the rate the step reads uncached input at, as its runs show it, such as
+	// "85Mi/s"; empty when its runs show no dependence on it.
+	// +optional
+	UnderStoreRate string `json:"underStoreRate,omitempty"`
+}
+
+// LineageRun is one run of a step that succeeded.
+type LineageRun struct {
+	// Job is the Job that ran it.
+	Job string `json:"job"`
+	// Finished is when the Job completed.
+	Finished metav1.Time `json:"finished"`
+	// Milliseconds is how long the Job ran, from its start to its completion.
+	Milliseconds int64 `json:"milliseconds"`
+	// InputBytes is the size of the inputs when the Job was made.
+	InputBytes int64 `json:"inputBytes"`
+	// CachedBytes is how much of the inputs was cached when the Job was made.
+	// +optional
+	CachedBytes int64 `json:"cachedBytes,omitempty"`
+	// PredictedMilliseconds is the run time predicted when the Job was made; 0 when none was.
+	// +optional
+	PredictedMilliseconds int64 `json:"predictedMilliseconds,omitempty"`
 }
 
 // Lineage records how output Datasets are computed from input Datasets by a Job, so that lost
@@ -181,6 +241,8 @@ type LineageStatus struct {
 // +kubebuilder:printcolumn:name="Checkpointed",type=string,JSONPath=`.status.conditions[?(@.type=="Checkpointed")].status`
 // +kubebuilder:printcolumn:name="Depth",type=integer,JSONPath=`.status.uncheckpointedDepth`
 // +kubebuilder:printcolumn:name="Recomputations",type=integer,JSONPath=`.status.recomputations`
+// +kubebuilder:printcolumn:name="Predicted",type=string,JSONPath=`.status.runTime.predicted`
+// +kubebuilder:printcolumn:name="Error",type=string,JSONPath=`.status.runTime.lastError`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Lineage struct {
 	metav1.TypeMeta   `json:",inline"`
