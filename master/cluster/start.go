@@ -15,6 +15,10 @@ import (
 type Local interface {
 	HasState() bool
 	Bootstrap(ctx context.Context) error
+	// VoteAfter says that a peer has reached term: a replica on an empty disk grants no vote
+	// in a term up to the highest so reported, since it may have voted there before its disk
+	// was wiped (see store.voteFence).
+	VoteAfter(term uint64)
 	ID() string
 	RaftAddr() string
 	APIAddr() string
@@ -49,7 +53,10 @@ const (
 
 // Start brings the local replica into a cluster and reports how:
 //
-//   - With Raft state on disk it resumes: Raft knows its peers.
+//   - With Raft state on disk it resumes: Raft knows its peers, and the votes it gave.
+//   - Without, it may have had state once (a volume replaced): it tells the local replica the
+//     term of every peer that answers, and the replica grants no vote up to the highest of
+//     them (it may have voted there before), nor any before the first answer.
 //   - Otherwise it probes the peers. When one knows a leader, it asks to join: this is how new
 //     replicas arrive, and how a replica whose volume was replaced comes back.
 //   - When every peer answers, none knows a leader and none has state, the replica allowed to
@@ -81,6 +88,7 @@ func Start(ctx context.Context, local Local, peers Peers, cfg Config) (string, e
 			reachable++
 			leaderKnown = leaderKnown || resp.LeaderApiAddr != ""
 			clusterExists = clusterExists || resp.HasState || resp.LeaderId != ""
+			local.VoteAfter(resp.GetTerm())
 		}
 		switch {
 		case leaderKnown:

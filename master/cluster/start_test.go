@@ -12,9 +12,12 @@ import (
 type fakeLocal struct {
 	state        bool
 	bootstrapped bool
+	// voteAfter is the highest term reported by VoteAfter.
+	voteAfter uint64
 }
 
-func (l *fakeLocal) HasState() bool { return l.state }
+func (l *fakeLocal) VoteAfter(term uint64) { l.voteAfter = max(l.voteAfter, term) }
+func (l *fakeLocal) HasState() bool        { return l.state }
 func (l *fakeLocal) Bootstrap(context.Context) error {
 	l.bootstrapped, l.state = true, true
 	return nil
@@ -49,8 +52,8 @@ func (p *fakePeers) Join(_ context.Context, req *masterpb.JoinRequest) error {
 
 func TestStart(t *testing.T) {
 	peers := []string{"master-1.master:7001", "master-2.master:7001"}
-	leader := &masterpb.LeaderResponse{LeaderId: "master-1", LeaderApiAddr: "master-1.master:7001", HasState: true}
-	electing := &masterpb.LeaderResponse{HasState: true}
+	leader := &masterpb.LeaderResponse{LeaderId: "master-1", LeaderApiAddr: "master-1.master:7001", HasState: true, Term: 7}
+	electing := &masterpb.LeaderResponse{HasState: true, Term: 8}
 	fresh := &masterpb.LeaderResponse{}
 	tests := map[string]struct {
 		state        bool
@@ -59,6 +62,8 @@ func TestStart(t *testing.T) {
 		want         string
 		wantJoins    int
 		wantErr      bool
+		// wantVoteAfter is the highest term the local replica is told a peer reached.
+		wantVoteAfter uint64
 	}{
 		"a replica with raft state resumes": {
 			state: true, mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{}}, want: Resumed,
@@ -73,20 +78,20 @@ func TestStart(t *testing.T) {
 		"ordinal 0 never bootstraps while a peer does not answer, though the others are fresh": {
 			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: fresh}}, wantErr: true,
 		},
-		"ordinal 0 with an empty disk joins the running cluster": {
+		"ordinal 0 with an empty disk joins the running cluster, voting in no term it reached": {
 			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: leader, peers[1]: leader}},
-			want: Joined, wantJoins: 1,
+			want: Joined, wantJoins: 1, wantVoteAfter: 7,
 		},
 		"ordinal 0 waits while a cluster elects, then joins": {
 			mayBootstrap: true,
 			rounds: []map[string]*masterpb.LeaderResponse{
 				{peers[0]: electing}, {peers[0]: electing, peers[1]: electing}, {peers[0]: leader},
 			},
-			want: Joined, wantJoins: 1,
+			want: Joined, wantJoins: 1, wantVoteAfter: 8,
 		},
 		"another ordinal joins once a leader is known": {
 			rounds: []map[string]*masterpb.LeaderResponse{{}, {peers[0]: fresh}, {peers[0]: leader}},
-			want:   Joined, wantJoins: 1,
+			want:   Joined, wantJoins: 1, wantVoteAfter: 7,
 		},
 		"another ordinal never bootstraps": {
 			rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: fresh, peers[1]: fresh}}, wantErr: true,
@@ -104,6 +109,9 @@ func TestStart(t *testing.T) {
 			}
 			if got != tc.want || len(fp.joins) != tc.wantJoins {
 				t.Errorf("got %q with %d joins, want %q with %d", got, len(fp.joins), tc.want, tc.wantJoins)
+			}
+			if local.voteAfter != tc.wantVoteAfter {
+				t.Errorf("told peers reached term %d, want %d", local.voteAfter, tc.wantVoteAfter)
 			}
 			if local.bootstrapped != (tc.want == Bootstrapped) {
 				t.Errorf("bootstrapped=%v, want %v", local.bootstrapped, tc.want == Bootstrapped)

@@ -136,3 +136,58 @@ func TestStatefulSetBootstrapAndRejoinWithEmptyDisk(t *testing.T) {
 		}
 	}
 }
+
+// TestAReplicaOnAWipedDiskGivesNoVoteItMayHaveGiven: a replica whose volume was replaced comes
+// back under its id and address, remembering no vote, while the leader is gone too. Until a
+// peer tells it how far the terms went, it grants the remaining replica's candidate nothing
+// (raft alone would: it has no configuration yet, so it takes the candidate for a new
+// cluster's); once it has probed its peers, it votes in the terms after theirs, the remaining
+// replica is elected with its vote, and it joins with every write kept.
+func TestAReplicaOnAWipedDiskGivesNoVoteItMayHaveGiven(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := mastertest.New(t, 3, mastertest.Options{GRPC: true, NoBootstrap: true})
+	startAll(ctx, t, c, c.Nodes)
+	if _, err := c.Client().CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/wiped/before"}); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wiped, other *mastertest.Node
+	for _, n := range c.Nodes {
+		switch {
+		case n == leader:
+		case wiped == nil:
+			wiped = n
+		default:
+			other = n
+		}
+	}
+
+	c.Wipe(wiped)
+	c.Kill(leader)
+	c.Restart(wiped)
+	if granted, err := c.AskVote(other, wiped, other.Store.Term()+1); err != nil || granted {
+		t.Fatalf("a vote asked of the wiped replica before it heard from a peer: granted %v, %v; want refused", granted, err)
+	}
+	if got, err := startOne(ctx, c, wiped); err != nil || got != cluster.Joined {
+		t.Fatalf("the wiped replica: %q, %v; want %q", got, err, cluster.Joined)
+	}
+	if next, err := c.Leader(ctx); err != nil || next != other {
+		t.Fatalf("leader %v, %v; want the replica that stayed, elected with the wiped one's vote", next, err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = wiped.Store.Read(ctx, true, func(m *fsm.FSM) error {
+		if ok, err := m.Exists("/wiped/before"); err != nil || !ok {
+			return fmt.Errorf("/wiped/before exists=%v, %w", ok, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("the wiped replica: %v", err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -380,6 +381,21 @@ func (c *Cluster) Partition(n *Node) {
 			other.inmem.Disconnect(raft.ServerAddress(n.RaftAddr))
 		}
 	}
+}
+
+// AskVote sends to's replica a vote request of term as from's candidate, with a log ahead of
+// any, and reports whether it was granted; Inmem transport only.
+func (c *Cluster) AskVote(from, to *Node, term uint64) (bool, error) {
+	if from.inmem == nil {
+		return false, errors.New("asking for votes needs the Inmem transport")
+	}
+	req := &raft.RequestVoteRequest{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(from.ID), Addr: []byte(from.RaftAddr)},
+		Term:      term, LastLogIndex: math.MaxUint32, LastLogTerm: term,
+	}
+	var resp raft.RequestVoteResponse
+	err := from.inmem.RequestVote(raft.ServerID(to.ID), raft.ServerAddress(to.RaftAddr), req, &resp)
+	return resp.Granted, err
 }
 
 // Heal reconnects a partitioned replica to the alive others.

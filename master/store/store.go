@@ -57,6 +57,8 @@ type Store struct {
 	logs  *LogStore
 	snaps *raft.FileSnapshotStore
 	trans raft.Transport
+	// fence holds back the votes of a replica that started on an empty disk (votefence.go).
+	fence *voteFence
 
 	observer *raft.Observer
 	cancel   context.CancelFunc
@@ -111,10 +113,17 @@ func Open(cfg Config) (*Store, error) {
 	if s.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.Dir, cfg.SnapshotRetain, hlog.Named("snapshots")); err != nil {
 		return nil, fmt.Errorf("opening snapshot store: %w", err)
 	}
-	if cfg.Transport != nil {
-		s.trans = cfg.Transport
-	} else if s.trans, err = newTCPTransport(cfg.RaftBind, cfg.RaftAdvertise, cfg.RaftTLS, hlog.Named("transport")); err != nil {
-		return nil, err
+	trans := cfg.Transport
+	if trans == nil {
+		if trans, err = newTCPTransport(cfg.RaftBind, cfg.RaftAdvertise, cfg.RaftTLS, hlog.Named("transport")); err != nil {
+			return nil, err
+		}
+	}
+	s.fence = newVoteFence(trans, log.WithName("votes"))
+	s.trans = s.fence
+	if s.HasState() {
+		// Its votes are on its disk, as raft keeps them.
+		s.fence.Open()
 	}
 
 	rc := raft.DefaultConfig()
@@ -212,6 +221,11 @@ func (s *Store) watchLeadership(ctx context.Context, observations <-chan raft.Ob
 				continue
 			}
 			s.leaderChanges.Add(1)
+			if lo.LeaderID != "" {
+				// Following a leader: raft itself refuses the votes of its term and those
+				// before (see voteFence).
+				s.fence.Floor(s.raft.CurrentTerm())
+			}
 			if lo.LeaderID != raft.ServerID(s.cfg.ID) {
 				s.leaderSince.Store(0)
 				continue
@@ -429,6 +443,11 @@ func (s *Store) Leader() (id, raftAddr, apiAddr string) {
 // State is the Raft state (Follower, Candidate, Leader, Shutdown).
 func (s *Store) State() raft.RaftState { return s.raft.State() }
 
+// VoteAfter tells a replica that started on an empty disk that a peer has reached term: it
+// grants no vote in a term up to the highest so reported (see voteFence), and none at all
+// before the first report.
+func (s *Store) VoteAfter(term uint64) { s.fence.Floor(term) }
+
 // HasState reports whether this server has Raft state: it was bootstrapped or has joined.
 func (s *Store) HasState() bool {
 	ok, err := raft.HasExistingState(s.logs, s.logs, s.snaps)
@@ -463,6 +482,8 @@ func (s *Store) Bootstrap(ctx context.Context) error {
 	cfg := raft.Configuration{Servers: []raft.Server{{
 		Suffrage: raft.Voter, ID: raft.ServerID(s.cfg.ID), Address: s.trans.LocalAddr(),
 	}}}
+	// A new cluster: no vote was ever given in it.
+	s.fence.Open()
 	err := s.wait(ctx, s.raft.BootstrapCluster(cfg))
 	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 		return fmt.Errorf("bootstrapping: %w", err)
