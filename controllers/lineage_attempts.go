@@ -208,12 +208,43 @@ func (r *LineageReconciler) settleAttempt(ctx context.Context, l *datav1alpha1.L
 
 // releasePod lets pod go: what it wrote is settled.
 func (r *LineageReconciler) releasePod(ctx context.Context, pod *corev1.Pod) error {
+	return releaseAttemptPod(ctx, r.Client, pod)
+}
+
+// releaseAttemptPod takes the attempt finalizer off pod, and only it.
+func releaseAttemptPod(ctx context.Context, c client.Client, pod *corev1.Pod) error {
 	patch := client.MergeFromWithOptions(pod.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(pod, attemptFinalizer)
-	if err := r.Client.Patch(ctx, pod, patch); err != nil && !apierrors.IsNotFound(err) {
+	if err := c.Patch(ctx, pod, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("letting pod %s/%s go: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil
+}
+
+// ReleaseAllAttemptPods lets go every pod, in every namespace, that still waits for the
+// operator to settle what it wrote (the attempt finalizer), and returns how many it let go.
+// The chart runs it before Helm uninstalls the operator (`operator --release-attempts-and-exit`,
+// a pre-delete hook): nothing would settle them afterwards, and a deleted one would stay
+// Terminating. What such a pod wrote is not published; the master goes with the release.
+func ReleaseAllAttemptPods(ctx context.Context, c client.Client) (int, error) {
+	pods := &corev1.PodList{}
+	if err := c.List(ctx, pods, client.HasLabels{lineageLabel}); err != nil {
+		return 0, fmt.Errorf("listing the pods of Lineages: %w", err)
+	}
+	released := 0
+	var errs []error
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if !controllerutil.ContainsFinalizer(pod, attemptFinalizer) {
+			continue
+		}
+		if err := releaseAttemptPod(ctx, c, pod); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		released++
+	}
+	return released, errors.Join(errs...)
 }
 
 // releaseOrphanedPods lets go the pods of a Lineage that was deleted: nothing settles what

@@ -136,3 +136,33 @@ var _ = Describe("A Lineage's outputs, committed per attempt", func() {
 		}).Should(BeTrue(), "the output is closed once its files are published")
 	})
 })
+
+var _ = Describe("Uninstalling Strata", func() {
+	It("lets go every pod of a Lineage that waits for its attempt to be settled, and only that finalizer", func() {
+		var pods []*corev1.Pod
+		for i := range 2 {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "uninstall-"}}
+			Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "step", Namespace: ns.Name, Labels: map[string]string{lineageLabel: "l"},
+					Finalizers: []string{attemptFinalizer, "example.com/keep"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "step", Image: "example.com/step:1"}}},
+			}
+			if i == 1 {
+				pod.Finalizers = []string{attemptFinalizer}
+			}
+			Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+			pods = append(pods, pod)
+		}
+		released, err := ReleaseAllAttemptPods(ctx, k8sClient)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(released).To(BeNumerically(">=", 2), "and any left by other specs")
+		for _, pod := range pods {
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
+			Expect(pod.Finalizers).NotTo(ContainElement(attemptFinalizer))
+		}
+		Expect(pods[0].Finalizers).To(ConsistOf("example.com/keep"), "another's finalizer stays")
+		pods[0].Finalizers = nil
+		Expect(k8sClient.Update(ctx, pods[0])).To(Succeed())
+	})
+})

@@ -13,6 +13,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -49,6 +50,17 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 			Spec:       datav1alpha1.DatasetSpec{Source: &datav1alpha1.DatasetSource{URI: "s3://bucket/prefix"}},
 		}
 		Expect(k8sClient.Create(ctx, dataset)).To(Succeed())
+		// A Lineage's pod whose attempt is not settled, deleted: it waits for the operator.
+		waiting := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "unsettled", Namespace: namespace,
+				Labels: map[string]string{"data.strata.dev/lineage": "step"}, Finalizers: []string{"data.strata.dev/attempt"}},
+			Spec: corev1.PodSpec{
+				NodeSelector: map[string]string{"strata-e2e": "nowhere"}, // never runs
+				Containers:   []corev1.Container{{Name: "step", Image: "example.com/step:1"}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, waiting)).To(Succeed())
+		Expect(k8sClient.Delete(ctx, waiting)).To(Succeed())
 
 		helm("uninstall", releaseName, "--wait", "--timeout", "3m")
 		// Reinstalled whatever happens next, so that the specs that follow find Strata running.
@@ -83,6 +95,11 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 			g.Expect(k8sClient.List(ctx, &sets, inRelease, client.MatchingLabels{"app.kubernetes.io/part-of": "strata"})).To(Succeed())
 			g.Expect(sets.Items).To(BeEmpty())
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the master StatefulSet to be garbage-collected")
+
+		// The pre-delete hook let it go: it is not left Terminating.
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(waiting), &corev1.Pod{}))
+		}).WithContext(ctx).WithTimeout(minute).Should(BeTrue(), "the deleted pod of a Lineage is gone once Strata is uninstalled")
 
 		// Helm never deletes CRDs: deleting them would delete every user's Datasets.
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(dataset), dataset)).To(Succeed())

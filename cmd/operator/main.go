@@ -22,6 +22,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -63,6 +64,9 @@ type options struct {
 	worker          workerOptions
 	nodeLossGrace   time.Duration
 	recomputeClass  string
+	// releaseAttempts: let go every pod that carries the attempt finalizer, then exit (the
+	// chart's pre-delete hook).
+	releaseAttempts bool
 	// webhookCertDir holds the Dataset locality webhook's certificate; empty serves none.
 	webhookCertDir string
 	webhookPort    int
@@ -154,6 +158,8 @@ func main() {
 	flag.IntVar(&opts.identity.issuerPort, "issuer-port", 9444, "Port of the issuer's Service.")
 	flag.StringVar(&opts.identity.csiNodeAccount, "csi-node-service-account", "",
 		"ServiceAccount of the CSI node plugin's pods, which the issuer certifies as the plugin of their node; empty certifies none.")
+	flag.BoolVar(&opts.releaseAttempts, "release-attempts-and-exit", false,
+		"Take the attempt finalizer off every pod of a Lineage, in every namespace, and exit: run before uninstalling, so that no pod waits for an operator that is gone.")
 	opts.zap.BindFlags(flag.CommandLine)
 	flag.Parse()
 
@@ -180,6 +186,9 @@ func run(opts options) error {
 		return fmt.Errorf("loading the kubeconfig: %w", err)
 	}
 	ctx := ctrl.SetupSignalHandler()
+	if opts.releaseAttempts {
+		return releaseAttempts(ctx, cfg, scheme)
+	}
 	// The CA and the operator's own certificate come first: nothing it runs can speak without.
 	direct, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
@@ -458,4 +467,15 @@ func managerOptions(opts options, scheme *runtime.Scheme, claimServers labels.Se
 		// and the next replica takes over without waiting for it to expire.
 		LeaderElectionReleaseOnCancel: true,
 	}
+}
+
+// releaseAttempts is --release-attempts-and-exit.
+func releaseAttempts(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme) error {
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return fmt.Errorf("connecting to the API server: %w", err)
+	}
+	n, err := controllers.ReleaseAllAttemptPods(ctx, c)
+	ctrl.Log.WithName("uninstall").Info("let go the pods that waited for the operator to settle what they wrote", "pods", n)
+	return err
 }

@@ -160,3 +160,25 @@ func TestUsersOfANamespaceGetStrataWithTheRolesTheyHold(t *testing.T) {
 		g.Expect(role.GetName()).NotTo(HaveSuffix("-edit"))
 	}
 }
+
+// TestUninstallLetsTheLineagesPodsGo: before Helm removes the operator, a hook Job, run as the
+// operator, takes the attempt finalizer off the Lineages' pods (nothing would, afterwards).
+func TestUninstallLetsTheLineagesPodsGo(t *testing.T) {
+	g := NewWithT(t)
+	objs, failed := render(t, "serviceAccount.name=strata-sa", "image.tag=1.2.3")
+	g.Expect(failed).To(BeEmpty())
+	var hooks []unstructured.Unstructured
+	for _, job := range ofKind(objs, "Job") {
+		if job.GetAnnotations()["helm.sh/hook"] == "pre-delete" {
+			hooks = append(hooks, job)
+		}
+	}
+	g.Expect(hooks).To(HaveLen(1))
+	spec, _, _ := unstructured.NestedMap(hooks[0].Object, "spec", "template", "spec")
+	g.Expect(spec).To(HaveKeyWithValue("serviceAccountName", "strata-sa"))
+	containers, _, _ := unstructured.NestedSlice(spec, "containers")
+	g.Expect(containers).To(HaveExactElements(And(
+		HaveKeyWithValue("args", ContainElement("--release-attempts-and-exit")),
+		HaveKeyWithValue("image", HaveSuffix(":1.2.3")))))
+	g.Expect(hooks[0].GetAnnotations()).To(HaveKeyWithValue("helm.sh/hook-delete-policy", ContainSubstring("hook-succeeded")))
+}
