@@ -112,6 +112,7 @@ bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compare
 	go test ./cacheworker/shortcircuit/ -run '^$$' -bench . -benchtime 200x
 	go test ./cacheworker/tierstore/ -run '^$$' -bench AScanAgainstAHotDataset -benchtime 20x -count 3
 	go test ./cacheworker/tierstore/ -run '^$$' -bench APipelineThatRereadsItsInput -benchtime 10x -count 3
+	go test ./lineage/kariz/ -run '^$$' -bench KarizPolicies -benchtime 2x -timeout 60m
 	STRATA_MINIO="$(MINIO)" go test ./cacheworker/checkpoint/ -run '^$$' -bench Checkpoint -benchtime 5x -count 3
 	go test ./cacheworker/outputfs/ -run '^$$' -bench WritingAnOutput -benchtime 5x -count 2
 	go test ./master/bench -run '^$$' -bench 'Create|Exists|Rename|Delete|List|Heartbeat' -benchtime 3000x -timeout 30m
