@@ -108,7 +108,7 @@ func newNodeWith(t testing.TB, quota int64, masterOpts mastertest.Options) *node
 }
 
 // countedMaster is the master as the checkpointer calls it, counting the calls about each path;
-// it can hold the answer to the next GetFile of a path until the test lets it go.
+// it can hold the answer to a GetFile of a path until the test lets it go.
 type countedMaster struct {
 	checkpoint.Master
 	mu     sync.Mutex
@@ -117,16 +117,20 @@ type countedMaster struct {
 }
 
 // heldAnswer is a GetFile answer held: reached is closed when it is, released by the test.
-type heldAnswer struct{ reached, released chan struct{} }
+// skip is how many GetFiles of the path pass before the one held.
+type heldAnswer struct {
+	skip              int
+	reached, released chan struct{}
+}
 
-// holdNextGetFile holds the answer to the next GetFile of path.
-func (m *countedMaster) holdNextGetFile(path string) *heldAnswer {
+// holdGetFile holds the answer to the GetFile of path after skip more.
+func (m *countedMaster) holdGetFile(path string, skip int) *heldAnswer {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.holds == nil {
 		m.holds = map[string]*heldAnswer{}
 	}
-	h := &heldAnswer{reached: make(chan struct{}), released: make(chan struct{})}
+	h := &heldAnswer{skip: skip, reached: make(chan struct{}), released: make(chan struct{})}
 	m.holds[path] = h
 	return h
 }
@@ -152,7 +156,13 @@ func (m *countedMaster) GetFile(ctx context.Context, req *masterpb.GetFileReques
 	f, err := m.Master.GetFile(ctx, req)
 	m.mu.Lock()
 	h := m.holds[req.GetPath()]
-	delete(m.holds, req.GetPath())
+	switch {
+	case h != nil && h.skip > 0:
+		h.skip--
+		h = nil
+	case h != nil:
+		delete(m.holds, req.GetPath())
+	}
 	m.mu.Unlock()
 	if h != nil {
 		close(h.reached)
@@ -620,16 +630,17 @@ func TestAnAttemptsFileIsCheckpointedOncePublished(t *testing.T) {
 }
 
 // TestAnOlderVersionsUploadNeverLandsOnANewerOne: a checkpoint of a file that the master said
-// was current, whose upload starts only after the file was written again (its output recomputed:
-// the old version forgotten, the new one written through and published), fails when it would
-// land, and the bucket keeps the new version's bytes, which read back as the new version.
+// was current (its second answer, after the look at the bucket), whose upload starts only after
+// the file was written again (its output recomputed: the old version forgotten, the new one
+// written through and published), fails when it would land, and the bucket keeps the new
+// version's bytes, which read back as the new version.
 func TestAnOlderVersionsUploadNeverLandsOnANewerOne(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	n := newNode(t, 64<<20)
 	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1", SyncWriteThreshold: 1})
 	old := n.seal("ns/out/u1", "x", 2*blockSize, 1)
-	held := n.calls.holdNextGetFile(old.path())
+	held := n.calls.holdGetFile(old.path(), 1)
 	n.run()
 	n.cp.Wake()
 	g.Eventually(held.reached).WithTimeout(30*time.Second).Should(BeClosed(), "the master said the old version is current")

@@ -342,6 +342,44 @@ var errPartial = errors.New("this node holds copies of only some of the file's b
 // file's blocks before it publishes the file, so a young file is tried again later.
 var errNotPublished = errors.New("the file is not published at the master yet")
 
+// errCheckpointed means the master records this version's checkpoint already: its blocks are
+// marked clean, and there is nothing to write.
+var errCheckpointed = errors.New("checkpointed already")
+
+// skipped is what a checkpoint that found nothing to write returns.
+func skipped(err error) error {
+	if errors.Is(err, errCheckpointed) {
+		return nil
+	}
+	return err
+}
+
+// toWrite asks the master whether this version of f is one to write now, and returns its
+// record if it is.
+func (c *Checkpointer) toWrite(ctx context.Context, store Blocks, f *heldFile) (*masterpb.File, error) {
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
+	mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: f.path})
+	cancel()
+	switch {
+	case status.Code(err) == codes.NotFound && c.cfg.Now().Sub(f.created) < publishGrace:
+		return nil, errNotPublished
+	case status.Code(err) == codes.NotFound:
+		return nil, errGone
+	case err != nil:
+		return nil, fmt.Errorf("reading the record of %s at the master: %w", f.path, err)
+	case mf.GetClientToken() != f.token:
+		return nil, errGone
+	case mf.GetAttempt() != "":
+		// An attempt of its writer not settled yet: written when its pod succeeds, never if it
+		// fails (its files are discarded, and must not be left in the under-store).
+		return nil, errNotPublished
+	case mf.GetCheckpointState() == masterpb.CheckpointState_CHECKPOINT_STATE_DONE:
+		c.markClean(ctx, store, f)
+		return nil, errCheckpointed
+	}
+	return mf, nil
+}
+
 // publishGrace is how long after its blocks were stored a file the master does not know is
 // taken for one being sealed, not for one forgotten: the sweeper's own grace.
 const publishGrace = 10 * time.Minute
@@ -367,36 +405,24 @@ func (c *Checkpointer) checkpoint(ctx context.Context, store Blocks, f *heldFile
 	}
 }
 
-// checkpointOnce is one try of checkpoint. The object the upload may replace is looked at
-// before the master's record of the file, so that an upload of an older version never lands on
-// a newer one: a newer version's upload that lands after that look fails this one (the object
-// changed, ErrChanged); one that landed before it was of a version published before it, so the
-// record then says this version is gone.
+// checkpointOnce is one try of checkpoint. The master is asked first whether this version is
+// one to write, so that a file that is not costs the under-store nothing. Then the object the
+// upload may replace is looked at, and the master asked again: an upload of an older version
+// never lands on a newer one, since a newer version's upload that lands after the look fails
+// this one (the object changed, ErrChanged), and one that landed before it was of a version
+// published before it, so the master's second answer says this version is gone.
 func (c *Checkpointer) checkpointOnce(ctx context.Context, store Blocks, target understore.Store, f *heldFile, reason string, limited bool) error {
+	if _, err := c.toWrite(ctx, store, f); err != nil {
+		return skipped(err)
+	}
 	pre, err := understore.Current(ctx, target, f.ds.rel(f.path))
 	if err != nil {
 		c.cfg.Metrics.failures.WithLabelValues(reason).Inc()
 		return fmt.Errorf("looking at the checkpoint of %s before writing it: %w", f.path, err)
 	}
-	mctx, cancel := context.WithTimeout(ctx, c.cfg.MasterTimeout)
-	mf, err := c.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: f.path})
-	cancel()
-	switch {
-	case status.Code(err) == codes.NotFound && c.cfg.Now().Sub(f.created) < publishGrace:
-		return errNotPublished
-	case status.Code(err) == codes.NotFound:
-		return errGone
-	case err != nil:
-		return fmt.Errorf("reading the record of %s at the master: %w", f.path, err)
-	case mf.GetClientToken() != f.token:
-		return errGone
-	case mf.GetAttempt() != "":
-		// An attempt of its writer not settled yet: written when its pod succeeds, never if it
-		// fails (its files are discarded, and must not be left in the under-store).
-		return errNotPublished
-	case mf.GetCheckpointState() == masterpb.CheckpointState_CHECKPOINT_STATE_DONE:
-		c.markClean(ctx, store, f)
-		return nil
+	mf, err := c.toWrite(ctx, store, f)
+	if err != nil {
+		return skipped(err)
 	}
 	ids, err := f.blockIDs(len(mf.GetBlockIds()))
 	if err != nil {

@@ -48,9 +48,10 @@
 // master first) or retried by another attempt, and the old version's upload may still be under
 // way, or about to start, on another node. The token check at the master keeps it from being
 // recorded; what keeps it out of the bucket is the order of the looks: a checkpoint looks at
-// the object first (its ETag, or none), then at the master's record, and writes conditionally
-// on what it saw (S3's If-Match and If-None-Match, checked by the server when the object
-// lands). A newer version's upload that lands after the look makes the old one fail with
+// the object (its ETag, or none), then at the master's record, and writes conditionally on what
+// it saw (S3's If-Match and If-None-Match, checked by the server when the object lands). (It
+// asks the master once before the look too, so that a file not to be written, an attempt's or
+// a forgotten one, costs the under-store no request.) A newer version's upload that lands after the look makes the old one fail with
 // understore.ErrChanged; one that landed before it belongs to a version published before the
 // look at the master, which then says the old version is gone. A write that another lands
 // before looks again (up to three times). A write through, of a file not published yet, writes
