@@ -16,6 +16,7 @@ import (
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/internal/humanize"
 	"github.com/strata-cache/strata/lineage"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 // What a Job of a Lineage reads, finds cached and is predicted to take, noted on the Job when the
@@ -28,16 +29,29 @@ const (
 	underStoreRateFallback = lineage.DefaultUnderStoreRate
 )
 
-// inputBytes is the size of l's inputs and how much of it is cached, from their Datasets'
-// status; false when an input's size is not known (a Dataset not listed yet, or not there).
+// inputBytes is the size of l's inputs and how much of it is cached: an output's from the
+// master (the step before wrote it a moment ago, and its Dataset's status follows within a
+// poll), a source's from its Dataset's status (the master knows only the files cached); false
+// when an input's size is not known (a Dataset not listed yet, or not there).
 func (r *LineageReconciler) inputBytes(ctx context.Context, l *datav1alpha1.Lineage) (input, cached int64, ok bool) {
 	for _, name := range l.Spec.Inputs {
 		ds := &datav1alpha1.Dataset{}
 		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: name}, ds); err != nil {
 			return 0, 0, false
 		}
-		input += ds.Status.TotalBytes
-		cached += min(ds.Status.CachedBytes, ds.Status.TotalBytes)
+		total, inCache := ds.Status.TotalBytes, ds.Status.CachedBytes
+		if ds.Spec.Lineage != nil && r.Master != nil {
+			cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+			usage, err := r.Master.GetDatasetUsage(cctx, &masterpb.GetDatasetUsageRequest{
+				Name: datav1alpha1.MasterDatasetName(l.Namespace, name, string(ds.UID)), StaleOk: true,
+			})
+			cancel()
+			if err == nil {
+				total, inCache = usage.GetTotalBytes(), usage.GetCachedBytes()
+			}
+		}
+		input += total
+		cached += min(inCache, total)
 	}
 	return input, cached, input > 0
 }

@@ -58,6 +58,19 @@ var _ = Describe("A pipeline that loses the node holding its outputs", Ordered, 
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "out-c"}, &out)).To(Succeed())
 			g.Expect(out.Status.Nodes).To(HaveExactElements(HaveField("Node", nodes[0])), "the outputs are on %s alone", nodes[0])
 		}).WithContext(ctx).WithTimeout(2 * minute).Should(Succeed())
+
+		By("each step learned its run time from its run, and predicts the next")
+		Eventually(func(g Gomega) {
+			for _, s := range steps {
+				var l datav1alpha1.Lineage
+				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: s.name}, &l)).To(Succeed())
+				g.Expect(l.Status.RunTime).NotTo(BeNil(), "Lineage %s has no run time", s.name)
+				g.Expect(l.Status.RunTime.Runs).To(HaveExactElements(And(HaveField("Job", s.name+"-run"),
+					HaveField("Milliseconds", BeNumerically(">", 0)), HaveField("InputBytes", BeNumerically(">", 0)))),
+					"Lineage %s: its run, and what it read (its input written by the step before, as the master says)", s.name)
+				g.Expect(l.Status.RunTime.Predicted).NotTo(BeEmpty(), "Lineage %s predicts no run time", s.name)
+			}
+		}).WithContext(ctx).WithTimeout(2 * minute).Should(Succeed())
 	})
 
 	It("recomputes the outputs in order when that node stops, and a waiting pod of high priority reads them", func(ctx SpecContext) {
