@@ -54,6 +54,24 @@ func TestLineageNamesTheCycleItsStepsAreCaughtIn(t *testing.T) {
 	g.Expect(out.String()).To(ContainSubstring("loop-a is on a cycle (loop-a <- loop-b <- loop-a)"))
 }
 
+func TestLineageShowsTheLastRunAndThePrediction(t *testing.T) {
+	g := NewWithT(t)
+	ran := &datav1alpha1.Lineage{ObjectMeta: metav1.ObjectMeta{Name: "ran", Namespace: "team"},
+		Spec: datav1alpha1.LineageSpec{Outputs: []string{"a"}},
+		Status: datav1alpha1.LineageStatus{RunTime: &datav1alpha1.LineageRunTime{
+			Runs:      []datav1alpha1.LineageRun{{Job: "ran-run", Milliseconds: 61_400}, {Job: "ran-recompute-1-x", Milliseconds: 32_600}},
+			Predicted: "30s",
+		}}}
+	fresh := &datav1alpha1.Lineage{ObjectMeta: metav1.ObjectMeta{Name: "fresh", Namespace: "team"},
+		Spec: datav1alpha1.LineageSpec{Inputs: []string{"a"}, Outputs: []string{"b"}}}
+	c, out := fakeCLI(t, interceptor.Funcs{}, ran, fresh)
+	g.Expect(c.Lineage(context.Background())).To(Succeed())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	g.Expect(strings.Fields(lines[0])[3:6]).To(Equal([]string{"LAST", "RUN", "PREDICTED"}))
+	g.Expect(strings.Fields(lines[1])[:5]).To(Equal([]string{"0", "ran", "-", "33s", "30s"}), "the last run, rounded")
+	g.Expect(strings.Fields(lines[2])[:5]).To(Equal([]string{"1", "fresh", "-", "-", "-"}), "never ran: nothing to say")
+}
+
 func TestStatusSaysWhenTheUserMayNotReadTierPools(t *testing.T) {
 	g := NewWithT(t)
 	forbidden := interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {

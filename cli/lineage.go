@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -15,8 +16,9 @@ import (
 )
 
 // Lineage shows the pipeline of the namespace: its Lineages in the order they run (the level
-// is how many steps stand before each on its longest chain of producers), what each reads
-// (and from which Lineage) and writes, and the state of each output.
+// is how many steps stand before each on its longest chain of producers), how long each ran
+// last and is predicted to run now, what each reads (and from which Lineage) and writes, and
+// the state of each output.
 func (c *CLI) Lineage(ctx context.Context) error {
 	list := &datav1alpha1.LineageList{}
 	if err := c.Client.List(ctx, list, client.InNamespace(c.Namespace)); err != nil {
@@ -51,14 +53,15 @@ func (c *CLI) Lineage(ctx context.Context) error {
 	})
 
 	tw := c.table()
-	tw.printf("LEVEL\tLINEAGE\tSTATE\tREADS\tWRITES\n")
+	tw.printf("LEVEL\tLINEAGE\tSTATE\tLAST RUN\tPREDICTED\tREADS\tWRITES\n")
 	for _, l := range items {
 		level := fmt.Sprint(levels[l.Name])
 		if levels[l.Name] == lineage.LevelCycle {
 			level = "cycle"
 		}
-		tw.printf("%s\t%s\t%s\t%s\t%s\n", level, l.Name, lineageState(&l), reads(pipeline, l.Spec.Inputs),
-			writes(&l, byName))
+		last, predicted := runTimes(&l)
+		tw.printf("%s\t%s\t%s\t%s\t%s\t%s\t%s\n", level, l.Name, lineageState(&l), last, predicted,
+			reads(pipeline, l.Spec.Inputs), writes(&l, byName))
 	}
 	if err := tw.flush(); err != nil {
 		return err
@@ -95,6 +98,23 @@ func lineageState(l *datav1alpha1.Lineage) string {
 		state += " (recomputing: job/" + r.JobName + ")"
 	}
 	return state
+}
+
+// runTimes are how long a Lineage's last run took and the run time it predicts now, "-" for
+// what it does not know yet.
+func runTimes(l *datav1alpha1.Lineage) (last, predicted string) {
+	last, predicted = "-", "-"
+	rt := l.Status.RunTime
+	if rt == nil {
+		return last, predicted
+	}
+	if n := len(rt.Runs); n > 0 {
+		last = (time.Duration(rt.Runs[n-1].Milliseconds) * time.Millisecond).Round(time.Second).String()
+	}
+	if rt.Predicted != "" {
+		predicted = rt.Predicted
+	}
+	return last, predicted
 }
 
 // reads names a Lineage's inputs, each with the Lineage that writes it (name<-producer).

@@ -238,7 +238,7 @@ var _ = Describe("kubectl strata", func() {
 		lineageOf("prep", []string{"raw"}, []string{"clean"})
 		Expect(plugin.Lineage(ctx)).To(Succeed())
 		lines := rows(out)
-		Expect(lines[0]).To(Equal([]string{"LEVEL", "LINEAGE", "STATE", "READS", "WRITES"}))
+		Expect(lines[0]).To(Equal([]string{"LEVEL", "LINEAGE", "STATE", "LAST", "RUN", "PREDICTED", "READS", "WRITES"}))
 		Expect(lines[1][:2]).To(Equal([]string{"0", "prep"}))
 		Expect(lines[2][:2]).To(Equal([]string{"1", "train"}))
 		Expect(strings.Join(lines[2], " ")).To(And(ContainSubstring("clean<-prep"), ContainSubstring("model [Pending, no Dataset]")))
