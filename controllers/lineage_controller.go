@@ -145,6 +145,14 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 		return ctrl.Result{}, err
 	}
 	ready := checkLineage(l, ns)
+	if ready != nil && (ready.Reason == ReasonInputNotFound || ready.Reason == ReasonOutputNotDeclared) {
+		// The cache may not have seen yet a Dataset applied together with the Lineage: ask the
+		// API server before saying it is missing.
+		if fresh, err := r.datasetsOf(ctx, l.Namespace); err == nil {
+			ns.datasets = fresh
+			ready = checkLineage(l, ns)
+		}
+	}
 	settled := true
 	if ready == nil {
 		job, waiting, err := r.ensureRunJob(ctx, l, ns)
@@ -211,6 +219,19 @@ type namespace struct {
 	datasets map[string]*datav1alpha1.Dataset
 	lineages map[string]*datav1alpha1.Lineage
 	pipeline *lineage.Pipeline
+}
+
+// datasetsOf are the Datasets of a namespace as the API server has them now, by name.
+func (r *LineageReconciler) datasetsOf(ctx context.Context, namespace string) (map[string]*datav1alpha1.Dataset, error) {
+	list := &datav1alpha1.DatasetList{}
+	if err := r.reader().List(ctx, list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("listing Datasets in %s: %w", namespace, err)
+	}
+	out := make(map[string]*datav1alpha1.Dataset, len(list.Items))
+	for i := range list.Items {
+		out[list.Items[i].Name] = &list.Items[i]
+	}
+	return out, nil
 }
 
 func (r *LineageReconciler) namespaceGraph(ctx context.Context, name string) (*namespace, error) {
