@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -33,6 +34,8 @@ type object struct {
 	SHA256  string  `json:"sha256"`
 	ETag    string  `json:"etag,omitempty"`
 	Seconds float64 `json:"seconds"`
+	// FirstRead is when `testkit sum --summary` had read its first file whole.
+	FirstRead time.Time `json:"firstRead"`
 }
 
 var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smoke", "csi"), func() {

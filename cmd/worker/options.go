@@ -35,6 +35,7 @@ type options struct {
 	policies       string
 	checkpointsURL string
 	mountsDir      string
+	keepIdleMounts time.Duration
 	blockSize      int64
 	fileRoots      string
 	// tls is where the worker's certificate comes from: its data plane and its calls to the
@@ -76,6 +77,9 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Unix socket of the CSI node plugin's file descriptor store, which holds the Datasets' FUSE connections so that pods' mounts outlive a worker restart; empty ends them with the worker.")
 	fs.StringVar(&o.mountsDir, "mounts-dir", "/var/lib/strata-worker/mounts",
 		"Folder of the Datasets' FUSE mount points (one per Dataset UID); a host folder with bidirectional mount propagation.")
+	fs.DurationVar(&o.keepIdleMounts, "keep-idle-mounts", 10*time.Minute,
+		"How long a Dataset stays mounted on the node after the last pod reading it goes, so that the next pod reads its files "+
+			"from the kernel's page cache (which goes with the mount) instead of through the worker; 0 unmounts at once.")
 	fs.Int64Var(&o.blockSize, "block-size", 64<<20, "The TierPool's block size in bytes: the unit of caching and transfer.")
 	fs.StringVar(&o.fileRoots, "file-source-roots", "",
 		"Comma-separated folders that file:// Datasets must lie under (the TierPool's fileSourceRoots); empty allows none.")
@@ -148,6 +152,9 @@ func (o *options) resolve() (tierstore.Config, error) {
 	}
 	if len(tiers) == 0 {
 		return tierstore.Config{}, fmt.Errorf("the tiers file %s lists no tiers", o.tiersFile)
+	}
+	if o.keepIdleMounts < 0 {
+		return tierstore.Config{}, fmt.Errorf("--keep-idle-mounts=%s: give a duration of 0 or more (0 unmounts a Dataset as soon as no pod of the node mounts it)", o.keepIdleMounts)
 	}
 	ev := eviction.Config{Kind: eviction.Kind(o.eviction)}
 	if ev.Kind == eviction.LRFU {

@@ -89,6 +89,8 @@ func TestResolve(t *testing.T) {
 		"an empty tiers file is refused":        {tiers: "[]", wantErr: "lists no tiers"},
 		"an unknown field is refused":           {tiers: "- name: mem\n  size: 4Gi\n", wantErr: `unknown field "size"`},
 		"a missing tiers file is refused":       {change: func(o *options) { o.tiersFile = "/nonexistent/tiers.yaml" }, wantErr: "reading the tiers file"},
+		"a negative time to keep idle mounts is refused": {tiers: twoTiers, change: func(o *options) { o.keepIdleMounts = -time.Second },
+			wantErr: "--keep-idle-mounts=-1s: give a duration of 0 or more"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

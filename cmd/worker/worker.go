@@ -347,8 +347,8 @@ func (w *worker) buildMounter(ctx context.Context, cacheMetrics *cache.Metrics, 
 		MountsDir: w.opts.mountsDir, Store: w.store, BlockSize: w.opts.blockSize, CacheMetrics: cacheMetrics,
 		Peers: w.peerReader, Stored: w.stored, Pinned: w.policies.Pinned, FileRoots: splitList(w.opts.fileRoots),
 		ClaimServerTLS: understore.ClaimClientTLS(w.creds),
-		Listings:       w.kept,
-		Log:            w.log.WithName("mounter"), Registerer: w.reg,
+		Listings:       w.kept, KeepIdle: w.opts.keepIdleMounts,
+		Log: w.log.WithName("mounter"), Registerer: w.reg,
 	}
 	if w.dir != nil {
 		outMetrics, err := outputfs.NewMetrics(w.reg)

@@ -60,6 +60,8 @@ type result struct {
 	ETag string `json:"etag,omitempty"`
 	// Seconds is how long reading (or writing) took.
 	Seconds float64 `json:"seconds"`
+	// FirstRead, in `sum --summary`, is when the first file had been read whole.
+	FirstRead *time.Time `json:"firstRead,omitempty"`
 }
 
 func main() {
@@ -195,6 +197,10 @@ func sumCommand(args []string, out *json.Encoder) error {
 		var total result
 		start := time.Now()
 		err := sum(flags.Arg(0), *rate, *uncached, func(r result) error {
+			if total.FirstRead == nil {
+				now := time.Now()
+				total.FirstRead = &now
+			}
 			total.Bytes += r.Bytes
 			results = append(results, r)
 			return nil
