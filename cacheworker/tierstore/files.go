@@ -9,6 +9,8 @@ import (
 	"os"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/strata-cache/strata/cacheworker/blockindex"
 )
 
@@ -71,6 +73,15 @@ func atLeast(n, size int64) string {
 		return fmt.Sprintf("more than %d", size)
 	}
 	return fmt.Sprint(n)
+}
+
+// inMemory tells whether p is on a file system that lives in memory only.
+func inMemory(p string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(p, &st); err != nil {
+		return false, fmt.Errorf("finding the file system of %s: %w", p, err)
+	}
+	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, nil
 }
 
 func syncDir(p string) error {

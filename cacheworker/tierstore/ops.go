@@ -52,7 +52,8 @@ func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opt
 		return BlockInfo{}, fmt.Errorf("storing block %s: %w", id, err)
 	}
 	d := s.pickDir(top, size)
-	durable := !opts.Clean
+	// A block that exists nowhere else is synced, unless its directory is in memory.
+	durable := !opts.Clean && !d.volatile
 	sum, err := writeFile(ctx, d.path, id, r, size, nil, durable)
 	if err != nil {
 		s.release(top, d, size)
@@ -358,6 +359,7 @@ func (s *Store) commit(e blockindex.Entry, durable bool) error {
 		return err
 	}
 	if durable {
+		s.indexSyncs.Add(1)
 		return s.idx.Sync()
 	}
 	return nil

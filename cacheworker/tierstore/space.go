@@ -319,7 +319,7 @@ func (s *Store) move(ctx context.Context, b *block, to *tier, rm room) error {
 		return fail(err)
 	}
 	s.mu.Lock()
-	durable := !b.clean
+	durable := !b.clean && !d.volatile
 	s.mu.Unlock()
 	_, err = writeFile(ctx, d.path, b.id, src, b.size, &b.checksum, durable)
 	_ = src.Close()
@@ -343,7 +343,7 @@ func (s *Store) move(ctx context.Context, b *block, to *tier, rm room) error {
 	e := shadow.entry()
 	// The index entry is the commit point: a crash before it leaves the new file as an orphan,
 	// a crash after it leaves the old one; either is removed on the next start.
-	if err := s.commit(e, !shadow.clean); err != nil {
+	if err := s.commit(e, durable); err != nil {
 		_ = os.Remove(newPath)
 		return fail(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -91,6 +92,9 @@ type Store struct {
 	queue   map[string]bool // ids waiting for promotion
 	closed  bool
 	ops     sync.WaitGroup
+
+	// indexSyncs counts the index's syncs for writes (commit).
+	indexSyncs atomic.Int64
 }
 
 type tier struct {
@@ -111,7 +115,13 @@ type tier struct {
 
 type dir struct {
 	path string
-	used int64 // guarded by Store.mu
+	// volatile: the directory is in memory (tmpfs, ramfs), so its blocks never outlive the
+	// node's kernel. Syncing their writes buys nothing: the only failure it guards against, a
+	// crash of the kernel, takes the blocks with it, while a crash of the worker process loses
+	// neither a file written nor an index entry (BadgerDB's log is a shared mapping, which the
+	// kernel writes out whoever dies).
+	volatile bool
+	used     int64 // guarded by Store.mu
 }
 
 // block is one stored block. Its location (tier, dir) changes only with both evictMu and mu
@@ -177,7 +187,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			if err := os.MkdirAll(d, 0o750); err != nil {
 				return nil, fmt.Errorf("creating directory %s of tier %s: %w", d, tc.Name, err)
 			}
-			t.dirs = append(t.dirs, &dir{path: d})
+			volatile, err := inMemory(d)
+			if err != nil {
+				return nil, fmt.Errorf("directory %s of tier %s: %w", d, tc.Name, err)
+			}
+			t.dirs = append(t.dirs, &dir{path: d, volatile: volatile})
 		}
 		s.tiers = append(s.tiers, t)
 		s.byName[tc.Name] = t
