@@ -264,7 +264,6 @@ var _ = Describe("The worker reconciler", func() {
 				"--data-addr=:7100",
 				"--advertise-addr=$(POD_IP):7100",
 				"--metrics-addr=:8080",
-				"--short-circuit-socket=/run/strata/" + pool.Name + "/worker.sock",
 				"--mount-socket=/run/strata/" + pool.Name + "/mount.sock",
 				"--fd-store-socket=/run/strata/fdstore/fdstore.sock",
 				"--mounts-dir=/var/lib/strata-worker/" + pool.Name + "/mounts",

@@ -47,8 +47,8 @@ const (
 	// workerHostIndexRoot holds, on each node, one index directory per pool. It must survive the
 	// pod: the index is how a restarted worker finds the blocks still on its non-volatile tiers.
 	workerHostIndexRoot = "/var/lib/strata-worker"
-	// workerSocketRoot holds, on each node, one directory per pool with the short-circuit socket
-	// that local clients dial.
+	// workerSocketRoot holds, on each node, one directory per pool with the worker's mount
+	// socket, which the CSI node plugin dials.
 	workerSocketRoot = "/run/strata"
 	// workerStartupFailures × workerStartupPeriod is how long a worker may take to start: at
 	// start it verifies the blocks its index lists, which on a big NVMe tier takes minutes.
@@ -175,7 +175,6 @@ func (s WorkerSpec) daemonSet(pool *datav1alpha1.TierPool, tiers string) *appsv1
 		fmt.Sprintf("--data-addr=:%d", WorkerDataPort),
 		fmt.Sprintf("--advertise-addr=$(POD_IP):%d", WorkerDataPort),
 		fmt.Sprintf("--metrics-addr=:%d", WorkerMetricsPort),
-		"--short-circuit-socket="+socketDir+"/worker.sock",
 		"--mount-socket="+socketDir+"/mount.sock",
 		"--fd-store-socket="+fdstore.SocketPath(workerSocketRoot),
 		"--mounts-dir="+mountsDir,

@@ -82,8 +82,8 @@
 // passthrough.go for how opens in the two modes are kept apart, which the kernel requires).
 // Then reads bypass the worker entirely: the block is counted as accessed once per open for
 // eviction, not per read, and reads are not in the FUSE metrics. The registered file keeps
-// the block's bytes alive if the tier evicts or moves it meanwhile, as an open short-circuit
-// file does, until the last passthrough open of the file closes. A file whose block is not
+// the block's bytes alive if the tier evicts or moves it meanwhile (an open file outlives its
+// unlink), until the last passthrough open of the file closes. A file whose block is not
 // local yet is opened in cached mode; its read fetches the block, and later opens (once the
 // cached ones have closed) are passed through.
 //

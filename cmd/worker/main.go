@@ -1,9 +1,7 @@
 // Command worker runs a Strata cache worker on one node: its tiered block store (recovered from
 // the block index at start, memory tiers on tmpfs), the gRPC data plane that serves its blocks
-// to peers and clients, the Datasets of the node served over FUSE for the CSI plugin,
-// short-circuit reads (open block files handed to local clients over a
-// Unix socket), its registration and heartbeats with the master, and the metrics and
-// health endpoints.
+// to peers, the Datasets of the node served over FUSE for the CSI plugin, its registration
+// and heartbeats with the master, and the metrics and health endpoints.
 package main
 
 import (

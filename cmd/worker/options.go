@@ -27,7 +27,6 @@ type options struct {
 	masterAddrs    string
 	dataAddr       string
 	advertiseAddr  string
-	shortCircuit   string
 	heartbeat      time.Duration
 	mountMemory    bool
 	mountSocket    string
@@ -64,8 +63,6 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.dataAddr, "data-addr", ":7100", "Address the gRPC data plane listens on.")
 	fs.StringVar(&o.advertiseAddr, "advertise-addr", "",
 		"host:port that peers and clients dial to reach the data plane; defaults to $POD_IP and the port of --data-addr.")
-	fs.StringVar(&o.shortCircuit, "short-circuit-socket", "",
-		"Unix socket that hands local clients open block files (zero-copy reads on the same node); empty disables it.")
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 3*time.Second, "How often the worker reports its tiers to the master.")
 	fs.StringVar(&o.mountSocket, "mount-socket", "",
 		"Unix socket of the Mounter service, through which the node's CSI plugin asks the worker to serve Datasets; empty disables it.")

@@ -22,7 +22,6 @@ import (
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/eviction"
 	"github.com/strata-cache/strata/cacheworker/locations"
-	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
@@ -230,7 +229,6 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 		masterAddrs: strings.Join(masters.APIAddrs(), ","), pool: "default", nodeName: "node-a", heartbeat: 100 * time.Millisecond}
 	o.advertiseAddr = o.dataAddr
 	o.tls = certificateFiles(t, ca, pki.Worker("default", "node-a"))
-	o.shortCircuit = filepath.Join(dir, "run", "worker.sock")
 	// Without FUSE the worker runs without its mounter, and the test leaves that half out,
 	// saying so; where every test must run, it fails instead.
 	fuse := true
@@ -283,18 +281,6 @@ func TestRunRegistersAndServesBlocks(t *testing.T) {
 	got, _, err := peers.ReadBlock(ctx, o.dataAddr, "b0")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(data))
-
-	// The same block, opened by a client on the node through the short-circuit socket.
-	sc, err := shortcircuit.Dial(ctx, o.shortCircuit)
-	g.Expect(err).NotTo(HaveOccurred())
-	f, info, err := sc.Open(ctx, "b0")
-	g.Expect(err).NotTo(HaveOccurred())
-	local, err := io.ReadAll(f)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(local).To(Equal(data))
-	g.Expect(info.Size).To(Equal(int64(len(data))))
-	g.Expect(f.Close()).To(Succeed())
-	g.Expect(sc.Close()).To(Succeed())
 
 	if fuse {
 		// The CSI plugin's request: serve a Dataset; the worker mounts it over FUSE.

@@ -27,7 +27,6 @@ import (
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/replication"
-	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
@@ -249,8 +248,7 @@ func (w *worker) buildStore(ctx context.Context, cfg tierstore.Config) error {
 	return nil
 }
 
-// buildDataPlane makes the gRPC data plane (blocks, kept listings, Dataset syncs) and the
-// short-circuit socket.
+// buildDataPlane makes the gRPC data plane (blocks, kept listings, Dataset syncs).
 func (w *worker) buildDataPlane() error {
 	dpMetrics, err := dataplane.NewMetrics(w.reg)
 	if err != nil {
@@ -276,20 +274,6 @@ func (w *worker) buildDataPlane() error {
 	}
 	w.servesGRPC(srv, lis, "the data plane")
 	w.summary = append(w.summary, "data", lis.Addr().String())
-
-	if w.opts.shortCircuit == "" {
-		return nil
-	}
-	scMetrics, err := shortcircuit.NewMetrics(w.reg)
-	if err != nil {
-		return err
-	}
-	scLis, err := w.listenUnix(w.opts.shortCircuit, "short-circuit reads")
-	if err != nil {
-		return err
-	}
-	sc := shortcircuit.NewServer(w.store, w.log.WithName("shortcircuit"), shortcircuit.WithMetrics(scMetrics))
-	w.goes(func(ctx context.Context) error { return sc.Serve(ctx, scLis) })
 	return nil
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
 	"github.com/strata-cache/strata/cacheworker/membership"
-	"github.com/strata-cache/strata/cacheworker/shortcircuit"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/controllers"
 	"github.com/strata-cache/strata/controllers/scheduling"
@@ -70,8 +69,6 @@ func registered(t *testing.T) []string {
 	_, err = dataplane.NewMetrics(reg)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = fusefs.NewMetrics(reg)
-	g.Expect(err).NotTo(HaveOccurred())
-	_, err = shortcircuit.NewMetrics(reg)
 	g.Expect(err).NotTo(HaveOccurred())
 	_, err = membership.New(membership.Config{ID: "p/n", Address: "a:1", Interval: time.Second, Log: logr.Discard()}, noMaster{}, ts, reg)
 	g.Expect(err).NotTo(HaveOccurred())

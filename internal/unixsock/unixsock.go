@@ -1,5 +1,5 @@
 // Package unixsock listens on Unix sockets in host folders shared between a node's Strata
-// components (the worker's short-circuit and mount sockets, the CSI plugin's sockets). A socket
+// components (the worker's mount socket, the CSI plugin's sockets). A socket
 // file left by a process that died must be replaced when its successor starts; one that a
 // running process still serves must not be, or that process's clients would be cut off without
 // a word (a second worker started by mistake, or the previous one still shutting down).
