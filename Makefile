@@ -109,7 +109,6 @@ BENCH_OBJECTS ?= 100000
 bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compared with (see docs/benchmarks.md); make bench-e2e runs the whole-system ones.
 	STRATA_MINIO="$(MINIO)" go test ./cacheworker/cache/ -run '^$$' -bench BenchmarkDataPath -benchmem -count=3
 	STRATA_MINIO="$(MINIO)" go test ./cacheworker/dataplane/ -run '^$$' -bench BenchmarkPeerRead -benchmem -count=3
-	go test ./cacheworker/shortcircuit/ -run '^$$' -bench . -benchtime 200x
 	go test ./cacheworker/tierstore/ -run '^$$' -bench AScanAgainstAHotDataset -benchtime 20x -count 3
 	go test ./cacheworker/tierstore/ -run '^$$' -bench APipelineThatRereadsItsInput -benchtime 10x -count 3
 	go test ./lineage/kariz/ -run '^$$' -bench KarizPolicies -benchtime 2x -timeout 60m
