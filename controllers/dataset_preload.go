@@ -101,15 +101,30 @@ func (r *DatasetReconciler) preloadCondition(ctx context.Context, ds *datav1alph
 	return cond, nil
 }
 
-// createPreloadJob creates the Job that reads a Dataset once. It runs as a tenant's pod would:
-// in the Dataset's namespace, with the claim read-only, as a user without privileges. The
+// createPreloadJob creates the Job that reads a Dataset once, wherever it is scheduled. The
 // request is the load request it answers (empty for spec.preload's).
 func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alpha1.Dataset, request string) error {
 	labels := datasetLabels(ds)
 	labels["app.kubernetes.io/component"] = "preload"
-	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: preloadJobName(ds), Namespace: ds.Namespace, Labels: labels,
-			Annotations: map[string]string{annotationJobLoadRequest: request}},
+	job := loadJob(r.WorkerImage, ds.Namespace, preloadJobName(ds), ds.Name, labels, nil)
+	job.Annotations = map[string]string{annotationJobLoadRequest: request}
+	if err := controllerutil.SetControllerReference(ds, job, r.Client.Scheme()); err != nil {
+		return fmt.Errorf("owning preload Job %s/%s: %w", job.Namespace, job.Name, err)
+	}
+	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating preload Job %s/%s: %w", job.Namespace, job.Name, err)
+	}
+	r.Recorder.Eventf(ds, corev1.EventTypeNormal, datav1alpha1.ReasonPreloading, "created Job %s to read the Dataset once", job.Name)
+	return nil
+}
+
+// loadJob is a Job that runs `worker preload` with args before the mount point, on the
+// Dataset's claim: the read that makes the node's worker cache the files. It runs as a tenant's
+// pod would: in the Dataset's namespace, with the claim read-only, as a user without
+// privileges.
+func loadJob(image WorkerImage, namespace, name, claim string, labels map[string]string, args []string) *batchv1.Job {
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
 		Spec: batchv1.JobSpec{
 			BackoffLimit: ptr.To[int32](2),
 			Template: corev1.PodTemplateSpec{
@@ -124,9 +139,9 @@ func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alph
 					},
 					Containers: []corev1.Container{{
 						Name:            "preload",
-						Image:           r.WorkerImage.Image,
-						ImagePullPolicy: r.WorkerImage.ImagePullPolicy,
-						Args:            []string{"preload", "/data"},
+						Image:           image.Image,
+						ImagePullPolicy: image.ImagePullPolicy,
+						Args:            append(append([]string{"preload"}, args...), "/data"),
 						// The worker binary writes why it failed on stderr; this makes it the
 						// pod's termination message.
 						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -142,18 +157,10 @@ func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alph
 						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data", ReadOnly: true}},
 					}},
 					Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
-						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: ds.Name, ReadOnly: true},
+						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true},
 					}}},
 				},
 			},
 		},
 	}
-	if err := controllerutil.SetControllerReference(ds, job, r.Client.Scheme()); err != nil {
-		return fmt.Errorf("owning preload Job %s/%s: %w", job.Namespace, job.Name, err)
-	}
-	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating preload Job %s/%s: %w", job.Namespace, job.Name, err)
-	}
-	r.Recorder.Eventf(ds, corev1.EventTypeNormal, datav1alpha1.ReasonPreloading, "created Job %s to read the Dataset once", job.Name)
-	return nil
 }

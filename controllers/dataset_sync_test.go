@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,6 +59,10 @@ type syncingWorker struct {
 	listingFrom []string
 	// shows is what the worker's mount shows, when asked (DescribeDataset).
 	shows *workerpb.DescribeDatasetResponse
+	// holds is what it holds of a selection (DescribeDataset with one), and selections the
+	// paths of each selection asked for.
+	holds      *workerpb.SelectionHeld
+	selections [][]string
 	// forgotten are the UIDs of the deleted Datasets the worker was told of.
 	forgotten []string
 	// tree is what its mount shows, for GetListing; nil: it mounts nothing.
@@ -105,10 +110,30 @@ func (w *syncingWorker) SyncDataset(_ context.Context, req *workerpb.SyncDataset
 	return w.answer, w.err
 }
 
-func (w *syncingWorker) DescribeDataset(context.Context, *workerpb.DescribeDatasetRequest) (*workerpb.DescribeDatasetResponse, error) {
+func (w *syncingWorker) DescribeDataset(_ context.Context, req *workerpb.DescribeDatasetRequest) (*workerpb.DescribeDatasetResponse, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.shows, nil
+	if req.GetSelection() == nil {
+		return w.shows, nil
+	}
+	w.selections = append(w.selections, req.GetSelection().GetPaths())
+	resp := proto.Clone(w.shows).(*workerpb.DescribeDatasetResponse)
+	resp.Selected = w.holds
+	return resp, nil
+}
+
+// hold makes the worker's mount say it holds held of any selection.
+func (w *syncingWorker) hold(held *workerpb.SelectionHeld) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.shows.Mounted = true
+	w.holds = held
+}
+
+func (w *syncingWorker) selectionsAsked() [][]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.selections)
 }
 
 func (w *syncingWorker) show(files, bytes int64) {

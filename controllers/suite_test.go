@@ -248,6 +248,10 @@ var _ = BeforeSuite(func() {
 			CA: testCA.CA, Client: understore.ClaimClientTLS(testCA.Credentials(GinkgoT(), pki.Operator())),
 		},
 	}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&DataLoadReconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Nodes: syncs, Refresh: 200 * time.Millisecond,
+		WorkerImage: WorkerImage{Image: testWorkerSpec.Image, ImagePullPolicy: corev1.PullIfNotPresent},
+	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&CachePolicyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 	lineageDepthRegistry = prometheus.NewRegistry()

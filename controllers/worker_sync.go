@@ -120,7 +120,7 @@ func (w *WorkerSyncs) DescribeDataset(ctx context.Context, pool, uid string) (Da
 	var errs []error
 	for _, id := range ids {
 		dctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
-		r, err := w.Peers.DescribeDataset(dctx, addrs[id], uid)
+		r, err := w.Peers.DescribeDataset(dctx, addrs[id], uid, nil)
 		cancel()
 		switch {
 		case err != nil:
@@ -133,6 +133,41 @@ func (w *WorkerSyncs) DescribeDataset(ctx context.Context, pool, uid string) (Da
 		return DatasetView{}, false, errors.Join(errs...)
 	}
 	return DatasetView{}, false, nil
+}
+
+// Nodes implements LoadNodes: the nodes of the pool's live workers, in order.
+func (w *WorkerSyncs) Nodes(ctx context.Context, pool string) ([]string, error) {
+	_, ids, err := w.liveWorkers(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	nodes := make([]string, 0, len(ids))
+	for _, id := range ids {
+		nodes = append(nodes, strings.TrimPrefix(id, pool+"/"))
+	}
+	return nodes, nil
+}
+
+// Held implements LoadNodes: the pool's worker on node counts what it holds of the files of
+// Dataset uid that paths select.
+func (w *WorkerSyncs) Held(ctx context.Context, pool, node, uid string, paths []string) (SelectionHeld, bool, error) {
+	addrs, _, err := w.liveWorkers(ctx, pool)
+	if err != nil {
+		return SelectionHeld{}, false, err
+	}
+	addr, ok := addrs[pool+"/"+node]
+	if !ok {
+		return SelectionHeld{}, false, fmt.Errorf("no live worker of TierPool %s on node %s", pool, node)
+	}
+	dctx, cancel := context.WithTimeout(ctx, syncCallTimeout)
+	defer cancel()
+	r, err := w.Peers.DescribeDataset(dctx, addr, uid, &workerpb.Selection{Paths: paths})
+	if err != nil {
+		return SelectionHeld{}, false, fmt.Errorf("asking the worker on node %s: %w", node, err)
+	}
+	sel := r.GetSelected()
+	return SelectionHeld{Files: sel.GetFiles(), Bytes: sel.GetBytes(), HeldFiles: sel.GetHeldFiles(), HeldBytes: sel.GetHeldBytes()},
+		r.GetMounted(), nil
 }
 
 // Tree implements DatasetTrees: the tree the first worker of the pool, in order, that mounts

@@ -62,7 +62,7 @@ var _ = Describe("The e2e cluster", Ordered, Label("smoke"), func() {
 		}).WithContext(ctx).WithTimeout(3*minute).Should(Succeed(), "waiting for deployment %s/strata-operator to be available", strataNamespace)
 	})
 
-	It("serves the four Strata kinds", func() {
+	It("serves the five Strata kinds", func() {
 		resources, err := clientset.Discovery().ServerResourcesForGroupVersion("data.strata.dev/v1alpha1")
 		Expect(err).NotTo(HaveOccurred())
 		var kinds []string
@@ -71,7 +71,7 @@ var _ = Describe("The e2e cluster", Ordered, Label("smoke"), func() {
 				kinds = append(kinds, r.Kind)
 			}
 		}
-		Expect(kinds).To(ConsistOf("Dataset", "Lineage", "CachePolicy", "TierPool"))
+		Expect(kinds).To(ConsistOf("Dataset", "Lineage", "CachePolicy", "TierPool", "DataLoad"))
 	})
 
 	It("accepts every sample of config/samples", func(ctx SpecContext) {

@@ -112,6 +112,7 @@ var _ = Describe("Admission of the Strata API", func() {
 		Expect(samples).To(HaveKey("Dataset/imagenet-mini"))
 		Expect(samples).To(HaveKey("Dataset/speech-corpus"))
 		Expect(samples).To(HaveKey("Lineage/extract-features"))
+		Expect(samples).To(HaveKey("DataLoad/imagenet-mini-train"))
 		for key, obj := range samples {
 			obj = inNamespace(obj)
 			Expect(k8sClient.Create(ctx, obj)).To(Succeed(), "creating sample %s", key)

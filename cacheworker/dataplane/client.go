@@ -149,14 +149,15 @@ func (p *Peers) ForgetDataset(ctx context.Context, addr, uid string) error {
 	return err
 }
 
-// DescribeDataset asks the worker at addr what its mount of Dataset uid shows: the operator's
-// call (DatasetSync), over the same connections.
-func (p *Peers) DescribeDataset(ctx context.Context, addr, uid string) (*workerpb.DescribeDatasetResponse, error) {
+// DescribeDataset asks the worker at addr what its mount of Dataset uid shows, and, with a
+// selection, how much of the selected files it holds: the operator's call (DatasetSync), over
+// the same connections.
+func (p *Peers) DescribeDataset(ctx context.Context, addr, uid string, selection *workerpb.Selection) (*workerpb.DescribeDatasetResponse, error) {
 	c, err := p.conn(addr)
 	if err != nil {
 		return nil, err
 	}
-	return workerpb.NewDatasetSyncClient(c).DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: uid})
+	return workerpb.NewDatasetSyncClient(c).DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: uid, Selection: selection})
 }
 
 // ReadBlock reads a whole block from the worker at addr and checks it against its CRC-32C. It

@@ -253,3 +253,17 @@ func (fsys *fileSystem) openNodes() map[uint64]bool {
 	fsys.opens.mu.RUnlock()
 	return open
 }
+
+// FileVersions returns every file the tree shows now: its path relative to the Dataset, its
+// version and its size, as the cache names its blocks.
+func (s *Server) FileVersions() []FileVersion {
+	s.fsys.treeMu.RLock()
+	defer s.fsys.treeMu.RUnlock()
+	var files []FileVersion
+	for i, n := range s.fsys.nodes[1:] {
+		if !n.dir && !n.retired {
+			files = append(files, FileVersion{Path: n.path, ETag: n.etag, Size: n.size, id: uint64(i + 1)})
+		}
+	}
+	return files
+}

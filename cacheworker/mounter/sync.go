@@ -3,6 +3,8 @@ package mounter
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/go-logr/logr"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/strata-cache/strata/cacheworker/cache"
 	"github.com/strata-cache/strata/cacheworker/fusefs"
+	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
@@ -168,7 +171,50 @@ func (s syncServer) DescribeDataset(_ context.Context, req *workerpb.DescribeDat
 	if !ok {
 		return &workerpb.DescribeDatasetResponse{}, nil
 	}
-	return &workerpb.DescribeDatasetResponse{Mounted: true, Files: int64(input.Files()), Bytes: input.Bytes()}, nil
+	resp := &workerpb.DescribeDatasetResponse{Mounted: true, Files: int64(input.Files()), Bytes: input.Bytes()}
+	if sel := req.GetSelection(); sel != nil {
+		held, err := s.m.selectionHeld(input, req.GetUid(), sel.GetPaths())
+		if err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		resp.Selected = held
+	}
+	return resp, nil
+}
+
+// selectionHeld counts the files of a mounted input Dataset that match one of patterns (every
+// file if there are none), and what of them this node's tiers hold, block by block: a file
+// counts as held once all its blocks are, so a load is never said done while a byte of it
+// would still come from the under-store.
+func (m *Mounter) selectionHeld(input *fusefs.Server, uid string, patterns []string) (*workerpb.SelectionHeld, error) {
+	compiled := make([]policy.Pattern, 0, len(patterns))
+	for i, p := range patterns {
+		c, err := policy.Compile(p)
+		if err != nil {
+			return nil, fmt.Errorf("selection path %d: %w", i, err)
+		}
+		compiled = append(compiled, c)
+	}
+	held := &workerpb.SelectionHeld{}
+	for _, f := range input.FileVersions() {
+		if len(compiled) > 0 && !slices.ContainsFunc(compiled, func(p policy.Pattern) bool { return p.Match(f.Path) }) {
+			continue
+		}
+		held.Files++
+		held.Bytes += f.Size
+		whole := true
+		for i := int64(0); i*m.cfg.BlockSize < f.Size; i++ {
+			if _, err := m.cfg.Store.Info(cache.BlockID(uid, f.Path, f.ETag, i)); err != nil {
+				whole = false
+				continue
+			}
+			held.HeldBytes += min(m.cfg.BlockSize, f.Size-i*m.cfg.BlockSize)
+		}
+		if whole {
+			held.HeldFiles++
+		}
+	}
+	return held, nil
 }
 
 // Mounted says whether this worker mounts Dataset uid, read from an under-store, now.

@@ -1,7 +1,7 @@
-// Package warmup reads every file of a mounted Dataset once, so that the worker of the node
-// caches all of it before the first real reader comes: the Dataset's preload. Reading through
-// the mount (rather than asking a worker to fetch blocks) warms exactly what readers will use,
-// through the same path, and needs no API of its own.
+// Package warmup reads the files of a mounted Dataset once, so that the worker of the node
+// caches them before the first real reader comes: a Dataset's preload, and a DataLoad's run on
+// one node. Reading through the mount (rather than asking a worker to fetch blocks) warms
+// exactly what readers will use, through the same path, and needs no API of its own.
 package warmup
 
 import (
@@ -11,10 +11,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+
+	"github.com/strata-cache/strata/cacheworker/policy"
 )
 
 // Result is what a warm-up read.
@@ -23,17 +27,32 @@ type Result struct {
 	Bytes int64 `json:"bytes"`
 }
 
-// Run reads every regular file below dir, concurrency files at a time, and reports the running
-// totals to progress (which may be nil) after each file. It stops at the first error, which
-// names the file.
-func Run(ctx context.Context, dir string, concurrency int, progress func(Result)) (Result, error) {
-	if concurrency < 1 {
-		concurrency = 1
-	}
+// Options shape a warm-up.
+type Options struct {
+	// Concurrency is how many files are read at once; below 1 means 1.
+	Concurrency int
+	// Paths selects the files, by their path relative to the folder (policy.Compile); none
+	// selects every file.
+	Paths []policy.Pattern
+	// MetadataOnly looks the selected files up and reads no byte: the node's worker lists the
+	// Dataset when it mounts it, and keeps that listing, so that later mounts need none.
+	MetadataOnly bool
+	// Progress, if set, is given the running totals after each file.
+	Progress func(Result)
+}
+
+// Run reads every selected regular file below dir and reports the totals. It stops at the
+// first error, which names the file.
+//
+// Each file's pages are dropped from the page cache before it is read, so that every byte
+// reaches the worker: the kernel keeps a mount's pages from one pod to the next, and they may
+// still hold blocks that the worker's tiers have let go, which a read served from the page
+// cache would never bring back.
+func Run(ctx context.Context, dir string, opts Options) (Result, error) {
 	var files, total atomic.Int64
 	var mu sync.Mutex // serialises progress reports
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(concurrency)
+	g.SetLimit(max(opts.Concurrency, 1))
 	walkErr := filepath.WalkDir(dir, func(path string, entry fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("walking %s: %w", path, err)
@@ -41,18 +60,18 @@ func Run(ctx context.Context, dir string, concurrency int, progress func(Result)
 		if gctx.Err() != nil {
 			return gctx.Err()
 		}
-		if !entry.Type().IsRegular() {
+		if !entry.Type().IsRegular() || !selected(dir, path, opts.Paths) {
 			return nil
 		}
 		g.Go(func() error {
-			n, err := readAll(path)
+			n, err := warm(path, opts.MetadataOnly)
 			if err != nil {
 				return err
 			}
 			r := Result{Files: files.Add(1), Bytes: total.Add(n)}
-			if progress != nil {
+			if opts.Progress != nil {
 				mu.Lock()
-				progress(r)
+				opts.Progress(r)
 				mu.Unlock()
 			}
 			return nil
@@ -66,12 +85,37 @@ func Run(ctx context.Context, dir string, concurrency int, progress func(Result)
 	return Result{Files: files.Load(), Bytes: total.Load()}, err
 }
 
-func readAll(path string) (int64, error) {
+// selected says whether the file at path, below dir, matches one of patterns (any, if none).
+func selected(dir, path string, patterns []policy.Pattern) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	rel, err := filepath.Rel(dir, path)
+	if err != nil {
+		return false
+	}
+	rel = filepath.ToSlash(rel)
+	return slices.ContainsFunc(patterns, func(p policy.Pattern) bool { return p.Match(rel) })
+}
+
+// warm reads the file at path past the page cache, or only looks it up, and says how many
+// bytes it read (or, looked up, how large it is).
+func warm(path string, metadataOnly bool) (int64, error) {
+	if metadataOnly {
+		info, err := os.Stat(path)
+		if err != nil {
+			return 0, fmt.Errorf("looking up %s: %w", path, err)
+		}
+		return info.Size(), nil
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, fmt.Errorf("opening %s: %w", path, err)
 	}
 	defer func() { _ = f.Close() }()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		return 0, fmt.Errorf("dropping the cached pages of %s: %w", path, err)
+	}
 	n, err := io.Copy(io.Discard, f)
 	if err != nil {
 		return n, fmt.Errorf("reading %s: %w", path, err)

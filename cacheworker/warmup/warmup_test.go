@@ -7,34 +7,70 @@ import (
 	"testing"
 
 	. "github.com/onsi/gomega"
+
+	"github.com/strata-cache/strata/cacheworker/policy"
 )
+
+// tree writes files of 1000 × (i+1) bytes under a temporary folder and returns it.
+func tree(t *testing.T, names ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for i, name := range names {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, make([]byte, 1000*(i+1)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
 
 func TestRunReadsEveryFileOnce(t *testing.T) {
 	g := NewWithT(t)
-	dir := t.TempDir()
-	var want int64
-	for i, name := range []string{"a", "sub/b", "sub/deeper/c", "été 2024.csv"} {
-		p := filepath.Join(dir, name)
-		g.Expect(os.MkdirAll(filepath.Dir(p), 0o750)).To(Succeed())
-		data := make([]byte, 1000*(i+1))
-		g.Expect(os.WriteFile(p, data, 0o600)).To(Succeed())
-		want += int64(len(data))
-	}
+	dir := tree(t, "a", "sub/b", "sub/deeper/c", "été 2024.csv")
 	var reports []Result
-	res, err := Run(context.Background(), dir, 3, func(r Result) { reports = append(reports, r) })
+	res, err := Run(context.Background(), dir, Options{Concurrency: 3, Progress: func(r Result) { reports = append(reports, r) }})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(res).To(Equal(Result{Files: 4, Bytes: want}))
+	g.Expect(res).To(Equal(Result{Files: 4, Bytes: 10000}))
 	g.Expect(reports).To(HaveLen(4), "one progress report per file")
 	g.Expect(reports[3]).To(Equal(res), "the last report is the total")
 }
 
-func TestRunStopsWhenTheContextEnds(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
+func TestRunReadsTheSelectedFiles(t *testing.T) {
+	dir := tree(t, "a", "sub/b", "sub/deeper/c", "été 2024.csv")
+	for _, tc := range []struct {
+		name     string
+		patterns []string
+		metadata bool
+		want     Result
+	}{
+		{name: "a folder, all the way down", patterns: []string{"sub/**"}, want: Result{Files: 2, Bytes: 5000}},
+		{name: "one level", patterns: []string{"sub/*"}, want: Result{Files: 1, Bytes: 2000}},
+		{name: "two patterns", patterns: []string{"a", "*.csv"}, want: Result{Files: 2, Bytes: 5000}},
+		{name: "nothing matches", patterns: []string{"missing/**"}, want: Result{}},
+		{name: "metadata only: looked up, sizes counted", patterns: []string{"sub/**"}, metadata: true, want: Result{Files: 2, Bytes: 5000}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			var patterns []policy.Pattern
+			for _, p := range tc.patterns {
+				c, err := policy.Compile(p)
+				g.Expect(err).NotTo(HaveOccurred())
+				patterns = append(patterns, c)
+			}
+			res, err := Run(context.Background(), dir, Options{Paths: patterns, MetadataOnly: tc.metadata})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(res).To(Equal(tc.want))
+		})
 	}
+}
+
+func TestRunStopsWhenTheContextEnds(t *testing.T) {
+	dir := tree(t, "a")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := Run(ctx, dir, 2, nil)
+	_, err := Run(ctx, dir, Options{Concurrency: 2})
 	NewWithT(t).Expect(err).To(MatchError(context.Canceled))
 }

@@ -1106,8 +1106,11 @@ func (x *SyncDatasetRequest) GetForget() bool {
 }
 
 type DescribeDatasetRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Uid   string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// selection, if set, asks how much of the files it selects this node holds (a DataLoad's
+	// progress on the node).
+	Selection     *Selection `protobuf:"bytes,2,opt,name=selection,proto3" json:"selection,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1149,19 +1152,75 @@ func (x *DescribeDatasetRequest) GetUid() string {
 	return ""
 }
 
+func (x *DescribeDatasetRequest) GetSelection() *Selection {
+	if x != nil {
+		return x.Selection
+	}
+	return nil
+}
+
+// Selection names files of a Dataset by glob patterns of their paths (cacheworker/policy's
+// Compile: "train/*.parquet", "labels/**"); no pattern selects every file.
+type Selection struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Paths         []string               `protobuf:"bytes,1,rep,name=paths,proto3" json:"paths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Selection) Reset() {
+	*x = Selection{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Selection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Selection) ProtoMessage() {}
+
+func (x *Selection) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Selection.ProtoReflect.Descriptor instead.
+func (*Selection) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Selection) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
 type DescribeDatasetResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Mounted bool                   `protobuf:"varint,1,opt,name=mounted,proto3" json:"mounted,omitempty"`
 	// files and bytes are the totals of the tree the mount shows.
-	Files         int64 `protobuf:"varint,2,opt,name=files,proto3" json:"files,omitempty"`
-	Bytes         int64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Files int64 `protobuf:"varint,2,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes int64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// selected, with a selection asked for: what it selects of the tree, and how much of that
+	// the node's tiers hold.
+	Selected      *SelectionHeld `protobuf:"bytes,4,opt,name=selected,proto3" json:"selected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DescribeDatasetResponse) Reset() {
 	*x = DescribeDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[18]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1232,7 @@ func (x *DescribeDatasetResponse) String() string {
 func (*DescribeDatasetResponse) ProtoMessage() {}
 
 func (x *DescribeDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[18]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1245,7 @@ func (x *DescribeDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeDatasetResponse.ProtoReflect.Descriptor instead.
 func (*DescribeDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{18}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DescribeDatasetResponse) GetMounted() bool {
@@ -1210,6 +1269,84 @@ func (x *DescribeDatasetResponse) GetBytes() int64 {
 	return 0
 }
 
+func (x *DescribeDatasetResponse) GetSelected() *SelectionHeld {
+	if x != nil {
+		return x.Selected
+	}
+	return nil
+}
+
+type SelectionHeld struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// files and bytes are the selected files and their size.
+	Files int64 `protobuf:"varint,1,opt,name=files,proto3" json:"files,omitempty"`
+	Bytes int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// held_files are the selected files every block of which the node's tiers hold; held_bytes
+	// the bytes of the selected blocks they hold.
+	HeldFiles     int64 `protobuf:"varint,3,opt,name=held_files,json=heldFiles,proto3" json:"held_files,omitempty"`
+	HeldBytes     int64 `protobuf:"varint,4,opt,name=held_bytes,json=heldBytes,proto3" json:"held_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SelectionHeld) Reset() {
+	*x = SelectionHeld{}
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SelectionHeld) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SelectionHeld) ProtoMessage() {}
+
+func (x *SelectionHeld) ProtoReflect() protoreflect.Message {
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SelectionHeld.ProtoReflect.Descriptor instead.
+func (*SelectionHeld) Descriptor() ([]byte, []int) {
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SelectionHeld) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *SelectionHeld) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *SelectionHeld) GetHeldFiles() int64 {
+	if x != nil {
+		return x.HeldFiles
+	}
+	return 0
+}
+
+func (x *SelectionHeld) GetHeldBytes() int64 {
+	if x != nil {
+		return x.HeldBytes
+	}
+	return 0
+}
+
 type SyncDatasetResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Mounted bool                   `protobuf:"varint,1,opt,name=mounted,proto3" json:"mounted,omitempty"`
@@ -1229,7 +1366,7 @@ type SyncDatasetResponse struct {
 
 func (x *SyncDatasetResponse) Reset() {
 	*x = SyncDatasetResponse{}
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[19]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1378,7 @@ func (x *SyncDatasetResponse) String() string {
 func (*SyncDatasetResponse) ProtoMessage() {}
 
 func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[19]
+	mi := &file_cacheworker_workerpb_worker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1391,7 @@ func (x *SyncDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncDatasetResponse.ProtoReflect.Descriptor instead.
 func (*SyncDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{19}
+	return file_cacheworker_workerpb_worker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SyncDatasetResponse) GetMounted() bool {
@@ -1381,13 +1518,24 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x12SyncDatasetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12!\n" +
 	"\flisting_from\x18\x02 \x01(\tR\vlistingFrom\x12\x16\n" +
-	"\x06forget\x18\x03 \x01(\bR\x06forget\"*\n" +
+	"\x06forget\x18\x03 \x01(\bR\x06forget\"e\n" +
 	"\x16DescribeDatasetRequest\x12\x10\n" +
-	"\x03uid\x18\x01 \x01(\tR\x03uid\"_\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x129\n" +
+	"\tselection\x18\x02 \x01(\v2\x1b.strata.worker.v1.SelectionR\tselection\"!\n" +
+	"\tSelection\x12\x14\n" +
+	"\x05paths\x18\x01 \x03(\tR\x05paths\"\x9c\x01\n" +
 	"\x17DescribeDatasetResponse\x12\x18\n" +
 	"\amounted\x18\x01 \x01(\bR\amounted\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x03R\x05files\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\"\xcc\x01\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\x12;\n" +
+	"\bselected\x18\x04 \x01(\v2\x1f.strata.worker.v1.SelectionHeldR\bselected\"y\n" +
+	"\rSelectionHeld\x12\x14\n" +
+	"\x05files\x18\x01 \x01(\x03R\x05files\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1d\n" +
+	"\n" +
+	"held_files\x18\x03 \x01(\x03R\theldFiles\x12\x1d\n" +
+	"\n" +
+	"held_bytes\x18\x04 \x01(\x03R\theldBytes\"\xcc\x01\n" +
 	"\x13SyncDatasetResponse\x12\x18\n" +
 	"\amounted\x18\x01 \x01(\bR\amounted\x12\x14\n" +
 	"\x05added\x18\x02 \x01(\x03R\x05added\x12\x18\n" +
@@ -1421,7 +1569,7 @@ func file_cacheworker_workerpb_worker_proto_rawDescGZIP() []byte {
 	return file_cacheworker_workerpb_worker_proto_rawDescData
 }
 
-var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_cacheworker_workerpb_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_cacheworker_workerpb_worker_proto_goTypes = []any{
 	(*GetListingRequest)(nil),       // 0: strata.worker.v1.GetListingRequest
 	(*GetListingResponse)(nil),      // 1: strata.worker.v1.GetListingResponse
@@ -1441,9 +1589,11 @@ var file_cacheworker_workerpb_worker_proto_goTypes = []any{
 	(*UnmountDatasetResponse)(nil),  // 15: strata.worker.v1.UnmountDatasetResponse
 	(*SyncDatasetRequest)(nil),      // 16: strata.worker.v1.SyncDatasetRequest
 	(*DescribeDatasetRequest)(nil),  // 17: strata.worker.v1.DescribeDatasetRequest
-	(*DescribeDatasetResponse)(nil), // 18: strata.worker.v1.DescribeDatasetResponse
-	(*SyncDatasetResponse)(nil),     // 19: strata.worker.v1.SyncDatasetResponse
-	nil,                             // 20: strata.worker.v1.DatasetSource.CredentialsEntry
+	(*Selection)(nil),               // 18: strata.worker.v1.Selection
+	(*DescribeDatasetResponse)(nil), // 19: strata.worker.v1.DescribeDatasetResponse
+	(*SelectionHeld)(nil),           // 20: strata.worker.v1.SelectionHeld
+	(*SyncDatasetResponse)(nil),     // 21: strata.worker.v1.SyncDatasetResponse
+	nil,                             // 22: strata.worker.v1.DatasetSource.CredentialsEntry
 }
 var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	2,  // 0: strata.worker.v1.GetListingResponse.objects:type_name -> strata.worker.v1.ListedObject
@@ -1451,29 +1601,31 @@ var file_cacheworker_workerpb_worker_proto_depIdxs = []int32{
 	3,  // 2: strata.worker.v1.WriteBlockHeader.origin:type_name -> strata.worker.v1.BlockOrigin
 	7,  // 3: strata.worker.v1.WriteBlockRequest.header:type_name -> strata.worker.v1.WriteBlockHeader
 	4,  // 4: strata.worker.v1.WriteBlockResponse.block:type_name -> strata.worker.v1.BlockHeader
-	20, // 5: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
+	22, // 5: strata.worker.v1.DatasetSource.credentials:type_name -> strata.worker.v1.DatasetSource.CredentialsEntry
 	10, // 6: strata.worker.v1.SourceMount.source:type_name -> strata.worker.v1.DatasetSource
 	10, // 7: strata.worker.v1.MountDatasetRequest.source:type_name -> strata.worker.v1.DatasetSource
 	11, // 8: strata.worker.v1.MountDatasetRequest.mounts:type_name -> strata.worker.v1.SourceMount
-	5,  // 9: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
-	8,  // 10: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
-	0,  // 11: strata.worker.v1.Worker.GetListing:input_type -> strata.worker.v1.GetListingRequest
-	12, // 12: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
-	14, // 13: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
-	16, // 14: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
-	17, // 15: strata.worker.v1.DatasetSync.DescribeDataset:input_type -> strata.worker.v1.DescribeDatasetRequest
-	6,  // 16: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
-	9,  // 17: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
-	1,  // 18: strata.worker.v1.Worker.GetListing:output_type -> strata.worker.v1.GetListingResponse
-	13, // 19: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
-	15, // 20: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
-	19, // 21: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
-	18, // 22: strata.worker.v1.DatasetSync.DescribeDataset:output_type -> strata.worker.v1.DescribeDatasetResponse
-	16, // [16:23] is the sub-list for method output_type
-	9,  // [9:16] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	18, // 9: strata.worker.v1.DescribeDatasetRequest.selection:type_name -> strata.worker.v1.Selection
+	20, // 10: strata.worker.v1.DescribeDatasetResponse.selected:type_name -> strata.worker.v1.SelectionHeld
+	5,  // 11: strata.worker.v1.Worker.ReadBlock:input_type -> strata.worker.v1.ReadBlockRequest
+	8,  // 12: strata.worker.v1.Worker.WriteBlock:input_type -> strata.worker.v1.WriteBlockRequest
+	0,  // 13: strata.worker.v1.Worker.GetListing:input_type -> strata.worker.v1.GetListingRequest
+	12, // 14: strata.worker.v1.Mounter.MountDataset:input_type -> strata.worker.v1.MountDatasetRequest
+	14, // 15: strata.worker.v1.Mounter.UnmountDataset:input_type -> strata.worker.v1.UnmountDatasetRequest
+	16, // 16: strata.worker.v1.DatasetSync.SyncDataset:input_type -> strata.worker.v1.SyncDatasetRequest
+	17, // 17: strata.worker.v1.DatasetSync.DescribeDataset:input_type -> strata.worker.v1.DescribeDatasetRequest
+	6,  // 18: strata.worker.v1.Worker.ReadBlock:output_type -> strata.worker.v1.ReadBlockResponse
+	9,  // 19: strata.worker.v1.Worker.WriteBlock:output_type -> strata.worker.v1.WriteBlockResponse
+	1,  // 20: strata.worker.v1.Worker.GetListing:output_type -> strata.worker.v1.GetListingResponse
+	13, // 21: strata.worker.v1.Mounter.MountDataset:output_type -> strata.worker.v1.MountDatasetResponse
+	15, // 22: strata.worker.v1.Mounter.UnmountDataset:output_type -> strata.worker.v1.UnmountDatasetResponse
+	21, // 23: strata.worker.v1.DatasetSync.SyncDataset:output_type -> strata.worker.v1.SyncDatasetResponse
+	19, // 24: strata.worker.v1.DatasetSync.DescribeDataset:output_type -> strata.worker.v1.DescribeDatasetResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_cacheworker_workerpb_worker_proto_init() }
@@ -1491,7 +1643,7 @@ func file_cacheworker_workerpb_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cacheworker_workerpb_worker_proto_rawDesc), len(file_cacheworker_workerpb_worker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

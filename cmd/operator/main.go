@@ -261,6 +261,8 @@ func run(opts options) error {
 		ClaimServerTLS: &controllers.ClaimServerTLS{CA: ids.ca, Client: understore.ClaimClientTLS(ids.creds)},
 	}
 	var lineageMaster controllers.LineageMaster
+	// loadNodes are the pools' workers, asked what DataLoads brought them; none without a master.
+	var loadNodes controllers.LoadNodes
 	var partitionsMaster controllers.PartitionsMaster
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {
@@ -292,6 +294,7 @@ func run(opts options) error {
 		defer func() { _ = workerPeers.Close() }()
 		syncs := &controllers.WorkerSyncs{Workers: masters, Peers: workerPeers}
 		datasets.Syncer = syncs
+		loadNodes = syncs
 		datasets.Reports = &controllers.MasterBlockReports{Master: masters, Trees: syncs}
 		pools.Master = masters
 		pools.Forgetter = masters
@@ -318,6 +321,11 @@ func run(opts options) error {
 		RecomputeClass: opts.recomputeClass, APIReader: mgr.GetAPIReader(),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lineage controller: %w", err)
+	}
+	if err := (&controllers.DataLoadReconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), WorkerImage: datasets.WorkerImage, Nodes: loadNodes,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the DataLoad controller: %w", err)
 	}
 	if err := (&controllers.ProvisionerReconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: datasets.Master,

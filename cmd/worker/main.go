@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/strata-cache/strata/cacheworker/mounter"
+	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/warmup"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/daemon"
@@ -123,22 +124,34 @@ func splitList(s string) []string {
 	return out
 }
 
-// preload is `worker preload [--concurrency N] DIR`: the Dataset preload the operator runs as a
-// Job that mounts the Dataset's claim at DIR. It reads every file once, so the worker of its node
-// caches all of it, prints the totals as JSON, and exits 1 with the failing file named otherwise
-// (on stderr, which the Job's FallbackToLogsOnError makes the pod's termination message, which
-// the operator reports).
+// preload is `worker preload [--concurrency N] [--path GLOB]... [--metadata-only] DIR`: the
+// Dataset preload and the DataLoad runs the operator runs as Jobs that mount the Dataset's claim
+// at DIR. It reads the selected files once (every file without --path), so the worker of its
+// node caches them, prints the totals as JSON, and exits 1 with the failing file named
+// otherwise (on stderr, which the Job's FallbackToLogsOnError makes the pod's termination
+// message, which the operator reports).
 func preload(args []string) int {
 	fs := flag.NewFlagSet("preload", flag.ContinueOnError)
-	concurrency := fs.Int("concurrency", 4, "files read at once")
+	opts := warmup.Options{}
+	fs.IntVar(&opts.Concurrency, "concurrency", 4, "files read at once")
+	fs.Func("path", "a glob of the files to read, relative to DIR (\"train/*.parquet\", \"labels/**\"); repeat for more; none reads every file",
+		func(p string) error {
+			c, err := policy.Compile(p)
+			if err != nil {
+				return err
+			}
+			opts.Paths = append(opts.Paths, c)
+			return nil
+		})
+	fs.BoolVar(&opts.MetadataOnly, "metadata-only", false, "look the files up without reading them: the node lists the Dataset and keeps its listing")
 	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: worker preload [--concurrency N] DIR")
+		fmt.Fprintln(os.Stderr, "usage: worker preload [--concurrency N] [--path GLOB]... [--metadata-only] DIR")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
-	res, err := warmup.Run(ctx, fs.Arg(0), *concurrency, nil)
+	res, err := warmup.Run(ctx, fs.Arg(0), opts)
 	if err != nil {
 		msg := fmt.Sprintf("preload read %d files (%d bytes) before failing: %v", res.Files, res.Bytes, err)
 		fmt.Fprintln(os.Stderr, msg)
