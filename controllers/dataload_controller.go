@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/humanize"
 )
 
@@ -40,10 +41,10 @@ type SelectionHeld struct {
 type LoadNodes interface {
 	// Nodes are the nodes of pool that run a live worker, in order.
 	Nodes(ctx context.Context, pool string) ([]string, error)
-	// Held is what the pool's worker on node holds of the files of Dataset uid that paths
-	// select; mounted is false when the worker does not mount the Dataset, whose selection it
+	// Held is what the pool's worker on node holds of the files of Dataset uid that sel
+	// selects; mounted is false when the worker does not mount the Dataset, whose selection it
 	// then cannot see.
-	Held(ctx context.Context, pool, node, uid string, paths []string) (held SelectionHeld, mounted bool, err error)
+	Held(ctx context.Context, pool, node, uid string, sel *workerpb.Selection) (held SelectionHeld, mounted bool, err error)
 }
 
 const (
@@ -245,6 +246,13 @@ func (r *DataLoadReconciler) startRun(ctx context.Context, dl *datav1alpha1.Data
 	if dl.Spec.MetadataOnly {
 		args = append(args, "--metadata-only")
 	}
+	if p := percentOf(dl); p < 100 && !dl.Spec.MetadataOnly {
+		pool := &datav1alpha1.TierPool{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: ds.Spec.TierPoolName}, pool); err != nil {
+			return ctrl.Result{}, fmt.Errorf("reading TierPool %s for its block size: %w", ds.Spec.TierPoolName, err)
+		}
+		args = append(args, "--percent", strconv.Itoa(int(p)), "--block-size", strconv.FormatInt(blockSize(pool), 10))
+	}
 	status := make([]datav1alpha1.DataLoadNode, 0, len(nodes))
 	for i, node := range nodes {
 		labels := datasetLabels(ds)
@@ -300,6 +308,14 @@ func (r *DataLoadReconciler) deleteJobs(ctx context.Context, dl *datav1alpha1.Da
 	return nil
 }
 
+// percentOf is the share of each file dl loads: spec.percentOfEachFile, or 100.
+func percentOf(dl *datav1alpha1.DataLoad) int32 {
+	if p := dl.Spec.PercentOfEachFile; p != nil && !dl.Spec.MetadataOnly {
+		return *p
+	}
+	return 100
+}
+
 // runJobs lists the Jobs of run, by node.
 func (r *DataLoadReconciler) runJobs(ctx context.Context, dl *datav1alpha1.DataLoad, run int32) (map[string]*batchv1.Job, error) {
 	list := &batchv1.JobList{}
@@ -351,7 +367,8 @@ func (r *DataLoadReconciler) observeRun(ctx context.Context, dl *datav1alpha1.Da
 				failures = append(failures, fmt.Sprintf("the Job %s on node %s failed (%s): see `kubectl -n %s logs job/%s`", j.Name, n.Node, msg, dl.Namespace, j.Name))
 			}
 		}
-		held, mounted, err := r.Nodes.Held(ctx, ds.Spec.TierPoolName, n.Node, string(ds.UID), dl.Spec.Paths)
+		held, mounted, err := r.Nodes.Held(ctx, ds.Spec.TierPoolName, n.Node, string(ds.UID),
+			&workerpb.Selection{Paths: dl.Spec.Paths, Percent: percentOf(dl)})
 		switch {
 		case err != nil:
 			unknown = append(unknown, fmt.Sprintf("node %s: %v", n.Node, err))

@@ -144,6 +144,11 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	replan, err := r.planPrefetch(ctx, l.Namespace, ns)
+	if err != nil {
+		// Prefetching only speeds the pipeline up: the Lineage runs without it.
+		ctrl.LoggerFrom(ctx).Error(err, "planning the namespace's prefetches")
+	}
 	ready := checkLineage(l, ns)
 	if ready != nil && (ready.Reason == ReasonInputNotFound || ready.Reason == ReasonOutputNotDeclared) {
 		// The cache may not have seen yet a Dataset applied together with the Lineage: ask the
@@ -209,6 +214,9 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 	case written && r.Master != nil:
 		// Outputs may be lost or checkpointed meanwhile.
 		result.RequeueAfter = cmp.Or(r.Refresh, usageRefresh)
+	}
+	if replan > 0 && (result.RequeueAfter == 0 || replan < result.RequeueAfter) {
+		result.RequeueAfter = replan
 	}
 	return result, nil
 }
@@ -577,6 +585,8 @@ func (r *LineageReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&batchv1.Job{}).
 		Watches(&datav1alpha1.Dataset{}, handler.EnqueueRequestsFromMapFunc(r.lineagesInNamespace)).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.lineagesInNamespace)).
+		// A CachePolicy's prefetch policy plans for the Lineages of its namespace.
+		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.lineagesInNamespace)).
 		Complete(r)
 }
 

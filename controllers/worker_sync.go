@@ -150,7 +150,7 @@ func (w *WorkerSyncs) Nodes(ctx context.Context, pool string) ([]string, error) 
 
 // Held implements LoadNodes: the pool's worker on node counts what it holds of the files of
 // Dataset uid that paths select.
-func (w *WorkerSyncs) Held(ctx context.Context, pool, node, uid string, paths []string) (SelectionHeld, bool, error) {
+func (w *WorkerSyncs) Held(ctx context.Context, pool, node, uid string, sel *workerpb.Selection) (SelectionHeld, bool, error) {
 	addrs, _, err := w.liveWorkers(ctx, pool)
 	if err != nil {
 		return SelectionHeld{}, false, err
@@ -161,12 +161,12 @@ func (w *WorkerSyncs) Held(ctx context.Context, pool, node, uid string, paths []
 	}
 	dctx, cancel := context.WithTimeout(ctx, syncCallTimeout)
 	defer cancel()
-	r, err := w.Peers.DescribeDataset(dctx, addr, uid, &workerpb.Selection{Paths: paths})
+	r, err := w.Peers.DescribeDataset(dctx, addr, uid, sel)
 	if err != nil {
 		return SelectionHeld{}, false, fmt.Errorf("asking the worker on node %s: %w", node, err)
 	}
-	sel := r.GetSelected()
-	return SelectionHeld{Files: sel.GetFiles(), Bytes: sel.GetBytes(), HeldFiles: sel.GetHeldFiles(), HeldBytes: sel.GetHeldBytes()},
+	held := r.GetSelected()
+	return SelectionHeld{Files: held.GetFiles(), Bytes: held.GetBytes(), HeldFiles: held.GetHeldFiles(), HeldBytes: held.GetHeldBytes()},
 		r.GetMounted(), nil
 }
 

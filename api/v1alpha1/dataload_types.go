@@ -41,6 +41,15 @@ type DataLoadSpec struct {
 	// +optional
 	Schedule string `json:"schedule,omitempty"`
 
+	// PercentOfEachFile loads that share of each selected file, in blocks spread over the file
+	// (van der Corput order, as Kariz caches strides: however the file's readers split it, each
+	// finds about that share in memory); 100, the default, loads whole files. Prefetches of a
+	// CachePolicy's CMR policy load part of their inputs this way.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	PercentOfEachFile *int32 `json:"percentOfEachFile,omitempty"`
+
 	// MetadataOnly loads the selected files' metadata only: each node mounts the Dataset, which
 	// lists it and keeps the listing, and looks every selected file up, reading no byte. Its
 	// progress counts the files the nodes show, not cached bytes.

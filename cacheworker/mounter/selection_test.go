@@ -48,6 +48,13 @@ func TestDescribeDatasetCountsWhatTheNodeHoldsOfASelection(t *testing.T) {
 	g.Eventually(func() *workerpb.SelectionHeld { return describe("dir/**") }).Should(And(
 		HaveField("HeldBytes", int64(len(big))), HaveField("HeldFiles", int64(1))))
 
+	// Half of each file: blocks 0 and 2 of its four (kariz.Share), held.
+	resp, err = f.m.SyncServer().DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: uid,
+		Selection: &workerpb.Selection{Paths: []string{"dir/**"}, Percent: 50}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetSelected()).To(And(HaveField("Files", int64(1)), HaveField("Bytes", int64(2*blockSize)),
+		HaveField("HeldFiles", int64(1)), HaveField("HeldBytes", int64(2*blockSize))))
+
 	// A block evicted: the file is no longer held, its other blocks still are.
 	input, ok := f.m.input(uid)
 	g.Expect(ok).To(BeTrue())
@@ -61,6 +68,10 @@ func TestDescribeDatasetCountsWhatTheNodeHoldsOfASelection(t *testing.T) {
 	sel = describe("dir/**")
 	g.Expect(sel.GetHeldBytes()).To(Equal(int64(len(big) - blockSize)))
 	g.Expect(sel.GetHeldFiles()).To(BeZero(), "a file is held once every block is")
+	resp, err = f.m.SyncServer().DescribeDataset(ctx, &workerpb.DescribeDatasetRequest{Uid: uid,
+		Selection: &workerpb.Selection{Paths: []string{"dir/**"}, Percent: 50}})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(resp.GetSelected()).To(HaveField("HeldFiles", int64(1)), "block 1 is not of the half")
 	// Read again past the page cache, as a load does: the block is fetched and held again.
 	again, err := os.Open(filepath.Join(path, "dir", "b.bin"))
 	g.Expect(err).NotTo(HaveOccurred())

@@ -18,6 +18,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/lineage/kariz"
 )
 
 // syncMetrics count the syncs of mounted Datasets (the operator asks for them).
@@ -173,7 +174,7 @@ func (s syncServer) DescribeDataset(_ context.Context, req *workerpb.DescribeDat
 	}
 	resp := &workerpb.DescribeDatasetResponse{Mounted: true, Files: int64(input.Files()), Bytes: input.Bytes()}
 	if sel := req.GetSelection(); sel != nil {
-		held, err := s.m.selectionHeld(input, req.GetUid(), sel.GetPaths())
+		held, err := s.m.selectionHeld(input, req.GetUid(), sel.GetPaths(), int(sel.GetPercent()))
 		if err != nil {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
@@ -184,9 +185,10 @@ func (s syncServer) DescribeDataset(_ context.Context, req *workerpb.DescribeDat
 
 // selectionHeld counts the files of a mounted input Dataset that match one of patterns (every
 // file if there are none), and what of them this node's tiers hold, block by block: a file
-// counts as held once all its blocks are, so a load is never said done while a byte of it
-// would still come from the under-store.
-func (m *Mounter) selectionHeld(input *fusefs.Server, uid string, patterns []string) (*workerpb.SelectionHeld, error) {
+// counts as held once all its selected blocks are (percent of them, spread over the file, when
+// percent is 1 to 99: kariz.Share), so a load is never said done while a byte of it would
+// still come from the under-store.
+func (m *Mounter) selectionHeld(input *fusefs.Server, uid string, patterns []string, percent int) (*workerpb.SelectionHeld, error) {
 	compiled := make([]policy.Pattern, 0, len(patterns))
 	for i, p := range patterns {
 		c, err := policy.Compile(p)
@@ -201,14 +203,15 @@ func (m *Mounter) selectionHeld(input *fusefs.Server, uid string, patterns []str
 			continue
 		}
 		held.Files++
-		held.Bytes += f.Size
 		whole := true
-		for i := int64(0); i*m.cfg.BlockSize < f.Size; i++ {
-			if _, err := m.cfg.Store.Info(cache.BlockID(uid, f.Path, f.ETag, i)); err != nil {
+		for _, i := range kariz.Share(int((f.Size+m.cfg.BlockSize-1)/m.cfg.BlockSize), percent) {
+			size := min(m.cfg.BlockSize, f.Size-int64(i)*m.cfg.BlockSize)
+			held.Bytes += size
+			if _, err := m.cfg.Store.Info(cache.BlockID(uid, f.Path, f.ETag, int64(i))); err != nil {
 				whole = false
 				continue
 			}
-			held.HeldBytes += min(m.cfg.BlockSize, f.Size-i*m.cfg.BlockSize)
+			held.HeldBytes += size
 		}
 		if whole {
 			held.HeldFiles++

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-cache/strata/cacheworker/policy"
+	"github.com/strata-cache/strata/lineage/kariz"
 )
 
 // Result is what a warm-up read.
@@ -37,6 +38,11 @@ type Options struct {
 	// MetadataOnly looks the selected files up and reads no byte: the node's worker lists the
 	// Dataset when it mounts it, and keeps that listing, so that later mounts need none.
 	MetadataOnly bool
+	// Percent, from 1 to 99, reads that share of each file's blocks of BlockSize bytes, spread
+	// over the file (kariz.Share): what a DataLoad's percentOfEachFile loads. Otherwise every
+	// byte is read.
+	Percent   int
+	BlockSize int64
 	// Progress, if set, is given the running totals after each file.
 	Progress func(Result)
 }
@@ -64,7 +70,7 @@ func Run(ctx context.Context, dir string, opts Options) (Result, error) {
 			return nil
 		}
 		g.Go(func() error {
-			n, err := warm(path, opts.MetadataOnly)
+			n, err := warm(path, opts)
 			if err != nil {
 				return err
 			}
@@ -98,10 +104,10 @@ func selected(dir, path string, patterns []policy.Pattern) bool {
 	return slices.ContainsFunc(patterns, func(p policy.Pattern) bool { return p.Match(rel) })
 }
 
-// warm reads the file at path past the page cache, or only looks it up, and says how many
-// bytes it read (or, looked up, how large it is).
-func warm(path string, metadataOnly bool) (int64, error) {
-	if metadataOnly {
+// warm reads the file at path (all of it, or its share of blocks) past the page cache, or only
+// looks it up, and says how many bytes it read (or, looked up, how large it is).
+func warm(path string, opts Options) (int64, error) {
+	if opts.MetadataOnly {
 		info, err := os.Stat(path)
 		if err != nil {
 			return 0, fmt.Errorf("looking up %s: %w", path, err)
@@ -116,9 +122,26 @@ func warm(path string, metadataOnly bool) (int64, error) {
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		return 0, fmt.Errorf("dropping the cached pages of %s: %w", path, err)
 	}
-	n, err := io.Copy(io.Discard, f)
-	if err != nil {
-		return n, fmt.Errorf("reading %s: %w", path, err)
+	if opts.Percent <= 0 || opts.Percent >= 100 || opts.BlockSize <= 0 {
+		n, err := io.Copy(io.Discard, f)
+		if err != nil {
+			return n, fmt.Errorf("reading %s: %w", path, err)
+		}
+		return n, nil
 	}
-	return n, nil
+	info, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("looking up %s: %w", path, err)
+	}
+	var read int64
+	buf := make([]byte, min(opts.BlockSize, 1<<20))
+	for _, i := range kariz.Share(int((info.Size()+opts.BlockSize-1)/opts.BlockSize), opts.Percent) {
+		block := io.NewSectionReader(f, int64(i)*opts.BlockSize, opts.BlockSize)
+		n, err := io.CopyBuffer(io.Discard, block, buf)
+		read += n
+		if err != nil {
+			return read, fmt.Errorf("reading block %d of %s: %w", i, path, err)
+		}
+	}
+	return read, nil
 }

@@ -44,6 +44,7 @@ func TestRunReadsTheSelectedFiles(t *testing.T) {
 		name     string
 		patterns []string
 		metadata bool
+		percent  int
 		want     Result
 	}{
 		{name: "a folder, all the way down", patterns: []string{"sub/**"}, want: Result{Files: 2, Bytes: 5000}},
@@ -51,6 +52,8 @@ func TestRunReadsTheSelectedFiles(t *testing.T) {
 		{name: "two patterns", patterns: []string{"a", "*.csv"}, want: Result{Files: 2, Bytes: 5000}},
 		{name: "nothing matches", patterns: []string{"missing/**"}, want: Result{}},
 		{name: "metadata only: looked up, sizes counted", patterns: []string{"sub/**"}, metadata: true, want: Result{Files: 2, Bytes: 5000}},
+		// sub/b is 2000 bytes, two blocks of 1000; sub/deeper/c 3000, three; half is one and two.
+		{name: "half of each file, in blocks", patterns: []string{"sub/**"}, percent: 50, want: Result{Files: 2, Bytes: 3000}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -60,7 +63,7 @@ func TestRunReadsTheSelectedFiles(t *testing.T) {
 				g.Expect(err).NotTo(HaveOccurred())
 				patterns = append(patterns, c)
 			}
-			res, err := Run(context.Background(), dir, Options{Paths: patterns, MetadataOnly: tc.metadata})
+			res, err := Run(context.Background(), dir, Options{Paths: patterns, MetadataOnly: tc.metadata, Percent: tc.percent, BlockSize: 1000})
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(res).To(Equal(tc.want))
 		})

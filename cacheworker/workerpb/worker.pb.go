@@ -1162,8 +1162,11 @@ func (x *DescribeDatasetRequest) GetSelection() *Selection {
 // Selection names files of a Dataset by glob patterns of their paths (cacheworker/policy's
 // Compile: "train/*.parquet", "labels/**"); no pattern selects every file.
 type Selection struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Paths         []string               `protobuf:"bytes,1,rep,name=paths,proto3" json:"paths,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Paths []string               `protobuf:"bytes,1,rep,name=paths,proto3" json:"paths,omitempty"`
+	// percent, from 1 to 99, selects that share of each file's blocks, spread over the file
+	// (lineage/kariz.Share); 0 or 100 selects every block.
+	Percent       int32 `protobuf:"varint,2,opt,name=percent,proto3" json:"percent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1203,6 +1206,13 @@ func (x *Selection) GetPaths() []string {
 		return x.Paths
 	}
 	return nil
+}
+
+func (x *Selection) GetPercent() int32 {
+	if x != nil {
+		return x.Percent
+	}
+	return 0
 }
 
 type DescribeDatasetResponse struct {
@@ -1521,9 +1531,10 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x06forget\x18\x03 \x01(\bR\x06forget\"e\n" +
 	"\x16DescribeDatasetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x129\n" +
-	"\tselection\x18\x02 \x01(\v2\x1b.strata.worker.v1.SelectionR\tselection\"!\n" +
+	"\tselection\x18\x02 \x01(\v2\x1b.strata.worker.v1.SelectionR\tselection\";\n" +
 	"\tSelection\x12\x14\n" +
-	"\x05paths\x18\x01 \x03(\tR\x05paths\"\x9c\x01\n" +
+	"\x05paths\x18\x01 \x03(\tR\x05paths\x12\x18\n" +
+	"\apercent\x18\x02 \x01(\x05R\apercent\"\x9c\x01\n" +
 	"\x17DescribeDatasetResponse\x12\x18\n" +
 	"\amounted\x18\x01 \x01(\bR\amounted\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x03R\x05files\x12\x14\n" +

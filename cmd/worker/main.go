@@ -124,7 +124,8 @@ func splitList(s string) []string {
 	return out
 }
 
-// preload is `worker preload [--concurrency N] [--path GLOB]... [--metadata-only] DIR`: the
+// preload is `worker preload [--concurrency N] [--path GLOB]... [--metadata-only | --percent P
+// --block-size B] DIR`: the
 // Dataset preload and the DataLoad runs the operator runs as Jobs that mount the Dataset's claim
 // at DIR. It reads the selected files once (every file without --path), so the worker of its
 // node caches them, prints the totals as JSON, and exits 1 with the failing file named
@@ -144,8 +145,15 @@ func preload(args []string) int {
 			return nil
 		})
 	fs.BoolVar(&opts.MetadataOnly, "metadata-only", false, "look the files up without reading them: the node lists the Dataset and keeps its listing")
+	fs.IntVar(&opts.Percent, "percent", 100, "read this share of each file's blocks (of --block-size bytes), spread over the file")
+	fs.Int64Var(&opts.BlockSize, "block-size", 0, "the TierPool's block size, which --percent counts in")
+	usage := "usage: worker preload [--concurrency N] [--path GLOB]... [--metadata-only | --percent P --block-size B] DIR"
 	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: worker preload [--concurrency N] [--path GLOB]... [--metadata-only] DIR")
+		fmt.Fprintln(os.Stderr, usage)
+		return 2
+	}
+	if opts.Percent < 1 || opts.Percent > 100 || (opts.Percent < 100 && opts.BlockSize <= 0) {
+		fmt.Fprintf(os.Stderr, "--percent %d: give 1 to 100, and below 100 the --block-size it counts in\n%s\n", opts.Percent, usage)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

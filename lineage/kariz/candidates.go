@@ -39,6 +39,10 @@ type Stage struct {
 	// Remote and Cached are the step's predicted run times, in seconds, with none of its input
 	// cached and with all of it (lineage.RunTimeModel).
 	Remote, Cached float64
+	// OtherReads are bytes the step reads from the under-store besides Inputs, which the plan
+	// does not hold (Datasets no policy of this plan prefetches): they take the under-store's
+	// bandwidth, not the plan's memory.
+	OtherReads int64
 }
 
 // inputBytes is the size of everything the step reads.

@@ -229,3 +229,51 @@ func TestStridesSpreadOverEveryPartition(t *testing.T) {
 		t.Error("nothing to choose: nil")
 	}
 }
+
+func TestShareIsThePercentOfAFilesBlocksSpreadOverIt(t *testing.T) {
+	for _, tc := range []struct {
+		n, percent int
+		want       []int
+	}{
+		{n: 4, percent: 100, want: []int{0, 1, 2, 3}},
+		{n: 4, percent: 0, want: []int{0, 1, 2, 3}},
+		{n: 4, percent: 50, want: []int{0, 2}},
+		{n: 8, percent: 25, want: []int{0, 4}},
+		{n: 8, percent: 30, want: []int{0, 2, 4}},
+		{n: 3, percent: 1, want: []int{0}},
+		{n: 1, percent: 40, want: []int{0}},
+		{n: 0, percent: 40, want: nil},
+	} {
+		if got := Share(tc.n, tc.percent); !slices.Equal(got, tc.want) {
+			t.Errorf("Share(%d, %d%%) = %v, want %v", tc.n, tc.percent, got, tc.want)
+		}
+	}
+}
+
+// A step's reads of Datasets no plan holds take the bandwidth all the same: a running set that
+// reads all the under-store gives leaves nothing to read ahead during it.
+func TestReadsOfOtherDatasetsLeaveLessBandwidth(t *testing.T) {
+	stages := func(other int64) []Stage {
+		return []Stage{
+			{Name: "running", Set: 0, Remote: 10, Cached: 10, OtherReads: other},
+			{Name: "next", Set: 1, Inputs: []Input{{Dataset: "lookup", Bytes: 100}}, Remote: 10, Cached: 1},
+		}
+	}
+	budget := Budget{Memory: 1000, Bandwidth: 10} // 100 bytes over the running set's 10 s
+	for _, tc := range []struct {
+		other    int64
+		prefetch int64
+	}{
+		{other: 0, prefetch: 100},
+		{other: 60, prefetch: 40},
+		{other: 100, prefetch: 0},
+	} {
+		var got int64
+		for _, h := range PlanCMR(stages(tc.other), nil, budget) {
+			got += h.Prefetch
+		}
+		if got != tc.prefetch {
+			t.Errorf("with %d bytes of other reads in the running set: prefetch %d, want %d", tc.other, got, tc.prefetch)
+		}
+	}
+}

@@ -50,7 +50,7 @@ func newPlanner(stages []Stage, cached map[string]int64, budget Budget) *planner
 			p.sets = append(p.sets, s.Set)
 		}
 		p.duration[s.Set] = max(p.duration[s.Set], s.Remote)
-		p.demand[s.Set] += float64(s.inputBytes())
+		p.demand[s.Set] += float64(s.inputBytes() + s.OtherReads)
 	}
 	slices.Sort(p.sets)
 	return p

@@ -1,6 +1,9 @@
 package kariz
 
-import "math/bits"
+import (
+	"math/bits"
+	"slices"
+)
 
 // Strides chooses which of a file's n strides (blocks) to cache when only count of them fit:
 // the first count of the strides in bit-reversed order (the van der Corput sequence). However
@@ -27,4 +30,19 @@ func Strides(n, count int) []int {
 		}
 	}
 	return out
+}
+
+// Share is the blocks of a file of n blocks that hold percent of it (rounded up, at least
+// one): Strides of that many, in increasing order. Outside 1–99 percent it is every block.
+func Share(n, percent int) []int {
+	if percent <= 0 || percent >= 100 {
+		all := make([]int, n)
+		for i := range all {
+			all[i] = i
+		}
+		return all
+	}
+	chosen := Strides(n, max(1, (n*percent+99)/100))
+	slices.Sort(chosen)
+	return chosen
 }
