@@ -73,6 +73,6 @@ var _ = Describe("Prefetching the input of a pipeline's next step (CMR)", Ordere
 		waitLineage(ctx, namespace, "join", "Written")
 		Eventually(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "lookup-prefetch"}, load))
-		}).WithContext(ctx).WithTimeout(2 * minute).Should(BeTrue(), "the plan no longer reads lookup ahead once join runs")
+		}).WithContext(ctx).WithTimeout(2*minute).Should(BeTrue(), "the plan no longer reads lookup ahead once join runs")
 	})
 })
