@@ -210,14 +210,7 @@ var _ = Describe("A Dataset applied with its pool and policy", Ordered, Label("b
 		start := time.Now()
 		ds := minioDataset(namespace, "single", pool, "s3://"+bucket+"/"+namespace+"/single/")
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
-		reader := claimPod(namespace, "", "single", "sum", "--summary", "/data")
-		Expect(k8sClient.Create(ctx, reader)).To(Succeed())
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(reader), reader)).To(Succeed())
-			g.Expect(reader.Status.Phase).NotTo(Equal(corev1.PodFailed), "the reader failed: %s", podLogs(ctx, reader))
-			g.Expect(reader.Status.Phase).To(Equal(corev1.PodSucceeded))
-		}).WithContext(ctx).WithTimeout(5*minute).Should(Succeed(), "waiting for the pod to read the Dataset")
-		read := one(runLogs(ctx, reader))
+		read := one(runPod(ctx, claimPod(namespace, "", "single", "sum", "--summary", "/data")))
 		Expect(read.Bytes).To(BeEquivalentTo(1 << 20))
 		// Kind's nodes are containers of this host: the pod's clock is this one.
 		firstRead := read.FirstRead.Sub(start)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/eviction"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // inMemoryDir is a fresh directory on /dev/shm (tmpfs), removed after the test.
@@ -20,7 +22,7 @@ func inMemoryDir(t *testing.T) string {
 	t.Helper()
 	d, err := os.MkdirTemp("/dev/shm", "strata-tierstore-")
 	if err != nil {
-		t.Skipf("no tmpfs at /dev/shm: %v", err)
+		testenv.Lacking(t, fmt.Sprintf("no tmpfs at /dev/shm: %v", err))
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(d) })
 	return d
