@@ -51,8 +51,10 @@ const (
 	// dataLoadLabel names a DataLoad's Jobs, and dataLoadRunLabel their run.
 	dataLoadLabel    = "data.strata.dev/dataload"
 	dataLoadRunLabel = "data.strata.dev/dataload-run"
-	// dataLoadNodeAnnotation is the node a DataLoad's Job loads onto.
-	dataLoadNodeAnnotation = "data.strata.dev/dataload-node"
+	// dataLoadNodeAnnotation is the node a DataLoad's Job loads onto, and
+	// dataLoadGenerationAnnotation the generation of the spec it loads.
+	dataLoadNodeAnnotation       = "data.strata.dev/dataload-node"
+	dataLoadGenerationAnnotation = "data.strata.dev/dataload-generation"
 	// dataLoadRefresh is how often the progress of a run is counted again while it loads, and
 	// dataLoadRecheck how often after it ended (eviction may take what it loaded).
 	dataLoadRefresh = 5 * time.Second
@@ -133,13 +135,17 @@ func (r *DataLoadReconciler) reconcile(ctx context.Context, dl *datav1alpha1.Dat
 	}
 
 	now := r.now()
+	if err := r.adoptNewerRun(ctx, dl); err != nil {
+		return ctrl.Result{}, err
+	}
 	jobs, err := r.runJobs(ctx, dl, dl.Status.Runs)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	running := dl.Status.Runs > 0 && !runEnded(jobs, len(dl.Status.Nodes))
 	switch {
-	case dl.Status.Runs == 0, dl.Status.ObservedGeneration != dl.Generation && !running:
+	case dl.Status.Runs == 0, runGeneration(jobs, dl) != dl.Generation:
+		// A new spec loads anew at once: the last run's Jobs go.
 		return r.startRun(ctx, dl, ds, now)
 	case schedule != nil && !running && dl.Status.NextRunTime != nil && !now.Before(dl.Status.NextRunTime.Time):
 		return r.startRun(ctx, dl, ds, now)
@@ -260,7 +266,7 @@ func (r *DataLoadReconciler) startRun(ctx context.Context, dl *datav1alpha1.Data
 		labels[dataLoadLabel] = dl.Name
 		labels[dataLoadRunLabel] = strconv.Itoa(int(run))
 		job := loadJob(r.WorkerImage, dl.Namespace, objectName(dl.Name, fmt.Sprintf("-%d-%d", run, i)), ds.Name, labels, args)
-		job.Annotations = map[string]string{dataLoadNodeAnnotation: node}
+		job.Annotations = map[string]string{dataLoadNodeAnnotation: node, dataLoadGenerationAnnotation: strconv.FormatInt(dl.Generation, 10)}
 		job.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 				MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
@@ -314,6 +320,56 @@ func percentOf(dl *datav1alpha1.DataLoad) int32 {
 		return *p
 	}
 	return 100
+}
+
+// adoptNewerRun takes up a run whose Jobs exist but that dl's status does not show: a reconcile
+// started it and wrote the status, and this one read dl from a cache that has not seen that
+// write yet. The Jobs are the record of a run; without this, a stale read would start the same
+// run again, deleting the Jobs that load.
+func (r *DataLoadReconciler) adoptNewerRun(ctx context.Context, dl *datav1alpha1.DataLoad) error {
+	list := &batchv1.JobList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(dl.Namespace), client.MatchingLabels{dataLoadLabel: dl.Name}); err != nil {
+		return fmt.Errorf("listing the Jobs of DataLoad %s/%s: %w", dl.Namespace, dl.Name, err)
+	}
+	newest := dl.Status.Runs
+	for i := range list.Items {
+		j := &list.Items[i]
+		run, err := strconv.Atoi(j.Labels[dataLoadRunLabel])
+		if err == nil && metav1.IsControlledBy(j, dl) && j.DeletionTimestamp.IsZero() && int32(run) > newest {
+			newest = int32(run)
+		}
+	}
+	if newest == dl.Status.Runs {
+		return nil
+	}
+	var nodes []datav1alpha1.DataLoadNode
+	started := time.Time{}
+	for i := range list.Items {
+		j := &list.Items[i]
+		if j.Labels[dataLoadRunLabel] != strconv.Itoa(int(newest)) || !metav1.IsControlledBy(j, dl) {
+			continue
+		}
+		nodes = append(nodes, datav1alpha1.DataLoadNode{Node: j.Annotations[dataLoadNodeAnnotation], JobName: j.Name})
+		if started.IsZero() || j.CreationTimestamp.Before(&metav1.Time{Time: started}) {
+			started = j.CreationTimestamp.Time
+		}
+	}
+	slices.SortFunc(nodes, func(a, b datav1alpha1.DataLoadNode) int { return cmp.Compare(a.Node, b.Node) })
+	dl.Status.Runs, dl.Status.Nodes, dl.Status.NextRunTime = newest, nodes, nil
+	dl.Status.LastRunTime = &metav1.Time{Time: started}
+	dl.Status.Phase = datav1alpha1.DataLoadLoading
+	return nil
+}
+
+// runGeneration is the generation of the spec the run of jobs loads; dl's own when the run has
+// no Job left to say (deleted by hand: nothing to load again for).
+func runGeneration(jobs map[string]*batchv1.Job, dl *datav1alpha1.DataLoad) int64 {
+	for _, j := range jobs {
+		if g, err := strconv.ParseInt(j.Annotations[dataLoadGenerationAnnotation], 10, 64); err == nil {
+			return g
+		}
+	}
+	return dl.Generation
 }
 
 // runJobs lists the Jobs of run, by node.

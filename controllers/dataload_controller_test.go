@@ -178,6 +178,29 @@ var _ = Describe("Loading files of a Dataset onto chosen nodes (DataLoad)", func
 		Eventually(func() []batchv1.Job { return jobsOf(dl, 2) }).Should(HaveLen(1))
 	})
 
+	It("goes on with a run whose Jobs exist though the status it reads does not show it yet", func() {
+		ds := readyDataset("stale")
+		dl := dataLoad("stale", datav1alpha1.DataLoadSpec{DatasetName: ds.Name, Nodes: []string{"node-a"}})
+		Eventually(func() []batchv1.Job { return jobsOf(dl, 1) }).Should(HaveLen(1))
+		loaded(dl, datav1alpha1.ReasonLoading)
+
+		By("a Job of run 2, as a reconcile whose status write was not seen yet made it")
+		run1 := jobsOf(dl, 1)[0]
+		run2 := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "stale-2-0", Namespace: namespace,
+			Labels: map[string]string{dataLoadLabel: dl.Name, dataLoadRunLabel: "2"}, Annotations: run1.Annotations,
+			OwnerReferences: run1.OwnerReferences}, Spec: run1.Spec}
+		run2.Spec.Selector, run2.Spec.Template.Labels = nil, nil
+		Expect(k8sClient.Create(ctx, run2)).To(Succeed())
+		nodeA.hold(&workerpb.SelectionHeld{Files: 3, Bytes: 3500, HeldFiles: 3, HeldBytes: 3500})
+		finishJob(run2, true)
+		loaded(dl, datav1alpha1.ReasonLoaded)
+		Expect(dl.Status.Runs).To(BeEquivalentTo(2))
+		Expect(dl.Status.Nodes).To(ConsistOf(HaveField("JobName", "stale-2-0")))
+		Expect(jobsOf(dl, 3)).To(BeEmpty(), "no run started again")
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(run2), run2)).To(Succeed())
+		Expect(run2.DeletionTimestamp).To(BeNil(), "the run's Job is kept")
+	})
+
 	It("says what to fix when it cannot load", func() {
 		By("a Dataset that does not exist, until it does")
 		dl := dataLoad("early", datav1alpha1.DataLoadSpec{DatasetName: "later", Nodes: []string{"node-a"}})
