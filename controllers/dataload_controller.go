@@ -416,6 +416,8 @@ func (r *DataLoadReconciler) observeRun(ctx context.Context, dl *datav1alpha1.Da
 	jobs map[string]*batchv1.Job, schedule cron.Schedule, now time.Time) (ctrl.Result, error) {
 	var failures, unknown []string
 	var files, bytes datav1alpha1.LoadCount
+	// counted is how many nodes said what they hold this time.
+	counted := 0
 	for i := range dl.Status.Nodes {
 		n := &dl.Status.Nodes[i]
 		if j := jobs[n.Node]; j != nil {
@@ -425,6 +427,9 @@ func (r *DataLoadReconciler) observeRun(ctx context.Context, dl *datav1alpha1.Da
 		}
 		held, mounted, err := r.Nodes.Held(ctx, ds.Spec.TierPoolName, n.Node, string(ds.UID),
 			&workerpb.Selection{Paths: dl.Spec.Paths, Percent: percentOf(dl)})
+		if err == nil && mounted {
+			counted++
+		}
 		switch {
 		case err != nil:
 			unknown = append(unknown, fmt.Sprintf("node %s: %v", n.Node, err))
@@ -472,6 +477,8 @@ func (r *DataLoadReconciler) observeRun(ctx context.Context, dl *datav1alpha1.Da
 	case len(unknown) > 0:
 		r.finish(dl, datav1alpha1.DataLoadIncomplete, datav1alpha1.ReasonProgressUnknown,
 			"the run ended, but not every node could say what it holds: "+strings.Join(unknown, "; "), corev1.EventTypeWarning)
+	case files.Total == 0 && counted == len(dl.Status.Nodes):
+		r.finish(dl, datav1alpha1.DataLoadFailed, datav1alpha1.ReasonNothingSelected, nothingSelected(dl, ds), corev1.EventTypeWarning)
 	case allHeld(dl):
 		if dl.Status.Phase != datav1alpha1.DataLoadLoaded {
 			dl.Status.LastLoadedTime = &metav1.Time{Time: now}
@@ -484,6 +491,15 @@ func (r *DataLoadReconciler) observeRun(ctx context.Context, dl *datav1alpha1.Da
 			dl.Status.Runs, describeLoad(dl), missingByNode(dl)), corev1.EventTypeWarning)
 	}
 	return result, nil
+}
+
+// nothingSelected says that a run found no file to load, and what to fix.
+func nothingSelected(dl *datav1alpha1.DataLoad, ds *datav1alpha1.Dataset) string {
+	if len(dl.Spec.Paths) == 0 {
+		return fmt.Sprintf("run %d: Dataset %s has no file to load: check its source (spec.source) holds objects under its prefix", dl.Status.Runs, ds.Name)
+	}
+	return fmt.Sprintf("run %d: spec.paths %q select no file of Dataset %s: fix the patterns, which are relative to the Dataset's root (such as train/** or **/*.parquet)",
+		dl.Status.Runs, dl.Spec.Paths, ds.Name)
 }
 
 // finish records where an ended run stands, with an event when that changes.

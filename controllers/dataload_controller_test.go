@@ -134,6 +134,23 @@ var _ = Describe("Loading files of a Dataset onto chosen nodes (DataLoad)", func
 		}).Should(Succeed())
 	})
 
+	It("fails, saying what to fix, when its paths select no file", func() {
+		ds := readyDataset("typo")
+		dl := dataLoad("typo", datav1alpha1.DataLoadSpec{DatasetName: ds.Name, Paths: []string{"trian/**"}, Nodes: []string{"node-a"}})
+		var job batchv1.Job
+		Eventually(func(g Gomega) {
+			jobs := jobsOf(dl, 1)
+			g.Expect(jobs).To(HaveLen(1))
+			job = jobs[0]
+		}).Should(Succeed())
+		nodeA.hold(&workerpb.SelectionHeld{})
+		finishJob(&job, true)
+		cond := loaded(dl, datav1alpha1.ReasonNothingSelected)
+		Expect(cond.Status).To(Equal(metav1.ConditionFalse))
+		Expect(cond.Message).To(And(ContainSubstring(`["trian/**"] select no file of Dataset typo`), ContainSubstring("fix the patterns")))
+		Expect(dl.Status.Phase).To(Equal(datav1alpha1.DataLoadFailed))
+	})
+
 	It("spreads over spec.nodeCount nodes, those holding most of the Dataset first", func() {
 		ds := readyDataset("spread")
 		dl := dataLoad("two", datav1alpha1.DataLoadSpec{DatasetName: ds.Name, NodeCount: ptr.To[int32](2), MetadataOnly: true})

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/warmup"
 )
 
 // annotationJobLoadRequest is the annotation of a preload Job that says which load request
@@ -121,7 +122,8 @@ func (r *DatasetReconciler) createPreloadJob(ctx context.Context, ds *datav1alph
 // loadJob is a Job that runs `worker preload` with args before the mount point, on the
 // Dataset's claim: the read that makes the node's worker cache the files. It runs as a tenant's
 // pod would: in the Dataset's namespace, with the claim read-only, as a user without
-// privileges.
+// privileges: the loader's (warmup.LoaderUID), by which the node's worker tells a load's reads
+// from a pod's.
 func loadJob(image WorkerImage, namespace, name, claim string, labels map[string]string, args []string) *batchv1.Job {
 	return &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
@@ -134,7 +136,7 @@ func loadJob(image WorkerImage, namespace, name, claim string, labels map[string
 					AutomountServiceAccountToken: ptr.To(false),
 					EnableServiceLinks:           ptr.To(false),
 					SecurityContext: &corev1.PodSecurityContext{
-						RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532),
+						RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](warmup.LoaderUID), RunAsGroup: ptr.To[int64](warmup.LoaderUID),
 						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 					},
 					Containers: []corev1.Container{{

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,12 +15,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/lineage"
 	"github.com/strata-cache/strata/lineage/kariz"
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 // prefetchLabel marks the DataLoads that a CachePolicy's prefetch policy makes; its value is
@@ -42,17 +45,71 @@ type prefetchLoad struct {
 // policies of its Datasets' CachePolicies (Kariz's MRD, CP and CMR: lineage/kariz) plan now,
 // at the start of the stage-set that runs: the inputs of the Lineages of the next sets that
 // the plan reads ahead during this one get a DataLoad each, onto one node of their pool (the
-// scheduling hints then send their readers there), of the share of each file the plan holds;
-// the loads a new plan no longer wants, because their readers started or the plan changed,
-// are deleted. Only Datasets read from an under-store are prefetched: a Lineage's outputs are
-// written into the cache.
+// scheduling hints then send their readers there), of the share of each file the plan holds,
+// which the workers pin while the DataLoad lasts (WorkerReconciler.prefetchPin); the loads a
+// new plan no longer wants are deleted once no stage that reads them runs (the stage they were
+// for ended, or the plan changed). Only Datasets read from an under-store are prefetched: a
+// Lineage's outputs are written into the cache.
+//
+// The namespaces whose prefetched Datasets share a pool share its memory: they are planned
+// together, each namespace one DAG of Kariz's multi-DAG plan; the plan is applied to all of
+// them at once, by whichever namespace's reconcile made it.
 //
 // It says when to plan again: soon while the plan may grow (a running set's time, and so the
 // bandwidth it leaves, grows as it runs, which no event tells), never when nothing is planned for.
 func (r *LineageReconciler) planPrefetch(ctx context.Context, namespace string, ns *namespace) (time.Duration, error) {
+	prefetchOf, err := r.prefetchPolicies(ctx, namespace)
+	if err != nil {
+		return 0, err
+	}
+	if len(prefetchOf) == 0 {
+		return 0, r.applyPrefetch(ctx, namespace, ns, nil)
+	}
+	tenants, err := r.poolTenants(ctx, namespace, &tenant{graph: ns, prefetchOf: prefetchOf})
+	if err != nil {
+		return 0, err
+	}
+	plan, planned := r.prefetchPlan(ctx, tenants)
+	var replan time.Duration
+	if planned {
+		replan = prefetchReplan
+	}
+	// Every namespace of the plan gets its part now, so that the pool's memory is never
+	// promised twice while the other namespaces wait for their own reconciles.
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(tenants)) {
+		want := map[string]prefetchLoad{}
+		for q, w := range plan {
+			if q.namespace == name {
+				want[q.name] = w
+			}
+		}
+		errs = append(errs, r.applyPrefetch(ctx, name, tenants[name].graph, want))
+	}
+	return replan, errors.Join(errs...)
+}
+
+// prefetchReplan is how often a namespace's prefetches are planned again while Lineages wait
+// for a running set that reads Datasets a policy prefetches.
+const prefetchReplan = 3 * time.Second
+
+// tenant is a namespace as the prefetch planner sees it: its Lineage graph, and the prefetch
+// policy of each of its CachePolicies that names one.
+type tenant struct {
+	graph      *namespace
+	prefetchOf map[string]datav1alpha1.PrefetchPolicy
+}
+
+// qualified names a Dataset or a Lineage across namespaces.
+type qualified struct{ namespace, name string }
+
+func (q qualified) String() string { return q.namespace + "/" + q.name }
+
+// prefetchPolicies maps the CachePolicies of namespace that prefetch to their policy.
+func (r *LineageReconciler) prefetchPolicies(ctx context.Context, namespace string) (map[string]datav1alpha1.PrefetchPolicy, error) {
 	policies := &datav1alpha1.CachePolicyList{}
 	if err := r.Client.List(ctx, policies, client.InNamespace(namespace)); err != nil {
-		return 0, fmt.Errorf("listing CachePolicies in %s: %w", namespace, err)
+		return nil, fmt.Errorf("listing CachePolicies in %s: %w", namespace, err)
 	}
 	prefetchOf := map[string]datav1alpha1.PrefetchPolicy{}
 	for _, cp := range policies.Items {
@@ -60,42 +117,66 @@ func (r *LineageReconciler) planPrefetch(ctx context.Context, namespace string, 
 			prefetchOf[cp.Name] = p
 		}
 	}
-	want := map[string]prefetchLoad{}
-	var replan time.Duration
-	if len(prefetchOf) > 0 {
-		var planned bool
-		want, planned = r.prefetchPlan(ctx, ns, prefetchOf)
-		if planned {
-			replan = prefetchReplan
-		}
-	}
-	return replan, r.applyPrefetch(ctx, namespace, ns, want)
+	return prefetchOf, nil
 }
 
-// prefetchReplan is how often a namespace's prefetches are planned again while Lineages wait
-// for a running set that reads Datasets a policy prefetches.
-const prefetchReplan = 3 * time.Second
+// prefetched says whether ds is one a tenant's policies prefetch, and with which.
+func (t *tenant) prefetched(ds *datav1alpha1.Dataset) (datav1alpha1.PrefetchPolicy, bool) {
+	if ds == nil || !ds.ReadsStores() || ds.Status.TotalBytes == 0 {
+		return "", false
+	}
+	p, ok := t.prefetchOf[ds.Spec.CachePolicyName]
+	return p, ok
+}
 
-// prefetchPlan runs each policy over the namespace's Lineages, for the Datasets whose
-// CachePolicy names it, grouped by TierPool (each pool's memory is its own budget). planned
-// says whether a Lineage that waits reads such a Dataset, so that the plan may change as the
-// running ones go on.
-func (r *LineageReconciler) prefetchPlan(ctx context.Context, ns *namespace, prefetchOf map[string]datav1alpha1.PrefetchPolicy) (_ map[string]prefetchLoad, planned bool) {
-	lineages := ns.lineages
-	stageOf := ns.pipeline.Stages(func(step string) lineage.Phase { return phaseOf(lineages[step]) })
+// poolTenants are namespace (own) and every other namespace that prefetches a Dataset of a pool
+// where own prefetches one: their plans share the pool's memory.
+func (r *LineageReconciler) poolTenants(ctx context.Context, namespace string, own *tenant) (map[string]*tenant, error) {
+	tenants := map[string]*tenant{namespace: own}
+	pools := map[string]bool{}
+	for _, ds := range own.graph.datasets {
+		if _, ok := own.prefetched(ds); ok {
+			pools[ds.Spec.TierPoolName] = true
+		}
+	}
+	if len(pools) == 0 {
+		return tenants, nil
+	}
+	all := &datav1alpha1.DatasetList{}
+	if err := r.Client.List(ctx, all); err != nil {
+		return nil, fmt.Errorf("listing the Datasets of the pools of %s: %w", namespace, err)
+	}
+	others := map[string]bool{}
+	for _, ds := range all.Items {
+		if ds.Namespace != namespace && pools[ds.Spec.TierPoolName] && ds.Spec.CachePolicyName != "" {
+			others[ds.Namespace] = true
+		}
+	}
+	for _, other := range slices.Sorted(maps.Keys(others)) {
+		prefetchOf, err := r.prefetchPolicies(ctx, other)
+		if err != nil {
+			return nil, err
+		}
+		if len(prefetchOf) == 0 {
+			continue
+		}
+		graph, err := r.namespaceGraph(ctx, other)
+		if err != nil {
+			return nil, err
+		}
+		tenants[other] = &tenant{graph: graph, prefetchOf: prefetchOf}
+	}
+	return tenants, nil
+}
 
+// prefetchPlan runs each policy over the tenants' Lineages, for the Datasets whose CachePolicy
+// names it, grouped by policy and TierPool; the groups of one pool take its memory in turn.
+// planned says whether a Lineage that waits reads such a Dataset, so that the plan may change
+// as the running ones go on.
+func (r *LineageReconciler) prefetchPlan(ctx context.Context, tenants map[string]*tenant) (_ map[qualified]prefetchLoad, planned bool) {
 	type group struct {
 		policy datav1alpha1.PrefetchPolicy
 		pool   string
-	}
-	// candidate says which group a Dataset is planned in, if any.
-	candidate := func(name string) (group, bool) {
-		ds := ns.datasets[name]
-		if ds == nil || !ds.ReadsStores() || ds.Status.TotalBytes == 0 {
-			return group{}, false
-		}
-		p, ok := prefetchOf[ds.Spec.CachePolicyName]
-		return group{policy: p, pool: ds.Spec.TierPoolName}, ok
 	}
 	// Every Lineage that will still run is a stage of every group's plan (its reads take the
 	// bandwidth whatever is prefetched); its inputs there are the group's Datasets it reads.
@@ -107,45 +188,57 @@ func (r *LineageReconciler) prefetchPlan(ctx context.Context, ns *namespace, pre
 		total, sources, cachedOthers int64
 	}
 	var steps []step
+	datasets := map[string]*datav1alpha1.Dataset{} // the inputs, by qualified name
 	groupsSeen := map[group]bool{}
 	now := time.Now()
-	for _, name := range slices.Sorted(maps.Keys(lineages)) {
-		set, ok := stageOf[name]
-		if !ok || set < 0 {
-			continue
-		}
-		l := lineages[name]
-		st := step{stage: kariz.Stage{Name: name, DAG: namespaceDAG, Set: set}, inputs: map[group][]kariz.Input{}, model: runTimeModel(l.Status.RunTime)}
-		for _, in := range l.Spec.Inputs {
-			ds := ns.datasets[in]
-			if ds == nil {
+	for _, namespace := range slices.Sorted(maps.Keys(tenants)) {
+		t := tenants[namespace]
+		lineages := t.graph.lineages
+		stageOf := t.graph.pipeline.Stages(func(step string) lineage.Phase { return phaseOf(lineages[step]) })
+		for _, name := range slices.Sorted(maps.Keys(lineages)) {
+			set, ok := stageOf[name]
+			if !ok || set < 0 {
 				continue
 			}
-			st.total += ds.Status.TotalBytes
-			cached := min(ds.Status.CachedBytes, ds.Status.TotalBytes)
-			if ds.ReadsStores() {
-				st.sources += ds.Status.TotalBytes - cached
+			l := lineages[name]
+			st := step{stage: kariz.Stage{Name: qualified{namespace, name}.String(), DAG: namespace, Set: set},
+				inputs: map[group][]kariz.Input{}, model: runTimeModel(l.Status.RunTime)}
+			for _, in := range l.Spec.Inputs {
+				ds := t.graph.datasets[in]
+				if ds == nil {
+					continue
+				}
+				q := qualified{namespace, in}.String()
+				datasets[q] = ds
+				st.total += ds.Status.TotalBytes
+				cached := min(ds.Status.CachedBytes, ds.Status.TotalBytes)
+				if ds.ReadsStores() {
+					st.sources += ds.Status.TotalBytes - cached
+				}
+				if p, ok := t.prefetched(ds); ok {
+					g := group{policy: p, pool: ds.Spec.TierPoolName}
+					st.inputs[g] = append(st.inputs[g], kariz.Input{Dataset: q, Bytes: ds.Status.TotalBytes})
+					groupsSeen[g] = true
+					continue
+				}
+				st.cachedOthers += cached
 			}
-			if g, ok := candidate(in); ok {
-				st.inputs[g] = append(st.inputs[g], kariz.Input{Dataset: in, Bytes: ds.Status.TotalBytes})
-				groupsSeen[g] = true
-				continue
+			st.stage.Remote = st.model.Predict(st.total, st.cachedOthers)
+			if running := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionReady); phaseOf(l) == lineage.Running &&
+				running != nil && running.Reason == ReasonRunning {
+				// It runs at least as long as it has run: a step without runs to learn from is
+				// predicted by its reads alone, which leave out its own work.
+				st.stage.Remote = max(st.stage.Remote, now.Sub(running.LastTransitionTime.Time).Seconds())
 			}
-			st.cachedOthers += cached
+			if set > 0 && len(st.inputs) > 0 {
+				planned = true
+			}
+			steps = append(steps, st)
 		}
-		st.stage.Remote = st.model.Predict(st.total, st.cachedOthers)
-		if running := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionReady); phaseOf(l) == lineage.Running &&
-			running != nil && running.Reason == ReasonRunning {
-			// It runs at least as long as it has run: a step without runs to learn from is
-			// predicted by its reads alone, which leave out its own work.
-			st.stage.Remote = max(st.stage.Remote, now.Sub(running.LastTransitionTime.Time).Seconds())
-		}
-		steps = append(steps, st)
 	}
-	for _, st := range steps {
-		if st.stage.Set > 0 && len(st.inputs) > 0 {
-			planned = true
-		}
+	uncachedOf := func(q string) int64 {
+		ds := datasets[q]
+		return ds.Status.TotalBytes - min(ds.Status.CachedBytes, ds.Status.TotalBytes)
 	}
 	groups := map[group][]kariz.Stage{}
 	for g := range groupsSeen {
@@ -155,8 +248,7 @@ func (r *LineageReconciler) prefetchPlan(ctx context.Context, ns *namespace, pre
 			var bytes, uncached int64
 			for _, in := range s.Inputs {
 				bytes += in.Bytes
-				ds := ns.datasets[in.Dataset]
-				uncached += ds.Status.TotalBytes - min(ds.Status.CachedBytes, ds.Status.TotalBytes)
+				uncached += uncachedOf(in.Dataset)
 			}
 			// What caching the group's inputs would take off the step, the rest as it is.
 			s.Cached = min(s.Remote, st.model.Predict(st.total, st.cachedOthers+bytes))
@@ -165,62 +257,117 @@ func (r *LineageReconciler) prefetchPlan(ctx context.Context, ns *namespace, pre
 		}
 	}
 
-	want := map[string]prefetchLoad{}
+	// cachedOf is what memory holds of each group's Datasets; memory, what each pool has left
+	// for the groups not planned yet.
+	cachedOf := map[group]map[string]int64{}
+	held := map[string]int64{}
 	for g, stages := range groups {
-		sortStages(stages)
-		cached := map[string]int64{}
+		cachedOf[g] = map[string]int64{}
 		for _, s := range stages {
 			for _, in := range s.Inputs {
-				ds := ns.datasets[in.Dataset]
-				cached[in.Dataset] = min(ds.Status.CachedBytes, ds.Status.TotalBytes)
+				ds := datasets[in.Dataset]
+				if _, seen := cachedOf[g][in.Dataset]; !seen {
+					cachedOf[g][in.Dataset] = min(ds.Status.CachedBytes, ds.Status.TotalBytes)
+					held[g.pool] += cachedOf[g][in.Dataset]
+				}
 			}
 		}
-		budget := kariz.Budget{Memory: r.memoryOf(ctx, g.pool), Bandwidth: lineage.DefaultUnderStoreRate}
+	}
+	memory := map[string]int64{}
+	want := map[qualified]prefetchLoad{}
+	for _, g := range slices.SortedFunc(maps.Keys(groups), func(a, b group) int {
+		return cmp.Or(cmp.Compare(a.pool, b.pool), cmp.Compare(a.policy, b.policy))
+	}) {
+		stages := groups[g]
+		sortStages(stages)
+		if _, ok := memory[g.pool]; !ok {
+			memory[g.pool] = r.memoryOf(ctx, g.pool, held[g.pool])
+		}
+		budget := kariz.Budget{Memory: memory[g.pool], Bandwidth: lineage.DefaultUnderStoreRate}
 		var holds []kariz.Hold
 		switch g.policy {
 		case datav1alpha1.PrefetchMRD:
-			holds = kariz.PlanMRD(stages, cached, budget)
+			holds = kariz.PlanMRD(stages, cachedOf[g], budget)
 		case datav1alpha1.PrefetchCP:
-			holds = kariz.PlanCP(stages, cached, budget)
+			holds = kariz.PlanCP(stages, cachedOf[g], budget)
 		case datav1alpha1.PrefetchCMR:
-			holds = kariz.PlanCMR(stages, cached, budget)
+			holds = kariz.PlanCMR(stages, cachedOf[g], budget)
 		}
 		for _, h := range holds {
+			memory[g.pool] -= max(h.Bytes, 0)
 			if h.Bytes <= 0 || (h.Prefetch > 0 && h.Start != 0) {
 				continue // read ahead during a later set
 			}
-			total := ns.datasets[h.Dataset].Status.TotalBytes
+			ds := datasets[h.Dataset]
+			total := ds.Status.TotalBytes
 			percent := int32(min(100, max(1, (h.Bytes*100+total-1)/total)))
 			var readers []string
 			for _, s := range stages {
-				if s.Set > 0 && slices.ContainsFunc(s.Inputs, func(in kariz.Input) bool { return in.Dataset == h.Dataset }) {
-					readers = append(readers, s.Name)
+				if s.Set > 0 && s.DAG == ds.Namespace && slices.ContainsFunc(s.Inputs, func(in kariz.Input) bool { return in.Dataset == h.Dataset }) {
+					readers = append(readers, strings.TrimPrefix(s.Name, ds.Namespace+"/"))
 				}
 			}
-			want[h.Dataset] = prefetchLoad{policy: g.policy, percent: percent, readers: readers, fetch: h.Prefetch > 0}
+			want[qualified{ds.Namespace, ds.Name}] = prefetchLoad{policy: g.policy, percent: percent, readers: readers, fetch: h.Prefetch > 0}
 		}
 	}
 	return want, planned
 }
 
-// namespaceDAG is the one pipeline of a namespace, as the planner sees it: a Dataset that
-// several of its Lineages read is read by one pipeline, not shared between pipelines.
-const namespaceDAG = "namespace"
-
-// memoryOf is what a plan may hold of a pool: one node's memory tiers, whose quotas the pool
-// declares (the prefetch loads onto one node).
-func (r *LineageReconciler) memoryOf(ctx context.Context, pool string) int64 {
+// memoryOf is what a plan may hold of a pool: the free space of the memory tiers of the node
+// of the pool that has most (the prefetch loads onto one node), as its worker last told the
+// master, and the bytes of the planned Datasets that memory holds already (a plan counts what
+// it keeps, not only what it brings in). Before any worker of the pool reported, or without a
+// master, it is one node's memory quotas, which the pool declares.
+func (r *LineageReconciler) memoryOf(ctx context.Context, pool string, held int64) int64 {
 	tp := &datav1alpha1.TierPool{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: pool}, tp); err != nil {
 		return 0
 	}
-	var memory int64
+	memory := map[string]bool{}
+	var quota int64
 	for _, t := range tp.Spec.Tiers {
 		if t.Medium == datav1alpha1.MediumMemory {
-			memory += t.Quota.Value()
+			memory[t.Name] = true
+			quota += t.Quota.Value()
 		}
 	}
-	return memory
+	free, ok := r.freeMemory(ctx, pool, memory)
+	if !ok {
+		return quota
+	}
+	return min(quota, free+held)
+}
+
+// freeMemory is the most free space of the tiers named memory that a live worker of pool has,
+// as the workers last told the master; ok is false when none did.
+func (r *LineageReconciler) freeMemory(ctx context.Context, pool string, memory map[string]bool) (free int64, ok bool) {
+	if r.Master == nil {
+		return 0, false
+	}
+	cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+	defer cancel()
+	resp, err := r.Master.ListWorkers(cctx, &masterpb.ListWorkersRequest{StaleOk: true})
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Info("cannot read the workers' free memory from the master; prefetches are planned within the pool's memory quota", "error", err.Error())
+		return 0, false
+	}
+	for _, w := range resp.GetWorkers() {
+		if !strings.HasPrefix(w.GetId(), pool+"/") || w.GetState() != masterpb.WorkerState_WORKER_STATE_ALIVE {
+			continue
+		}
+		var f int64
+		reported := false
+		for _, t := range w.GetTiers() {
+			if memory[t.GetTier()] {
+				f += max(0, t.GetCapacityBytes()-t.GetUsedBytes())
+				reported = true
+			}
+		}
+		if reported && (!ok || f > free) {
+			free, ok = f, true
+		}
+	}
+	return free, ok
 }
 
 // prefetchName is the DataLoad that prefetches a Dataset.
@@ -237,8 +384,14 @@ func (r *LineageReconciler) applyPrefetch(ctx context.Context, namespace string,
 	existing := map[string]*datav1alpha1.DataLoad{}
 	for i := range have.Items {
 		dl := &have.Items[i]
-		if _, ok := want[dl.Spec.DatasetName]; ok && dl.Name == prefetchName(dl.Spec.DatasetName) {
+		own := dl.Name == prefetchName(dl.Spec.DatasetName)
+		if _, ok := want[dl.Spec.DatasetName]; ok && own {
 			existing[dl.Spec.DatasetName] = dl
+			continue
+		}
+		if own && len(runningReaders(ns, dl.Spec.DatasetName)) > 0 {
+			// What it loaded stays pinned (WorkerReconciler.prefetchPin) until the stage that
+			// reads it ends.
 			continue
 		}
 		if err := r.Client.Delete(ctx, dl); client.IgnoreNotFound(err) != nil {
@@ -247,7 +400,7 @@ func (r *LineageReconciler) applyPrefetch(ctx context.Context, namespace string,
 		}
 		if ds := ns.datasets[dl.Spec.DatasetName]; ds != nil {
 			r.Recorder.Eventf(ds, corev1.EventTypeNormal, "PrefetchEnded",
-				"the %s plan no longer reads ahead %s (its readers started, or the plan changed): deleted DataLoad %s",
+				"the %s plan no longer holds %s (the stage that read it ended, or the plan changed): deleted DataLoad %s, which unpins what it loaded",
 				dl.Labels[prefetchLabel], ds.Name, dl.Name)
 		}
 	}
@@ -288,6 +441,19 @@ func (r *LineageReconciler) applyPrefetch(ctx context.Context, namespace string,
 			w.policy, w.percent, ds.Name, describeNodes(w.readers), dl.Name)
 	}
 	return errors.Join(errs...)
+}
+
+// runningReaders are the Lineages of a namespace that read dataset and run now, or may start
+// now (their inputs are written: the status of one that just became runnable may not say so yet).
+func runningReaders(ns *namespace, dataset string) []string {
+	stageOf := ns.pipeline.Stages(func(step string) lineage.Phase { return phaseOf(ns.lineages[step]) })
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(ns.lineages)) {
+		if set, ok := stageOf[name]; ok && set == 0 && slices.Contains(ns.lineages[name].Spec.Inputs, dataset) {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // prefetchStep is the least change of a prefetch's share that loads it again.

@@ -193,6 +193,9 @@ func (r *WorkerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&datav1alpha1.CachePolicy{}, handler.EnqueueRequestsFromMapFunc(r.allPools),
 			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&datav1alpha1.Lineage{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace)).
+		// A prefetch pins what it loaded while it lasts.
+		Watches(&datav1alpha1.DataLoad{}, handler.EnqueueRequestsFromMapFunc(r.poolsOfNamespace),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[prefetchLabel] != "" }))).
 		// And the claims' volumes that name a CachePolicy.
 		Watches(&corev1.PersistentVolume{}, handler.EnqueueRequestsFromMapFunc(poolOfVolume),
 			builder.WithPredicates(predicate.NewPredicateFuncs(provisionedByStrata))).

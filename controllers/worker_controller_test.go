@@ -96,8 +96,8 @@ var _ = Describe("The worker reconciler", func() {
 		}
 		Eventually(func(g Gomega) {
 			set := policies(g)
-			g.Expect(set.Pinned(master, "labels/2024/a.txt")).To(BeTrue())
-			g.Expect(set.Pinned(master, "images/a.jpg")).To(BeFalse())
+			g.Expect(set.Pinned(master, "labels/2024/a.txt", 0, 0)).To(BeTrue())
+			g.Expect(set.Pinned(master, "images/a.jpg", 0, 0)).To(BeFalse())
 		}).Should(Succeed(), "waiting for the pool's policies file to pin labels/**")
 		rolled := getDaemonSet(Default)
 		Expect(rolled.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--policies=/etc/strata/" + policy.FileName))
@@ -114,8 +114,8 @@ var _ = Describe("The worker reconciler", func() {
 		setPinned("images/*.jpg")
 		Eventually(func(g Gomega) {
 			set := policies(g)
-			g.Expect(set.Pinned(master, "images/a.jpg")).To(BeTrue())
-			g.Expect(set.Pinned(master, "labels/2024/a.txt")).To(BeFalse())
+			g.Expect(set.Pinned(master, "images/a.jpg", 0, 0)).To(BeTrue())
+			g.Expect(set.Pinned(master, "labels/2024/a.txt", 0, 0)).To(BeFalse())
 		}).Should(Succeed(), "waiting for the pool's policies file to follow the CachePolicy")
 		Expect(getDaemonSet(Default).Spec.Template).To(Equal(rolled.Spec.Template), "the workers apply policies live: their pods are not rolled")
 

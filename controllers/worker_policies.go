@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -41,6 +43,11 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 			continue
 		}
 		d := datasetPolicy(datav1alpha1.MasterDatasetName(ds.Namespace, ds.Name, string(ds.UID)), &cp)
+		prefetch, err := r.prefetchPin(ctx, &ds)
+		if err != nil {
+			return "", err
+		}
+		d.Prefetch = prefetch
 		if d.Eviction == string(eviction.MRD) {
 			ls, err := lineages.of(ctx, ds.Namespace)
 			if err != nil {
@@ -64,6 +71,23 @@ func (r *WorkerReconciler) policiesFile(ctx context.Context, pool *datav1alpha1.
 	}
 	file.Topology = topology
 	return settingsJSON(file, "policies", pool)
+}
+
+// prefetchPin is what the prefetch DataLoad of Dataset ds loads, which stays pinned while the
+// DataLoad lasts (until the stage that reads it ends: LineageReconciler.planPrefetch); nil if
+// there is none.
+func (r *WorkerReconciler) prefetchPin(ctx context.Context, ds *datav1alpha1.Dataset) (*policy.Prefetch, error) {
+	dl := &datav1alpha1.DataLoad{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: prefetchName(ds.Name)}, dl)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the prefetch DataLoad of Dataset %s/%s: %w", ds.Namespace, ds.Name, err)
+	case dl.Labels[prefetchLabel] == "" || dl.Spec.DatasetName != ds.Name || !dl.DeletionTimestamp.IsZero():
+		return nil, nil // a user's DataLoad of that name, or one going
+	}
+	return &policy.Prefetch{Paths: dl.Spec.Paths, Percent: int(ptr.Deref(dl.Spec.PercentOfEachFile, 100))}, nil
 }
 
 // claimPolicies are the policies of the pool's provisioned claim volumes that name a

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os/exec"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -300,19 +299,9 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 		By("reading the Dataset on " + nodes[0] + ": the blocks of its 100 files under 000/ are pinned there")
 		Expect(sumClaim(ctx, namespace, nodes[0], "pinned")).To(HaveLen(1000))
 		pinnedBlocks := func(g Gomega) int {
-			worker := workerPod(ctx, pool, nodes[0])
-			g.Expect(worker).NotTo(BeNil())
-			raw, err := clientset.CoreV1().Pods(strataNamespace).ProxyGet("http", worker.Name, "8080", "/metrics", nil).DoRaw(ctx)
-			g.Expect(err).NotTo(HaveOccurred())
-			for _, line := range strings.Split(string(raw), "\n") {
-				if strings.HasPrefix(line, "strata_worker_tier_pinned_blocks{") && strings.Contains(line, `tier="mem"`) {
-					n, err := strconv.Atoi(line[strings.LastIndex(line, " ")+1:])
-					g.Expect(err).NotTo(HaveOccurred())
-					return n
-				}
-			}
-			g.Expect(string(raw)).To(ContainSubstring("strata_worker_tier_pinned_blocks"))
-			return -1
+			n, found := workerMetric(ctx, g, pool, nodes[0], "strata_worker_tier_pinned_blocks", `tier="mem"`)
+			g.Expect(found).To(BeTrue(), "the worker exports strata_worker_tier_pinned_blocks")
+			return int(n)
 		}
 		// The kubelet refreshes the workers' ConfigMap within a minute or so.
 		Eventually(pinnedBlocks).WithContext(ctx).WithTimeout(3*minute).Should(Equal(100), "waiting for the worker to pin the blocks of 000/**")

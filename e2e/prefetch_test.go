@@ -69,10 +69,22 @@ var _ = Describe("Prefetching the input of a pipeline's next step (CMR)", Ordere
 		GinkgoWriter.Printf("prefetched %d of %d bytes (%d%% of each file) of lookup on %v before join started\n",
 			load.Status.Bytes.Done, load.Status.Bytes.Total, *load.Spec.PercentOfEachFile, load.Status.Nodes)
 
-		By("running join, and ending the prefetch once it runs")
+		dataset := `dataset="` + namespace + `/lookup"`
+		fetched, _ := workerMetric(ctx, Default, pool, load.Status.Nodes[0].Node, "strata_worker_load_fetched_bytes_total", dataset)
+		Expect(fetched).To(BeNumerically(">", 0), "the worker counts what the prefetch brought in")
+
+		By("running join, which reads the prefetched blocks from memory; the prefetch ends once join did")
 		waitLineage(ctx, namespace, "join", "Written")
+		var hits float64
+		for _, node := range nodes {
+			n, _ := workerMetric(ctx, Default, pool, node, "strata_worker_load_hit_bytes_total", dataset)
+			hits += n
+		}
+		GinkgoWriter.Printf("the worker of %s brought in %.0f bytes of lookup for the prefetch; join read %.0f bytes of them from its tiers\n",
+			load.Status.Nodes[0].Node, fetched, hits)
+		Expect(hits).To(BeNumerically(">", 0), "join read blocks of lookup that the prefetch brought into memory")
 		Eventually(func() bool {
 			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "lookup-prefetch"}, load))
-		}).WithContext(ctx).WithTimeout(2*minute).Should(BeTrue(), "the plan no longer reads lookup ahead once join runs")
+		}).WithContext(ctx).WithTimeout(2*minute).Should(BeTrue(), "the prefetch ends, unpinning what it loaded, once join ended")
 	})
 })

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"strconv"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -110,6 +111,36 @@ func workerPod(ctx context.Context, pool, node string) *corev1.Pod {
 		}
 	}
 	return nil
+}
+
+// workerMetric is the sum of the samples of metric of the worker of pool on node whose labels
+// include every one of labels (such as `tier="mem"`); found says whether there was any.
+func workerMetric(ctx context.Context, g Gomega, pool, node, metric string, labels ...string) (sum float64, found bool) {
+	worker := workerPod(ctx, pool, node)
+	g.Expect(worker).NotTo(BeNil(), "no worker of pool %s on node %s", pool, node)
+	raw, err := clientset.CoreV1().Pods(strataNamespace).ProxyGet("http", worker.Name, "8080", "/metrics", nil).DoRaw(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, metric+"{") && !strings.HasPrefix(line, metric+" ") {
+			continue
+		}
+		if !allIn(line, labels) {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64)
+		g.Expect(err).NotTo(HaveOccurred(), "sample %q", line)
+		sum, found = sum+v, true
+	}
+	return sum, found
+}
+
+func allIn(line string, parts []string) bool {
+	for _, p := range parts {
+		if !strings.Contains(line, p) {
+			return false
+		}
+	}
+	return true
 }
 
 func podReady(pod *corev1.Pod) bool {

@@ -70,7 +70,7 @@ const (
 	// DataLoadIncomplete: the run's Jobs finished, but the nodes do not hold all of the
 	// selection (a tier too small for it, or eviction since).
 	DataLoadIncomplete = "Incomplete"
-	// DataLoadFailed: a Job of the run failed.
+	// DataLoadFailed: a Job of the run failed, or the run found no file to load.
 	DataLoadFailed = "Failed"
 )
 
@@ -83,6 +83,7 @@ const (
 	ReasonLoaded            = "Loaded"
 	ReasonNotAllHeld        = "NotAllHeld"
 	ReasonLoadFailed        = "LoadFailed"
+	ReasonNothingSelected   = "NothingSelected"
 	ReasonDatasetNotFound   = "DatasetNotFound"
 	ReasonDatasetNotReady   = "DatasetNotReady"
 	ReasonNotLoadable       = "DatasetNotLoadable"

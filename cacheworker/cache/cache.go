@@ -66,9 +66,10 @@ type Config struct {
 	// is passed to Stored, which reports it to the master.
 	Dataset, Root string
 	Stored        func(ctx context.Context, info tierstore.BlockInfo)
-	// Pinned, when set, says whether the blocks of a file are stored pinned (never evicted):
-	// the Dataset's CachePolicy pins the paths it names.
-	Pinned func(file string) bool
+	// Pinned, when set, says whether block index of a file of blocks blocks (0: not known) is
+	// stored pinned (never evicted): the Dataset's CachePolicy pins the paths it names, and a
+	// prefetch pins the share of each file it loaded.
+	Pinned func(file string, index, blocks int64) bool
 	// Metrics receives the cache's counts; nil keeps them unregistered.
 	Metrics *Metrics
 	// Log receives what the cache cannot do but works around.
@@ -228,7 +229,7 @@ func (c *Cache) fetch(ctx context.Context, id, file, etag string, size, index in
 		case err == nil && len(data) > 0 && (int64(len(data)) == length || size < 0 && int64(len(data)) <= length):
 			c.m.peerFetches.Inc()
 			c.m.peerBytes.Add(float64(len(data)))
-			return data, c.storer(id, file, etag, index, data), nil
+			return data, c.storer(id, file, etag, size, index, data), nil
 		case err == nil:
 			c.log.Error(nil, "a peer sent a block of the wrong size; reading the under-store", "file", file, "block", index, "bytes", len(data))
 		case ctx.Err() != nil:
@@ -253,18 +254,23 @@ func (c *Cache) fetch(ctx context.Context, id, file, etag string, size, index in
 	data := buf[:n]
 	c.m.fetches.Inc()
 	c.m.fetchedBytes.Add(float64(n))
-	return data, c.storer(id, file, etag, index, data), nil
+	return data, c.storer(id, file, etag, size, index, data), nil
 }
 
-// storer returns the function that stores a fetched block in the top tier and reports it.
-func (c *Cache) storer(id, file, etag string, index int64, data []byte) func(context.Context) {
+// storer returns the function that stores a fetched block of a file of size bytes (negative:
+// not known) in the top tier and reports it.
+func (c *Cache) storer(id, file, etag string, size, index int64, data []byte) func(context.Context) {
+	var blocks int64
+	if size >= 0 {
+		blocks = (size + c.cfg.BlockSize - 1) / c.cfg.BlockSize
+	}
 	return func(ctx context.Context) {
 		// Clean: the under-store has it, so the last tier may drop it without persisting it.
-		opts := tierstore.PutOptions{Clean: true, Pinned: c.cfg.Pinned != nil && c.cfg.Pinned(file)}
+		opts := tierstore.PutOptions{Clean: true, Pinned: c.cfg.Pinned != nil && c.cfg.Pinned(file, index, blocks)}
 		if c.cfg.Root != "" {
 			origin, err := proto.Marshal(&workerpb.BlockOrigin{
 				Path: path.Join(c.cfg.Root, file), Dataset: c.cfg.Dataset, Root: c.cfg.Root, Index: index, Offset: index * c.cfg.BlockSize,
-				SourceVersion: etag,
+				SourceVersion: etag, FileBlocks: blocks,
 			})
 			if err != nil {
 				c.log.Error(err, "encoding a block's origin", "file", file, "block", index)

@@ -17,10 +17,12 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/proto"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/miniotest"
 )
 
@@ -441,7 +443,7 @@ func TestAReaderChangingItsBytesNeverChangesTheCachedBlock(t *testing.T) {
 func TestBlocksOfPinnedFilesAreStoredPinned(t *testing.T) {
 	g := NewWithT(t)
 	f := newFixture(t, 16*blockSize, map[string][]byte{"labels/a.txt": []byte("pinned"), "images/a.jpg": []byte("not pinned")})
-	f.cache.cfg.Pinned = func(file string) bool { return strings.HasPrefix(file, "labels/") }
+	f.cache.cfg.Pinned = func(file string, _, _ int64) bool { return strings.HasPrefix(file, "labels/") }
 	for _, file := range []string{"labels/a.txt", "images/a.jpg"} {
 		_, err := f.cache.ReadBlock(context.Background(), file, "", -1, 0)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -453,6 +455,25 @@ func TestBlocksOfPinnedFilesAreStoredPinned(t *testing.T) {
 	other, err := f.store.Info(BlockID("dataset-uid", "images/a.jpg", "", 0))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(other.Pinned).To(BeFalse())
+
+	t.Run("a share of a file: the pin is asked with the block's index and the file's blocks", func(t *testing.T) {
+		g := NewWithT(t)
+		data := randomBytes(3*blockSize+10, 9)
+		f := newFixture(t, 16*blockSize, map[string][]byte{"train/x.bin": data})
+		f.cache.cfg.Root, f.cache.cfg.Dataset = "/datasets/ns/d/uid", "ns/d/uid"
+		f.cache.cfg.Pinned = func(_ string, index, blocks int64) bool { return blocks == 4 && index%2 == 1 }
+		for i := range int64(4) {
+			_, err := f.cache.ReadBlock(context.Background(), "train/x.bin", "", int64(len(data)), i)
+			g.Expect(err).NotTo(HaveOccurred())
+			f.settled(g, "train/x.bin", i)
+			info, err := f.store.Info(BlockID("dataset-uid", "train/x.bin", "", i))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(info.Pinned).To(Equal(i%2 == 1), "block %d", i)
+			var origin workerpb.BlockOrigin
+			g.Expect(proto.Unmarshal(info.Origin, &origin)).To(Succeed())
+			g.Expect(origin.GetFileBlocks()).To(Equal(int64(4)), "the origin says how many blocks the file has, for the pins a sweep makes")
+		}
+	})
 }
 
 // A block of a file whose size the listing gave is read to the file's end and no further: one

@@ -62,6 +62,8 @@ type Config struct {
 	Name string
 	// Metrics receives the counts; nil counts nowhere.
 	Metrics *Metrics
+	// Loads, when set, tells loads from pods' reads (loads.go): shared by a worker's mounts.
+	Loads *Loads
 	// Log receives read failures (once per file and block) and what the mount leaves out.
 	Log logr.Logger
 }
@@ -175,6 +177,7 @@ func (s *Server) start(cfg Config) {
 		}
 		s.mu.Unlock()
 		if ended {
+			fsys.loads.forget(fsys.dataset)
 			close(s.served)
 		}
 		close(s.stopped)

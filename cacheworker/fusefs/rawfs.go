@@ -76,6 +76,12 @@ type fileSystem struct {
 	locks [64]sync.Mutex
 	// warned is set once a failed passthrough registration has been logged.
 	warned atomic.Bool
+
+	// loads tells loads from pods (nil: every reader is a pod); dataset names the mount in
+	// their metrics; fresh holds the blocks loads brought in that no pod read yet.
+	loads   *Loads
+	dataset string
+	fresh   fresh
 }
 
 type blockKey struct {
@@ -88,6 +94,7 @@ func newFileSystem(nodes []*node, cfg Config, m *Metrics, log logr.Logger) *file
 		RawFileSystem: fuse.NewDefaultRawFileSystem(),
 		nodes:         nodes, blocks: cfg.Blocks, local: cfg.Local, blockSize: cfg.BlockSize, m: m, log: log,
 		handles: map[uint64]*handle{}, logged: map[blockKey]bool{},
+		loads: cfg.Loads, dataset: datasetLabel(cfg.Name), fresh: fresh{blocks: map[blockKey]int64{}},
 	}
 	fsys.files, fsys.bytes = totals(nodes)
 	return fsys
@@ -266,7 +273,7 @@ func (fsys *fileSystem) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bo
 // change under it; ours cannot while mounted (the tree is listed once and every block is
 // immutable), so keeping them turns every re-read by any pod of the node into a page-cache
 // hit that never reaches the worker. One-block files held locally may be passed through
-// instead (see passthrough.go).
+// instead (see passthrough.go), but not to a load, whose reads the worker must see (loads.go).
 func (fsys *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	n := fsys.node(in.NodeId)
 	switch {
@@ -278,13 +285,17 @@ func (fsys *fileSystem) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenO
 		return fuse.EROFS
 	}
 	out.OpenFlags = fuse.FOPEN_KEEP_CACHE
-	passthrough := fsys.openMode(in.NodeId, n, out)
+	loader := fsys.loads.isLoader(in.Uid)
+	passthrough := !loader && fsys.openMode(in.NodeId, n, out)
 	out.Fh = fsys.newHandleNumber(passthrough)
-	if !passthrough {
-		fsys.mu.Lock()
-		fsys.handles[out.Fh] = &handle{node: in.NodeId}
-		fsys.mu.Unlock()
+	if passthrough {
+		// Its one block is held: the pod reads it from the tier.
+		fsys.podRead(blockKey{in.NodeId, 0})
+		return fuse.OK
 	}
+	fsys.mu.Lock()
+	fsys.handles[out.Fh] = &handle{node: in.NodeId, loader: loader}
+	fsys.mu.Unlock()
 	return fuse.OK
 }
 
@@ -406,8 +417,12 @@ func (fsys *fileSystem) fail(ctx context.Context, id uint64, index int64, err er
 // bytes the cache just fetched.
 type handle struct {
 	node uint64
-	mu   sync.Mutex
-	cur  *blockRef
+	// loader: the file was opened by a load (loads.go); counted, the blocks it counted (the
+	// kernel may ask for one block in several requests at once).
+	loader  bool
+	mu      sync.Mutex
+	cur     *blockRef
+	counted map[int64]bool
 }
 
 // blockRef is one block of a file, held by a handle and by the reads using it.
@@ -440,7 +455,8 @@ func (b *blockRef) readAt(p []byte, off, want int64) error {
 // block returns block index of file n, from the handle if it holds it. The caller puts it back.
 // A handle that moves on to the next block (or starts at the first) reads sequentially: the
 // block after is prefetched, so that its fetch from the under-store overlaps the reads of this
-// one.
+// one. A load does not read ahead: its fetches would not wait for the pods' (and a block
+// fetched ahead would not be counted as the load's).
 func (h *handle) block(ctx context.Context, fsys *fileSystem, n *node, index int64) (*blockRef, error) {
 	h.mu.Lock()
 	c := h.cur
@@ -450,11 +466,11 @@ func (h *handle) block(ctx context.Context, fsys *fileSystem, n *node, index int
 		return c, nil
 	}
 	h.mu.Unlock()
-	if p, ok := fsys.blocks.(Prefetcher); ok && (c == nil && index == 0 || c != nil && c.index == index-1) {
+	if p, ok := fsys.blocks.(Prefetcher); ok && !h.loader && (c == nil && index == 0 || c != nil && c.index == index-1) {
 		p.Prefetch(n.path, n.etag, n.size, index+1)
 	}
 
-	b, err := fsys.load(ctx, n, index)
+	b, err := fsys.load(ctx, h, n, index)
 	if err != nil {
 		return nil, err
 	}
@@ -493,19 +509,36 @@ func (h *handle) release() {
 	}
 }
 
-// load opens the block's local copy if a tier holds it, and otherwise reads it through the
-// cache, which fetches it from a peer or the under-store and stores it.
-func (fsys *fileSystem) load(ctx context.Context, n *node, index int64) (*blockRef, error) {
+// load opens block index of the file of handle h (node n) from its local copy if a tier holds
+// it, and otherwise reads it through the cache, which fetches it from a peer or the under-store
+// and stores it. A load's fetch waits until no pod waits for one, and is counted (loads.go).
+func (fsys *fileSystem) load(ctx context.Context, h *handle, n *node, index int64) (*blockRef, error) {
+	key := blockKey{h.node, index}
 	if fsys.local != nil {
 		// Any failure here (not held, moved away, unreadable) leaves it to the cache, which
 		// copes with all of them.
 		if file, err := fsys.local.OpenBlock(ctx, n.path, n.etag, index); err == nil {
+			if h.loader {
+				fsys.loadHeld(h, n, index)
+			} else {
+				fsys.podRead(key)
+			}
 			return &blockRef{index: index, file: file}, nil
 		}
+	}
+	if h.loader {
+		if err := fsys.loads.waitForPods(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		defer fsys.loads.podFetch()()
 	}
 	data, err := fsys.blocks.ReadBlock(ctx, n.path, n.etag, n.size, index)
 	if err != nil {
 		return nil, err
+	}
+	if h.loader {
+		fsys.loadFetched(h, n, index)
 	}
 	return &blockRef{index: index, data: data}, nil
 }

@@ -80,9 +80,10 @@ type Config struct {
 	// Stored, when set, is told of every block stored, with its origin in the master's
 	// namespace (/datasets/<namespace>/<name>/<uid>/<file>), to report it to the master.
 	Stored func(ctx context.Context, info tierstore.BlockInfo)
-	// Pinned, when set, says whether the blocks of a file of a Dataset (named as at the
-	// master) are stored pinned: the Datasets' CachePolicies, as the operator sent them.
-	Pinned func(dataset, file string) bool
+	// Pinned, when set, says whether block index of a file of blocks blocks (0: not known) of a
+	// Dataset (named as at the master) is stored pinned: the Datasets' CachePolicies and
+	// prefetches, as the operator sent them.
+	Pinned func(dataset, file string, index, blocks int64) bool
 	// FileRoots are the folders file:// sources must lie under (the TierPool's fileSourceRoots).
 	FileRoots []string
 	// ClaimServerTLS is how the claim servers of pvc:// sources are spoken to
@@ -108,6 +109,9 @@ type Config struct {
 	// page cache, which lives as long as the file system does; 0 unmounts at once. Outputs are
 	// always unmounted at once.
 	KeepIdle time.Duration
+	// LoaderUID is the user the load Jobs run as: their reads are loads, which wait for the
+	// pods' and are counted apart (fusefs.Loads); 0 takes every reader for a pod.
+	LoaderUID uint32
 	// Log receives what the mounts do and what goes wrong.
 	Log logr.Logger
 	// Registerer receives the FUSE metrics; nil keeps them unregistered.
@@ -128,6 +132,8 @@ type Mounter struct {
 	cfg Config
 	log logr.Logger
 	fm  *fusefs.Metrics
+	// loads tells loads from pods' reads in every mount.
+	loads *fusefs.Loads
 
 	// mu guards the maps and closed. It is never held across I/O; the per-UID locks are.
 	mu     sync.Mutex
@@ -215,8 +221,15 @@ func New(cfg Config) (*Mounter, error) {
 			Help: "Mounted Datasets whose source the worker went on reading with rotated credentials from their Secret, without a remount.",
 		}),
 		syncs: newSyncMetrics()}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var err error
+	if m.loads, err = fusefs.NewLoads(reg, cfg.LoaderUID); err != nil {
+		return nil, err
+	}
 	if cfg.Registerer != nil {
-		var err error
 		if m.fm, err = fusefs.NewMetrics(cfg.Registerer); err != nil {
 			return nil, err
 		}
@@ -533,7 +546,7 @@ func (m *Mounter) openCache(ctx context.Context, mnt *mount, req *workerpb.Mount
 	}
 	if pinned := m.cfg.Pinned; pinned != nil {
 		dataset := datav1alpha1.MasterDatasetName(mnt.namespace, mnt.name, mnt.uid)
-		cfg.Pinned = func(file string) bool { return pinned(dataset, file) }
+		cfg.Pinned = func(file string, index, blocks int64) bool { return pinned(dataset, file, index, blocks) }
 	}
 	if mnt.cache, err = cache.New(cfg); err != nil {
 		return status.Errorf(codes.Internal, "Dataset %s: %v", mnt.dataset(), err)
@@ -551,6 +564,7 @@ func (m *Mounter) fsConfig(mnt *mount, log logr.Logger) fusefs.Config {
 		DisablePassthrough: m.cfg.DisablePassthrough,
 		Name:               "strata:" + mnt.dataset(),
 		Metrics:            m.fm,
+		Loads:              m.loads,
 		Log:                log,
 	}
 }

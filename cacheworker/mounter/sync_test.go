@@ -112,6 +112,14 @@ func TestAMountWhileTheSourceIsUnreachableServesTheLastGoodListing(t *testing.T)
 	got, err := os.ReadFile(filepath.Join(dir, "dir/b.bin"))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(f.files["dir/b.bin"]))
+	// The cache stores what a read fetched in the background: the outage must come after.
+	info, err := f.srv.Client.StatObject(ctx, bucket, "sets/v1/dir/b.bin", minio.StatObjectOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	for i := range int64(4) {
+		block := cache.BlockID(uid, "dir/b.bin", info.ETag, i)
+		g.Eventually(func() int { return f.storedTimes(block) }).WithTimeout(10*time.Second).Should(BeNumerically(">=", 1),
+			"block %d of dir/b.bin is stored", i)
+	}
 	_, err = f.client.UnmountDataset(ctx, &workerpb.UnmountDatasetRequest{Uid: uid})
 	g.Expect(err).NotTo(HaveOccurred())
 

@@ -19,7 +19,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -29,6 +31,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/periodic"
+	"github.com/strata-cache/strata/lineage/kariz"
 )
 
 // FileName is the key of the policies file in the workers' ConfigMap.
@@ -78,6 +81,9 @@ type Dataset struct {
 	// Lineage's Job is (0: a Job that reads it runs, or may run, now); none means no Lineage
 	// will read it again (tierstore.NoNextUse).
 	NextUse *int `json:"nextUse,omitempty"`
+	// Prefetch, when set, is what a prefetch of the Lineages' plan loaded of the Dataset, which
+	// stays pinned until the stage that reads it ends (the operator then leaves it out).
+	Prefetch *Prefetch `json:"prefetch,omitempty"`
 	// Replication, when set, replicates the Dataset's blocks that are not checkpointed yet.
 	Replication *Replication `json:"replication,omitempty"`
 }
@@ -107,12 +113,28 @@ func (d Dataset) rules() (tierstore.DatasetRules, bool) {
 	return r, r != tierstore.DatasetRules{}
 }
 
+// Prefetch is a share of the files of a Dataset: the blocks of each file matching Paths (all,
+// if none) that a load of Percent of each file reads (kariz.Share, as cacheworker/warmup does).
+type Prefetch struct {
+	Paths   []string `json:"paths,omitempty"`
+	Percent int      `json:"percent"`
+}
+
+// prefetchPin is a parsed Prefetch.
+type prefetchPin struct {
+	paths   []Pattern
+	percent int
+}
+
 // Set is a parsed policies file. The zero Set pins nothing and has no rules.
 type Set struct {
 	pins        map[string][]Pattern
 	rules       map[string]tierstore.DatasetRules
 	replication map[string]Replication
 	topology    map[string]map[string]string
+	prefetches  map[string]prefetchPin
+	// shares memoises kariz.Share by [blocks, percent]: every block of a file asks.
+	shares sync.Map
 }
 
 // Parse reads a policies file. A pattern that does not parse is an error naming it: the
@@ -125,8 +147,22 @@ func Parse(raw []byte) (*Set, error) {
 		}
 	}
 	s := &Set{pins: map[string][]Pattern{}, rules: map[string]tierstore.DatasetRules{}, replication: map[string]Replication{},
-		topology: f.Topology}
+		topology: f.Topology, prefetches: map[string]prefetchPin{}}
 	for _, d := range f.Datasets {
+		if pf := d.Prefetch; pf != nil {
+			if pf.Percent < 1 || pf.Percent > 100 {
+				return nil, fmt.Errorf("Dataset %s: a prefetch of %d%% of each file: the share must be 1 to 100", d.Name, pf.Percent)
+			}
+			pin := prefetchPin{percent: pf.Percent}
+			for _, p := range pf.Paths {
+				compiled, err := Compile(p)
+				if err != nil {
+					return nil, fmt.Errorf("Dataset %s, its prefetch: %w", d.Name, err)
+				}
+				pin.paths = append(pin.paths, compiled)
+			}
+			s.prefetches[d.Name] = pin
+		}
 		if r := d.Replication; r != nil {
 			if r.Count < 2 || r.BandwidthBytes < 0 {
 				return nil, fmt.Errorf("Dataset %s, CachePolicy %s: replication of %d copies at %d bytes/s: a replication needs at least 2 copies and no negative cap",
@@ -185,6 +221,9 @@ func (s *Set) Datasets() int {
 	for name := range s.replication {
 		names[name] = true
 	}
+	for name := range s.prefetches {
+		names[name] = true
+	}
 	return len(names)
 }
 
@@ -206,9 +245,10 @@ func DatasetOf(origin []byte) string {
 	return o.GetDataset()
 }
 
-// Pinned says whether the blocks of file, a path relative to the root of the Dataset named
-// dataset at the master, are pinned.
-func (s *Set) Pinned(dataset, file string) bool {
+// Pinned says whether block index of file, a path relative to the root of the Dataset named
+// dataset at the master, of blocks blocks (0: not known), is pinned: its path is, or it is in
+// the share of the file that a prefetch loaded.
+func (s *Set) Pinned(dataset, file string, index, blocks int64) bool {
 	if s == nil {
 		return false
 	}
@@ -217,7 +257,25 @@ func (s *Set) Pinned(dataset, file string) bool {
 			return true
 		}
 	}
-	return false
+	pf, ok := s.prefetches[dataset]
+	if !ok || len(pf.paths) > 0 && !slices.ContainsFunc(pf.paths, func(p Pattern) bool { return p.Match(file) }) {
+		return false
+	}
+	if pf.percent >= 100 {
+		return true
+	}
+	return blocks > 0 && s.inShare(index, blocks, pf.percent)
+}
+
+// inShare says whether block index is in the share percent of a file of blocks blocks.
+func (s *Set) inShare(index, blocks int64, percent int) bool {
+	key := [2]int64{blocks, int64(percent)}
+	share, ok := s.shares.Load(key)
+	if !ok {
+		share, _ = s.shares.LoadOrStore(key, kariz.Share(int(blocks), percent))
+	}
+	_, found := slices.BinarySearch(share.([]int), int(index))
+	return found
 }
 
 // Pattern is a glob of slash-separated segments, each matched as path.Match does, where a

@@ -3,8 +3,10 @@ package policy
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/eviction"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/lineage/kariz"
 )
 
 func TestPinnedPathsMatchGlobsSegmentBySegment(t *testing.T) {
@@ -141,8 +144,8 @@ func TestAChangedPolicyFileRepinsTheBlocksHeld(t *testing.T) {
 	go func() { a.Run(ctx, file, 20*time.Millisecond, time.Hour); close(done) }()
 
 	g.Eventually(func() []string { return pinnedIDs(store) }).Should(ConsistOf("a1"), "only Dataset a's labels are pinned")
-	g.Expect(a.Pinned("ns/a/uid", "labels/new.txt")).To(BeTrue(), "new blocks of a pinned path are stored pinned")
-	g.Expect(a.Pinned("ns/b/uid", "labels/new.txt")).To(BeFalse())
+	g.Expect(a.Pinned("ns/a/uid", "labels/new.txt", 0, 0)).To(BeTrue(), "new blocks of a pinned path are stored pinned")
+	g.Expect(a.Pinned("ns/b/uid", "labels/new.txt", 0, 0)).To(BeFalse())
 	g.Expect(store.Stats()[0].Pinned).To(Equal(1))
 
 	write(`{"datasets":[{"name":"ns/a/uid","cachePolicy":"ns/p","pinnedPaths":["images/*.jpg"]},{"name":"ns/b/uid","pinnedPaths":["**"]}]}`)
@@ -157,6 +160,51 @@ func TestAChangedPolicyFileRepinsTheBlocksHeld(t *testing.T) {
 	g.Eventually(func() []string { return pinnedIDs(store) }).Should(BeEmpty(), "no policy pins nothing")
 	cancel()
 	<-done
+}
+
+func TestAPrefetchPinsTheShareOfEachFileItLoaded(t *testing.T) {
+	g := NewWithT(t)
+	const ds = "ns/a/uid"
+	set, err := Parse([]byte(`{"datasets":[{"name":"ns/a/uid","prefetch":{"paths":["train/**"],"percent":50}}]}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	share := kariz.Share(8, 50)
+	g.Expect(share).To(HaveLen(4))
+	for i := range int64(8) {
+		g.Expect(set.Pinned(ds, "train/x.bin", i, 8)).To(Equal(slices.Contains(share, int(i))), "block %d", i)
+	}
+	g.Expect(set.Pinned(ds, "train/x.bin", 0, 0)).To(BeFalse(), "a block of a file of unknown length cannot be placed in a share")
+	g.Expect(set.Pinned(ds, "test/x.bin", int64(share[0]), 8)).To(BeFalse(), "a path the prefetch did not select")
+	g.Expect(set.Pinned("ns/b/uid", "train/x.bin", int64(share[0]), 8)).To(BeFalse(), "another Dataset")
+
+	all, err := Parse([]byte(`{"datasets":[{"name":"ns/a/uid","prefetch":{"percent":100}}]}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(all.Pinned(ds, "any/file", 3, 0)).To(BeTrue(), "a whole prefetch pins every block")
+
+	// Repin follows the blocks' origins: their index and their file's block count.
+	store := openStore(t)
+	for i := range int64(8) {
+		origin, err := proto.Marshal(&workerpb.BlockOrigin{Path: "/datasets/ns/a/uid/train/x.bin", Dataset: ds, Root: "/datasets/ns/a/uid",
+			Index: i, FileBlocks: 8})
+		g.Expect(err).NotTo(HaveOccurred())
+		_, err = store.Put(context.Background(), fmt.Sprint("b", i), bytes.NewReader([]byte("block")), 5, tierstore.PutOptions{Clean: true, Origin: origin})
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	pinned, unpinned, err := Repin(context.Background(), store, set)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect([]int{pinned, unpinned}).To(Equal([]int{4, 0}))
+	var want []string
+	for _, i := range share {
+		want = append(want, fmt.Sprint("b", i))
+	}
+	g.Expect(pinnedIDs(store)).To(ConsistOf(want))
+	// The stage ended: the operator leaves the prefetch out, and the pins go.
+	_, unpinned, err = Repin(context.Background(), store, &Set{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(unpinned).To(Equal(4))
+	g.Expect(pinnedIDs(store)).To(BeEmpty())
+
+	_, err = Parse([]byte(`{"datasets":[{"name":"ns/a/uid","prefetch":{"percent":0}}]}`))
+	g.Expect(err).To(MatchError(ContainSubstring("1 to 100")))
 }
 
 func TestAWorkerThatReadNoPoliciesLeavesThePinsItFound(t *testing.T) {

@@ -44,7 +44,7 @@ func Repin(ctx context.Context, store BlockStore, set *Set) (pinned, unpinned in
 			continue
 		}
 		file := strings.TrimPrefix(strings.TrimPrefix(origin.GetPath(), origin.GetRoot()), "/")
-		want := set.Pinned(origin.GetDataset(), file)
+		want := set.Pinned(origin.GetDataset(), file, origin.GetIndex(), origin.GetFileBlocks())
 		if want == b.Pinned {
 			continue
 		}
@@ -74,9 +74,11 @@ type Applier struct {
 	current atomic.Pointer[Set]
 }
 
-// Pinned says whether the blocks of file of the Dataset named dataset at the master are to be
-// stored pinned, by the policies applied last.
-func (a *Applier) Pinned(dataset, file string) bool { return a.current.Load().Pinned(dataset, file) }
+// Pinned says whether block index of file (of blocks blocks, 0 if not known) of the Dataset
+// named dataset at the master is to be stored pinned, by the policies applied last.
+func (a *Applier) Pinned(dataset, file string, index, blocks int64) bool {
+	return a.current.Load().Pinned(dataset, file, index, blocks)
+}
 
 // Current is the set of policies applied last (nil before the first).
 func (a *Applier) Current() *Set { return a.current.Load() }

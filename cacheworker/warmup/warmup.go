@@ -22,6 +22,12 @@ import (
 	"github.com/strata-cache/strata/lineage/kariz"
 )
 
+// LoaderUID is the user the load Jobs (a Dataset's preload, a DataLoad's runs) run as. The
+// node's worker sees the user of every read of its mounts and takes this one's for loads:
+// they give way to the pods' reads, and are counted apart (cacheworker/fusefs.Loads). It is
+// no user a container image names, so that no tenant's pod is taken for a load by chance.
+const LoaderUID = 65400
+
 // Result is what a warm-up read.
 type Result struct {
 	Files int64 `json:"files"`
@@ -53,7 +59,8 @@ type Options struct {
 // Each file's pages are dropped from the page cache before it is read, so that every byte
 // reaches the worker: the kernel keeps a mount's pages from one pod to the next, and they may
 // still hold blocks that the worker's tiers have let go, which a read served from the page
-// cache would never bring back.
+// cache would never bring back. They are dropped again once read: a load fills the tiers,
+// within the budget the worker keeps for them, not the node's page cache, which is the pods'.
 func Run(ctx context.Context, dir string, opts Options) (Result, error) {
 	var files, total atomic.Int64
 	var mu sync.Mutex // serialises progress reports
@@ -122,6 +129,17 @@ func warm(path string, opts Options) (int64, error) {
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		return 0, fmt.Errorf("dropping the cached pages of %s: %w", path, err)
 	}
+	n, err := read(f, path, opts)
+	if err == nil {
+		if err = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			err = fmt.Errorf("dropping the pages of %s read: %w", path, err)
+		}
+	}
+	return n, err
+}
+
+// read reads file f (at path) whole, or its share of blocks.
+func read(f *os.File, path string, opts Options) (int64, error) {
 	if opts.Percent <= 0 || opts.Percent >= 100 || opts.BlockSize <= 0 {
 		n, err := io.Copy(io.Discard, f)
 		if err != nil {

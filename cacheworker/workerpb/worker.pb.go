@@ -225,6 +225,9 @@ type BlockOrigin struct {
 	// master records such a block under a path of that version (locations.MasterPath), so that
 	// the blocks of two versions of an object never meet in one file there.
 	SourceVersion string `protobuf:"bytes,7,opt,name=source_version,json=sourceVersion,proto3" json:"source_version,omitempty"`
+	// file_blocks is, for a block read from a source, how many blocks the file (of that version)
+	// has, 0 if unknown: a share of each file (kariz.Share), such as a prefetch pins, depends on it.
+	FileBlocks    int64 `protobuf:"varint,8,opt,name=file_blocks,json=fileBlocks,proto3" json:"file_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,6 +309,13 @@ func (x *BlockOrigin) GetSourceVersion() string {
 		return x.SourceVersion
 	}
 	return ""
+}
+
+func (x *BlockOrigin) GetFileBlocks() int64 {
+	if x != nil {
+		return x.FileBlocks
+	}
+	return 0
 }
 
 // BlockHeader describes a stored block.
@@ -1468,7 +1478,7 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12+\n" +
 	"\x12mod_time_unix_nano\x18\x03 \x01(\x03R\x0fmodTimeUnixNano\x12\x12\n" +
-	"\x04etag\x18\x04 \x01(\tR\x04etag\"\xc3\x01\n" +
+	"\x04etag\x18\x04 \x01(\tR\x04etag\"\xe4\x01\n" +
 	"\vBlockOrigin\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x14\n" +
@@ -1477,7 +1487,9 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x04root\x18\x05 \x01(\tR\x04root\x12\x1d\n" +
 	"\n" +
 	"file_token\x18\x06 \x01(\tR\tfileToken\x12%\n" +
-	"\x0esource_version\x18\a \x01(\tR\rsourceVersion\"h\n" +
+	"\x0esource_version\x18\a \x01(\tR\rsourceVersion\x12\x1f\n" +
+	"\vfile_blocks\x18\b \x01(\x03R\n" +
+	"fileBlocks\"h\n" +
 	"\vBlockHeader\x12\x19\n" +
 	"\bblock_id\x18\x01 \x01(\tR\ablockId\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +

@@ -30,6 +30,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/tiermount"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
+	"github.com/strata-cache/strata/cacheworker/warmup"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/authz"
 	"github.com/strata-cache/strata/internal/daemon"
@@ -331,7 +332,7 @@ func (w *worker) buildMounter(ctx context.Context, cacheMetrics *cache.Metrics, 
 		MountsDir: w.opts.mountsDir, Store: w.store, BlockSize: w.opts.blockSize, CacheMetrics: cacheMetrics,
 		Peers: w.peerReader, Stored: w.stored, Pinned: w.policies.Pinned, FileRoots: splitList(w.opts.fileRoots),
 		ClaimServerTLS: understore.ClaimClientTLS(w.creds),
-		Listings:       w.kept, KeepIdle: w.opts.keepIdleMounts,
+		Listings:       w.kept, KeepIdle: w.opts.keepIdleMounts, LoaderUID: warmup.LoaderUID,
 		Log: w.log.WithName("mounter"), Registerer: w.reg,
 	}
 	if w.dir != nil {
