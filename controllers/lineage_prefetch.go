@@ -52,8 +52,9 @@ type prefetchLoad struct {
 // Lineage's outputs are written into the cache.
 //
 // The namespaces whose prefetched Datasets share a pool share its memory: they are planned
-// together, each namespace one DAG of Kariz's multi-DAG plan; the plan is applied to all of
-// them at once, by whichever namespace's reconcile made it.
+// together, each pipeline of each namespace one DAG of Kariz's multi-DAG plan (a Dataset that
+// several pipelines read counts once per pipeline); the plan is applied to all of them at
+// once, by whichever namespace's reconcile made it.
 //
 // It says when to plan again: soon while the plan may grow (a running set's time, and so the
 // bandwidth it leaves, grows as it runs, which no event tells), never when nothing is planned for.
@@ -195,13 +196,14 @@ func (r *LineageReconciler) prefetchPlan(ctx context.Context, tenants map[string
 		t := tenants[namespace]
 		lineages := t.graph.lineages
 		stageOf := t.graph.pipeline.Stages(func(step string) lineage.Phase { return phaseOf(lineages[step]) })
+		dags := t.graph.pipeline.DAGs()
 		for _, name := range slices.Sorted(maps.Keys(lineages)) {
 			set, ok := stageOf[name]
 			if !ok || set < 0 {
 				continue
 			}
 			l := lineages[name]
-			st := step{stage: kariz.Stage{Name: qualified{namespace, name}.String(), DAG: namespace, Set: set},
+			st := step{stage: kariz.Stage{Name: qualified{namespace, name}.String(), DAG: qualified{namespace, dags[name]}.String(), Set: set},
 				inputs: map[group][]kariz.Input{}, model: runTimeModel(l.Status.RunTime)}
 			for _, in := range l.Spec.Inputs {
 				ds := t.graph.datasets[in]
@@ -303,7 +305,7 @@ func (r *LineageReconciler) prefetchPlan(ctx context.Context, tenants map[string
 			percent := int32(min(100, max(1, (h.Bytes*100+total-1)/total)))
 			var readers []string
 			for _, s := range stages {
-				if s.Set > 0 && s.DAG == ds.Namespace && slices.ContainsFunc(s.Inputs, func(in kariz.Input) bool { return in.Dataset == h.Dataset }) {
+				if s.Set > 0 && strings.HasPrefix(s.Name, ds.Namespace+"/") && slices.ContainsFunc(s.Inputs, func(in kariz.Input) bool { return in.Dataset == h.Dataset }) {
 					readers = append(readers, strings.TrimPrefix(s.Name, ds.Namespace+"/"))
 				}
 			}

@@ -40,6 +40,43 @@ func (p *Pipeline) Producer(dataset string) (string, bool) {
 	return name, ok
 }
 
+// DAGs names the pipeline, of the namespace's several, that each step belongs to: the steps
+// linked through the Datasets one writes and another reads, each pipeline named by its first
+// step in name order. Steps that only read the same Dataset of an under-store are not linked:
+// they are two pipelines sharing an input, which Kariz's multi-DAG planning counts once per
+// pipeline.
+func (p *Pipeline) DAGs() map[string]string {
+	parent := make(map[string]string, len(p.steps))
+	var root func(string) string
+	root = func(s string) string {
+		if parent[s] == s {
+			return s
+		}
+		r := root(parent[s])
+		parent[s] = r
+		return r
+	}
+	for name := range p.steps {
+		parent[name] = name
+	}
+	for name := range p.steps {
+		for _, up := range p.upstream(name) {
+			a, b := root(name), root(up)
+			// The smaller name roots the two, so that each pipeline is named by its first step.
+			if a < b {
+				parent[b] = a
+			} else {
+				parent[a] = b
+			}
+		}
+	}
+	dags := make(map[string]string, len(p.steps))
+	for name := range p.steps {
+		dags[name] = root(name)
+	}
+	return dags
+}
+
 // upstream are the producers of step's inputs, in the order of its inputs.
 func (p *Pipeline) upstream(step string) []string {
 	s, ok := p.steps[step]

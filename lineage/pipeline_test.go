@@ -40,6 +40,40 @@ func TestACycleIsNamedStepByStep(t *testing.T) {
 	}
 }
 
+func TestDAGsLinkTheStepsThroughWhatTheyPassOn(t *testing.T) {
+	for name, tc := range map[string]struct {
+		steps []Step
+		want  map[string]string
+	}{
+		"a chain is one": {
+			steps: []Step{{Name: "b", Inputs: in("raw"), Outputs: in("x")}, {Name: "a", Inputs: in("x"), Outputs: in("y")}},
+			want:  map[string]string{"a": "a", "b": "a"},
+		},
+		"two chains reading one source are two, sharing it": {
+			steps: []Step{
+				{Name: "etl", Inputs: in("imagenet"), Outputs: in("x")}, {Name: "train", Inputs: in("x"), Outputs: in("model")},
+				{Name: "audit", Inputs: in("imagenet"), Outputs: in("report")},
+			},
+			want: map[string]string{"etl": "etl", "train": "etl", "audit": "audit"},
+		},
+		"an aggregation joins its branches": {
+			steps: []Step{
+				{Name: "left", Inputs: in("a"), Outputs: in("l")}, {Name: "right", Inputs: in("b"), Outputs: in("r")},
+				{Name: "join", Inputs: in("l", "r"), Outputs: in("out")},
+			},
+			want: map[string]string{"left": "join", "right": "join", "join": "join"},
+		},
+		"a step that reads a Dataset nobody writes yet is its own": {
+			steps: []Step{{Name: "a", Inputs: in("missing"), Outputs: in("x")}},
+			want:  map[string]string{"a": "a"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			NewWithT(t).Expect(NewPipeline(tc.steps).DAGs()).To(Equal(tc.want))
+		})
+	}
+}
+
 func TestStagesCountTheStepsBeforeEachRuns(t *testing.T) {
 	steps := []Step{
 		{Name: "a", Inputs: in("raw"), Outputs: in("x")},
