@@ -8,7 +8,6 @@ import (
 	. "github.com/onsi/gomega"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -45,18 +44,10 @@ var _ = Describe("Loading files of a Dataset onto chosen nodes (DataLoad)", func
 		return dl
 	}
 
-	// loaded waits for dl's Loaded condition to have reason, and returns dl as it is then.
+	// loaded waits for dl's Loaded condition to have reason, and returns it (dl as it is then).
 	loaded := func(dl *datav1alpha1.DataLoad, reason string) metav1.Condition {
 		GinkgoHelper()
-		var cond metav1.Condition
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(dl), dl)).To(Succeed())
-			c := meta.FindStatusCondition(dl.Status.Conditions, datav1alpha1.ConditionLoaded)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(reason), c.Message)
-			cond = *c
-		}).Should(Succeed())
-		return cond
+		return awaitCondition(dl, dataLoadConditions, datav1alpha1.ConditionLoaded, reason)
 	}
 
 	jobsOf := func(dl *datav1alpha1.DataLoad, run int) []batchv1.Job {

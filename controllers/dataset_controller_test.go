@@ -69,15 +69,8 @@ var _ = Describe("The Dataset reconciler", func() {
 
 	// readyCondition waits until the Dataset's Ready condition has the reason, and returns it.
 	readyCondition := func(ds *datav1alpha1.Dataset, reason string) metav1.Condition {
-		var cond metav1.Condition
-		Eventually(func(g Gomega) {
-			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-			c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionReady)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(reason))
-			cond = *c
-		}).Should(Succeed(), "waiting for Dataset %s to be not Ready for %s", ds.Name, reason)
-		return cond
+		GinkgoHelper()
+		return awaitCondition(ds, datasetConditions, datav1alpha1.ConditionReady, reason)
 	}
 
 	It("says which TierPool is missing and how to fix it", func() {
@@ -505,16 +498,8 @@ var _ = Describe("The Dataset reconciler", func() {
 
 		preloaded := func(ds *datav1alpha1.Dataset, reason string, phase datav1alpha1.DatasetPhase) metav1.Condition {
 			GinkgoHelper()
-			var cond metav1.Condition
-			Eventually(func(g Gomega) {
-				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(ds), ds)).To(Succeed())
-				c := meta.FindStatusCondition(ds.Status.Conditions, datav1alpha1.ConditionPreloaded)
-				g.Expect(c).NotTo(BeNil())
-				g.Expect(c.Reason).To(Equal(reason))
-				g.Expect(ds.Status.Phase).To(Equal(phase))
-				cond = *c
-			}).Should(Succeed(), "waiting for Dataset %s to be %s (%s)", ds.Name, phase, reason)
-			return cond
+			return awaitCondition(ds, datasetConditions, datav1alpha1.ConditionPreloaded, reason,
+				func(g Gomega) { g.Expect(ds.Status.Phase).To(Equal(phase)) })
 		}
 		endJob := func(ds *datav1alpha1.Dataset, ok bool) {
 			GinkgoHelper()

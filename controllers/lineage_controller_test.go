@@ -40,16 +40,8 @@ var _ = Describe("The Lineage reconciler", func() {
 	}
 	ready := func(name, reason string) metav1.Condition {
 		GinkgoHelper()
-		var cond metav1.Condition
-		Eventually(func(g Gomega) {
-			l := &datav1alpha1.Lineage{}
-			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, l)).To(Succeed())
-			c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionReady)
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(reason), "%s", c.Message)
-			cond = *c
-		}).Should(Succeed(), "waiting for Lineage %s to be %s", name, reason)
-		return cond
+		l := &datav1alpha1.Lineage{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+		return awaitCondition(l, lineageConditions, datav1alpha1.ConditionReady, reason)
 	}
 	jobOf := func(lineage string) *batchv1.Job {
 		job := &batchv1.Job{}

@@ -7,7 +7,6 @@ import (
 	. "github.com/onsi/gomega"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -108,15 +107,6 @@ var _ = Describe("Prefetching the inputs of the Lineages that run next (a CacheP
 		By("the workers pin the half of each file it loads")
 		Eventually(prefetchOf).Should(Equal(&policy.Prefetch{Percent: 50}))
 
-		readyReason := func(name string) func(g Gomega) string {
-			return func(g Gomega) string {
-				l := &datav1alpha1.Lineage{}
-				g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, l)).To(Succeed())
-				c := meta.FindStatusCondition(l.Status.Conditions, datav1alpha1.ConditionReady)
-				g.Expect(c).NotTo(BeNil())
-				return c.Reason
-			}
-		}
 		job := func(lineage string) *batchv1.Job {
 			j := &batchv1.Job{}
 			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: lineage + "-run"}, j)).To(Succeed())
@@ -124,7 +114,8 @@ var _ = Describe("Prefetching the inputs of the Lineages that run next (a CacheP
 		}
 		By("join, which reads it, runs: the load and its pins stay")
 		finishJob(job("extract"), true)
-		Eventually(readyReason("join")).Should(Equal(ReasonRunning))
+		awaitCondition(&datav1alpha1.Lineage{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "join"}},
+			lineageConditions, datav1alpha1.ConditionReady, ReasonRunning)
 		Consistently(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, key, &datav1alpha1.DataLoad{})).To(Succeed())
 			g.Expect(prefetchOf(g)).To(Equal(&policy.Prefetch{Percent: 50}))

@@ -18,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -297,6 +298,28 @@ func s3DatasetOf(namespace, name, pool string, objects map[string]int) *datav1al
 		},
 	}
 }
+
+// awaitCondition waits until obj, read again each time, has the condition condType (of the list
+// conditions gives) with reason, and every check of also holds; it returns the condition then.
+func awaitCondition[T client.Object](obj T, conditions func(T) []metav1.Condition, condType, reason string, also ...func(Gomega)) metav1.Condition {
+	GinkgoHelper()
+	var cond metav1.Condition
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(obj), obj)).To(Succeed())
+		c := meta.FindStatusCondition(conditions(obj), condType)
+		g.Expect(c).NotTo(BeNil(), "%s has no %s condition", obj.GetName(), condType)
+		g.Expect(c.Reason).To(Equal(reason), "%s", c.Message)
+		for _, check := range also {
+			check(g)
+		}
+		cond = *c
+	}).Should(Succeed(), "waiting for the %s condition of %s to say %s", condType, obj.GetName(), reason)
+	return cond
+}
+
+func datasetConditions(ds *datav1alpha1.Dataset) []metav1.Condition   { return ds.Status.Conditions }
+func dataLoadConditions(dl *datav1alpha1.DataLoad) []metav1.Condition { return dl.Status.Conditions }
+func lineageConditions(l *datav1alpha1.Lineage) []metav1.Condition    { return l.Status.Conditions }
 
 // newTenant makes a namespace (named from prefix) with the Secret "creds" of the suite's MinIO,
 // and a TierPool of one memory tier for it (blockSize "" for the default), deleted after the

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -52,7 +53,10 @@ var _ = Describe("The master", Ordered, Label("smoke", "master"), func() {
 		waitForReplicas(ctx, "waiting for 3 ready master replicas")
 	})
 
-	It("loses no acknowledged write when the leader's pod is deleted while a client writes", func(ctx SpecContext) {
+	// soakThrough runs the testkit's master soak (a client that writes files of dataset for 40 s,
+	// as a worker would, and checks every acknowledged write is there at the end), calls fail
+	// with the pod of the leader once the soak wrote, and reports what the soak saw.
+	soakThrough := func(ctx SpecContext, what, dataset string, fail func(ctx SpecContext, leaderPod *corev1.Pod)) {
 		// The soak speaks to the master as a worker would, with a certificate from Strata's CA.
 		issueTestkitCertificate(ctx, namespace, pki.Worker("e2e-testkit", "soak"))
 		pod := withTestkitTLS(&corev1.Pod{
@@ -62,7 +66,7 @@ var _ = Describe("The master", Ordered, Label("smoke", "master"), func() {
 				Containers: []corev1.Container{{
 					Name: "soak", Image: testkitImage, ImagePullPolicy: corev1.PullNever,
 					Args: []string{"master", "soak", "--addrs", strings.Join(masterAddresses(3), ","),
-						"--dataset", namespace, "--duration", "40s"},
+						"--dataset", dataset, "--duration", "40s"},
 				}},
 			},
 		})
@@ -77,9 +81,11 @@ var _ = Describe("The master", Ordered, Label("smoke", "master"), func() {
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the soak's first acknowledged write")
 		leaderPod, _, _ := strings.Cut(leader, ".")
 		Expect(leaderPod).To(HavePrefix(masterName+"-"), "leader address %q", leader)
+		replica := &corev1.Pod{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: strataNamespace, Name: leaderPod}, replica)).To(Succeed())
 
-		By("deleting the leader's pod " + leaderPod + " while the client writes")
-		Expect(k8sClient.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: leaderPod, Namespace: strataNamespace}})).To(Succeed())
+		By(what + " " + leaderPod + " while the client writes")
+		fail(ctx, replica)
 
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pod), pod)).To(Succeed())
@@ -93,13 +99,38 @@ var _ = Describe("The master", Ordered, Label("smoke", "master"), func() {
 			LongestGapMillis           int64
 		}
 		Expect(json.Unmarshal([]byte(lines[len(lines)-1]), &res)).To(Succeed(), "soak output: %v", lines)
-		AddReportEntry("master failover", res)
-		GinkgoWriter.Printf("soak: %d acknowledged, %d lost, %d failed, longest gap %d ms\n",
-			res.Acknowledged, res.Lost, res.Failed, res.LongestGapMillis)
+		AddReportEntry("master failover: "+what, res)
+		GinkgoWriter.Printf("soak, %s: %d acknowledged, %d lost, %d failed, longest gap %d ms\n",
+			what, res.Acknowledged, res.Lost, res.Failed, res.LongestGapMillis)
 		Expect(res.Acknowledged).To(BeNumerically(">", 0))
 		Expect(res.Lost).To(BeZero(), "acknowledged writes were lost")
+	}
 
+	It("loses no acknowledged write when the leader's pod is deleted while a client writes", func(ctx SpecContext) {
+		soakThrough(ctx, "deleting the leader's pod", namespace+"-deleted", func(ctx SpecContext, leader *corev1.Pod) {
+			Expect(k8sClient.Delete(ctx, leader)).To(Succeed())
+		})
 		// The replacement pod starts with an empty data directory (an emptyDir) and rejoins.
 		waitForReplicas(ctx, "waiting for the replaced replica to rejoin")
+	})
+
+	It("loses no acknowledged write when the leader's process is killed (SIGKILL) while a client writes", func(ctx SpecContext) {
+		soakThrough(ctx, "killing the process (SIGKILL) of the leader", namespace+"-killed", func(ctx SpecContext, leader *corev1.Pod) {
+			Expect(leader.Status.ContainerStatuses).NotTo(BeEmpty())
+			restarts := leader.Status.ContainerStatuses[0].RestartCount
+			_, id, _ := strings.Cut(leader.Status.ContainerStatuses[0].ContainerID, "://")
+			// A Kind node is a container named after the node; the replica is a task of the
+			// node's containerd, which sends the signal to its process.
+			out, err := exec.CommandContext(ctx, "docker", "exec", leader.Spec.NodeName,
+				"ctr", "--namespace", "k8s.io", "task", "kill", "--signal", "SIGKILL", id).CombinedOutput()
+			Expect(err).NotTo(HaveOccurred(), "killing %s on %s: %s", leader.Name, leader.Spec.NodeName, out)
+			Eventually(func(g Gomega) {
+				p := &corev1.Pod{}
+				g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(leader), p)).To(Succeed())
+				g.Expect(p.UID).To(Equal(leader.UID), "the kubelet restarts the container in the same pod")
+				g.Expect(p.Status.ContainerStatuses[0].RestartCount).To(BeNumerically(">", restarts))
+			}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the kubelet to restart the killed replica")
+		})
+		waitForReplicas(ctx, "waiting for the killed replica to be ready again")
 	})
 })

@@ -226,6 +226,7 @@ func BenchmarkFailover(b *testing.B) {
 	for _, d := range times {
 		sum += d
 	}
+	b.Logf("each failover, shortest first: %v", times)
 	b.ReportMetric(float64(sum.Milliseconds())/float64(len(times)), "ms/failover")
 	b.ReportMetric(float64(times[len(times)-1].Milliseconds()), "max-ms")
 	b.ReportMetric(float64(*files), "files")

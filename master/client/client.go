@@ -164,12 +164,18 @@ func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 	addr := c.target()
 	pause := c.opts.MinBackoff
 	redirects := 0
+	// suspect is the replica that last failed this call (died, or did not answer): the others
+	// are asked to name a leader other than it, which they wait for during an election.
+	suspect := ""
 	for {
 		stub, err := c.stub(addr)
 		if err != nil {
 			return resp, ambiguous, err
 		}
 		actx, cancel := context.WithTimeout(ctx, c.opts.AttemptTimeout)
+		if suspect != "" {
+			actx = masterpb.WithSuspectLeader(actx, suspect)
+		}
 		resp, err = fn(stub, actx, req)
 		cancel()
 		if err == nil {
@@ -197,6 +203,7 @@ func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 			// The replica died, stepped down mid-commit (LEADERSHIP_LOST) or did not answer in
 			// time: the write may have been applied.
 			ambiguous = true
+			suspect = addr
 			addr = c.rotate(addr)
 		default:
 			return resp, ambiguous, err

@@ -1,7 +1,10 @@
 package masterpb
 
 import (
+	"context"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -37,4 +40,23 @@ func RedirectInfo(err error) (reason, leaderAddr string, ok bool) {
 		}
 	}
 	return "", "", false
+}
+
+// HeaderSuspectLeader is the request header in which a client names the leader's address that
+// just failed it (it died, or did not answer in time): a follower that still names that leader
+// waits until it learns another, which it then sends the client to, rather than sending the
+// client back to the dead one.
+const HeaderSuspectLeader = "strata-suspect-leader"
+
+// WithSuspectLeader adds the header naming addr to a client's outgoing context.
+func WithSuspectLeader(ctx context.Context, addr string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, HeaderSuspectLeader, addr)
+}
+
+// SuspectLeader is the address a request's header names as a failed leader, or "".
+func SuspectLeader(ctx context.Context) string {
+	if v := metadata.ValueFromIncomingContext(ctx, HeaderSuspectLeader); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/strata-cache/strata/master/fsm"
 	"github.com/strata-cache/strata/master/masterpb"
@@ -101,6 +103,94 @@ func TestFollowerRefusesWritesWithTheLeadersAddress(t *testing.T) {
 	if err := follower.Store.Read(ctx, false, func(*fsm.FSM) error { return nil }); !errors.Is(err, store.ErrNotLeader) {
 		t.Errorf("linearizable read on a follower: got %v, want ErrNotLeader", err)
 	}
+}
+
+func TestAFollowerSendsACallerThatSawTheLeaderDieToTheNextLeader(t *testing.T) {
+	ctx := deadline(t, time.Minute)
+	c := mastertest.New(t, 3, mastertest.Options{})
+	old, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follower := c.Followers(old)[0]
+	var nl *store.NotLeaderError
+	for {
+		if _, err := follower.Store.Apply(ctx, createCmd("/x", "")); !errors.As(err, &nl) {
+			t.Fatalf("follower Apply: got %v, want a *NotLeaderError", err)
+		}
+		if nl.LeaderAPIAddr != "" {
+			break
+		}
+		// The leader publishes its gRPC address in a command of its own; wait until the follower knows.
+		if err := follower.Store.WaitForApplied(ctx, follower.Store.AppliedIndex()+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	c.Kill(old)
+	// The follower names the dead leader until it notices it is gone; a caller that saw it fail
+	// waits instead, and is sent to the next.
+	sawItFail := metadata.NewIncomingContext(ctx, metadata.Pairs(masterpb.HeaderSuspectLeader, old.APIAddr))
+	_, err = follower.Store.Apply(sawItFail, createCmd("/y", ""))
+	if !errors.As(err, &nl) {
+		t.Fatalf("follower Apply: got %v, want a *NotLeaderError", err)
+	}
+	next, err := c.LeaderExcept(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nl.LeaderID != next.ID || nl.LeaderAPIAddr != next.APIAddr {
+		t.Errorf("sent to %s (%s), want the new leader %s (%s); the dead one was %s", nl.LeaderID, nl.LeaderAPIAddr, next.ID, next.APIAddr, old.ID)
+	}
+}
+
+// TestFollowersStartTheElectionOnceTheLeaderIsSilentForATimeout kills the leader three times and
+// finds that the followers asked raft to check their leader's contact at once (watchContact)
+// rather than waiting for raft's own next check: at least once, since raft's check may come
+// first by chance.
+func TestFollowersStartTheElectionOnceTheLeaderIsSilentForATimeout(t *testing.T) {
+	ctx := deadline(t, 2*time.Minute)
+	c := mastertest.New(t, 3, mastertest.Options{})
+	var losses float64
+	for range 3 {
+		old, err := c.Leader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		followers := c.Followers(old)
+		c.Kill(old)
+		if _, err := c.LeaderExcept(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range followers {
+			losses += counterOf(t, store.NewCollector(f.Store), "strata_master_raft_leader_contact_losses_total")
+		}
+		c.Restart(old)
+		if err := c.WaitConverged(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if losses == 0 {
+		t.Error("no follower had raft check its leader's contact at once in three failovers")
+	}
+}
+
+// counterOf is the value of the counter name that collector exports.
+func counterOf(t *testing.T, collector prometheus.Collector, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collector)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("%s is not exported", name)
+	return 0
 }
 
 func TestPartitionedFollowerCatchesUp(t *testing.T) {

@@ -60,14 +60,16 @@ type Config struct {
 }
 
 // Defaults for a master inside one Kubernetes cluster, where round trips are well under a
-// millisecond. Followers notice a dead leader after one to two heartbeat timeouts (raft
-// randomises it), so 300 ms keeps failover under the one-second target; the leader still
-// sends a heartbeat every 30 ms, a wide margin over network hiccups, and pre-vote keeps a
-// replica that missed a few from disrupting the cluster.
+// millisecond. A follower notices a dead leader after one to three heartbeat timeouts (raft
+// checks at random intervals of one to two, and a check that comes just before the timeout
+// waits for the next), so 150 ms keeps the worst failover a client sees under half a second
+// (docs/benchmarks.md); the leader still sends a heartbeat every 15 ms, a wide margin over
+// network hiccups, and pre-vote keeps a replica that missed a few from disrupting the cluster.
+// The lease, under which a leader that hears from no quorum steps down, is shorter still.
 const (
-	DefaultHeartbeatTimeout   = 300 * time.Millisecond
-	DefaultElectionTimeout    = 300 * time.Millisecond
-	DefaultLeaderLeaseTimeout = 150 * time.Millisecond
+	DefaultHeartbeatTimeout   = 150 * time.Millisecond
+	DefaultElectionTimeout    = 150 * time.Millisecond
+	DefaultLeaderLeaseTimeout = 100 * time.Millisecond
 	DefaultCommitTimeout      = 20 * time.Millisecond
 	DefaultSnapshotInterval   = 60 * time.Second
 	DefaultSnapshotThreshold  = 16384

@@ -96,7 +96,7 @@ func tiersMoved(replicated, now []*masterpb.TierUsage) bool {
 // reads them runs there.
 func (s *Store) Heartbeat(ctx context.Context, req *masterpb.HeartbeatRequest) (*masterpb.HeartbeatResponse, error) {
 	if !s.IsLeader() {
-		return nil, s.notLeader()
+		return nil, s.notLeader(ctx)
 	}
 	var w *masterpb.Worker
 	err := s.Read(ctx, true, func(m *fsm.FSM) (err error) {

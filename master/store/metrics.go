@@ -16,6 +16,7 @@ type Collector struct {
 	commitIndex   *prometheus.Desc
 	lastLogIndex  *prometheus.Desc
 	leaderChanges *prometheus.Desc
+	contactLosses *prometheus.Desc
 	restores      *prometheus.Desc
 	heartbeats    *prometheus.Desc
 }
@@ -33,6 +34,7 @@ func NewCollector(s *Store) *Collector {
 		commitIndex:   d("raft_commit_index", "Index of the last log entry known to be committed."),
 		lastLogIndex:  d("raft_last_log_index", "Index of the last entry in the Raft log."),
 		leaderChanges: d("raft_leader_changes_total", "Leader changes this replica observed."),
+		contactLosses: d("raft_leader_contact_losses_total", "Times this replica, as a follower, found its leader silent for a heartbeat timeout and had raft check at once (an election follows)."),
 		restores:      d("fsm_snapshot_restores_total", "Snapshots the state machine restored since the process started."),
 		heartbeats: d("heartbeats_total", "Workers' heartbeats this replica took as leader, by how: memory (kept in the leader's memory only) or replicated (a Raft entry, because the worker's tier usage moved).",
 			"recorded"),
@@ -41,7 +43,7 @@ func NewCollector(s *Store) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.restores, c.heartbeats} {
+	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.contactLosses, c.restores, c.heartbeats} {
 		ch <- d
 	}
 }
@@ -62,6 +64,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.commitIndex, prometheus.GaugeValue, float64(r.CommitIndex()))
 	ch <- prometheus.MustNewConstMetric(c.lastLogIndex, prometheus.GaugeValue, float64(r.LastIndex()))
 	ch <- prometheus.MustNewConstMetric(c.leaderChanges, prometheus.CounterValue, float64(c.s.leaderChanges.Load()))
+	ch <- prometheus.MustNewConstMetric(c.contactLosses, prometheus.CounterValue, float64(c.s.contactLosses.Load()))
 	ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(c.s.fsm.Restores()))
 	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.inMemory.Load()), "memory")
 	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.replicated.Load()), "replicated")

@@ -69,6 +69,12 @@ type Store struct {
 	caughtUpTerm  atomic.Uint64
 	leaderChanges atomic.Uint64
 	leaderSince   atomic.Int64
+	// contactLosses counts the elections watchContact started as a follower.
+	contactLosses atomic.Uint64
+	// leaderSeen is closed, and replaced, each time this replica learns of a leader, for the
+	// calls that wait for one (awaitLeader).
+	leaderMu   sync.Mutex
+	leaderSeen chan struct{}
 	// beats are the heartbeats this replica took as leader (see Heartbeat).
 	beats heartbeats
 
@@ -95,7 +101,7 @@ func Open(cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	s := &Store{cfg: cfg, log: log}
+	s := &Store{cfg: cfg, log: log, leaderSeen: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -171,6 +177,11 @@ func Open(cfg Config) (*Store, error) {
 		defer s.wg.Done()
 		s.collectGarbage(ctx)
 	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.watchContact(ctx)
+	}()
 	ok = true
 	log.Info("raft started", "raftAddr", s.trans.LocalAddr(), "apiAddr", cfg.APIAddr,
 		"appliedIndex", s.fsm.AppliedIndex(), "restoreSnapshotOnStart", !rc.NoSnapshotRestoreOnStart)
@@ -222,6 +233,10 @@ func (s *Store) watchLeadership(ctx context.Context, observations <-chan raft.Ob
 			}
 			s.leaderChanges.Add(1)
 			if lo.LeaderID != "" {
+				s.leaderMu.Lock()
+				close(s.leaderSeen)
+				s.leaderSeen = make(chan struct{})
+				s.leaderMu.Unlock()
 				// Following a leader: raft itself refuses the votes of its term and those
 				// before (see voteFence).
 				s.fence.Floor(s.raft.CurrentTerm())
@@ -304,18 +319,18 @@ func (s *Store) wait(ctx context.Context, f raft.Future) error {
 	go func() { done <- f.Error() }()
 	select {
 	case err := <-done:
-		return s.mapRaftErr(err)
+		return s.mapRaftErr(ctx, err)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func (s *Store) mapRaftErr(err error) error {
+func (s *Store) mapRaftErr(ctx context.Context, err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrNotVoter):
-		return s.notLeader()
+		return s.notLeader(ctx)
 	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 		return ErrLeadershipLost
 	case errors.Is(err, raft.ErrRaftShutdown):
@@ -324,9 +339,44 @@ func (s *Store) mapRaftErr(err error) error {
 	return err
 }
 
-func (s *Store) notLeader() error {
-	id, raftAddr, apiAddr := s.Leader()
+// notLeader is the error of a call this replica cannot serve, naming the leader. During an
+// election it waits until the replica knows the new leader (awaitLeader), so that the client is
+// sent there at once instead of polling the replicas until one knows.
+func (s *Store) notLeader(ctx context.Context) error {
+	id, raftAddr, apiAddr := s.awaitLeader(ctx)
 	return &NotLeaderError{LeaderID: id, LeaderRaftAddr: raftAddr, LeaderAPIAddr: apiAddr}
+}
+
+// awaitLeader returns the leader once this replica knows one, and its gRPC address, other than
+// the one the caller saw fail (masterpb.SuspectLeader); or what it knows after one election's
+// worth of time (three heartbeat timeouts, the longest a follower takes to notice a dead leader,
+// and an election timeout) or when ctx ends.
+func (s *Store) awaitLeader(ctx context.Context) (id, raftAddr, apiAddr string) {
+	suspect := masterpb.SuspectLeader(ctx)
+	ctx, cancel := context.WithTimeout(ctx, 3*s.cfg.HeartbeatTimeout+s.cfg.ElectionTimeout)
+	defer cancel()
+	for {
+		// Taken before asking raft: a leader learnt in between closes this one.
+		s.leaderMu.Lock()
+		seen := s.leaderSeen
+		s.leaderMu.Unlock()
+		id, raftAddr, apiAddr = s.Leader()
+		switch {
+		case id != "" && apiAddr != "" && apiAddr != suspect, s.raft.State() == raft.Shutdown:
+			return id, raftAddr, apiAddr
+		case id != "" && apiAddr == "":
+			// A leader whose address no entry recorded yet: it records it as it takes office.
+			_ = s.WaitForApplied(ctx, s.fsm.AppliedIndex()+1)
+		default:
+			select {
+			case <-seen:
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			return s.Leader()
+		}
+	}
 }
 
 // Apply proposes a command and returns its response once it is applied here. It stamps the
@@ -335,7 +385,7 @@ func (s *Store) notLeader() error {
 // leave the outcome unknown.
 func (s *Store) Apply(ctx context.Context, cmd *masterpb.Command) (proto.Message, error) {
 	if s.raft.State() != raft.Leader {
-		return nil, s.notLeader()
+		return nil, s.notLeader(ctx)
 	}
 	cmd.Version = fsm.CommandVersion
 	cmd.AtUnixNano = s.cfg.Now().UnixNano()
@@ -361,7 +411,7 @@ func (s *Store) Apply(ctx context.Context, cmd *masterpb.Command) (proto.Message
 // machine holds everything committed before its term, and a quorum still follows it.
 func (s *Store) VerifyRead(ctx context.Context) error {
 	if s.raft.State() != raft.Leader {
-		return s.notLeader()
+		return s.notLeader(ctx)
 	}
 	if err := s.catchUp(ctx); err != nil {
 		return err
@@ -497,7 +547,7 @@ func (s *Store) Bootstrap(ctx context.Context) error {
 // rescheduled with a new address, or an address reused by a new id) is removed first.
 func (s *Store) Join(ctx context.Context, id, raftAddr, apiAddr string) error {
 	if s.raft.State() != raft.Leader {
-		return s.notLeader()
+		return s.notLeader(ctx)
 	}
 	if id == "" || raftAddr == "" {
 		return errors.New("join needs a raft id and address")
@@ -538,7 +588,7 @@ func (s *Store) Join(ctx context.Context, id, raftAddr, apiAddr string) error {
 // Remove removes a server from the cluster, on the leader.
 func (s *Store) Remove(ctx context.Context, id string) error {
 	if s.raft.State() != raft.Leader {
-		return s.notLeader()
+		return s.notLeader(ctx)
 	}
 	if err := s.wait(ctx, s.raft.RemoveServer(raft.ServerID(id), 0, s.timeout(ctx))); err != nil {
 		return fmt.Errorf("removing server %s: %w", id, err)
