@@ -58,16 +58,23 @@ var _ = Describe("Loading files of a Dataset onto chosen nodes (DataLoad)", func
 		return list.Items
 	}
 
+	// onlyJob waits for run of dl to have one Job, and returns it.
+	onlyJob := func(dl *datav1alpha1.DataLoad, run int) batchv1.Job {
+		GinkgoHelper()
+		var job batchv1.Job
+		Eventually(func(g Gomega) {
+			jobs := jobsOf(dl, run)
+			g.Expect(jobs).To(HaveLen(1))
+			job = jobs[0]
+		}).Should(Succeed())
+		return job
+	}
+
 	It("runs a Job on the chosen node, and says Loaded only once the node holds every selected byte", func() {
 		ds := readyDataset("images")
 		dl := dataLoad("train-on-b", datav1alpha1.DataLoadSpec{DatasetName: ds.Name, Paths: []string{"train/**"}, Nodes: []string{"node-b"}})
 
-		var job batchv1.Job
-		Eventually(func(g Gomega) {
-			jobs := jobsOf(dl, 1)
-			g.Expect(jobs).To(HaveLen(1))
-			job = jobs[0]
-		}).Should(Succeed())
+		job := onlyJob(dl, 1)
 		pod := job.Spec.Template.Spec
 		Expect(pod.Containers[0].Args).To(Equal([]string{"preload", "--path", "train/**", "/data"}))
 		Expect(pod.Volumes[0].PersistentVolumeClaim.ClaimName).To(Equal(ds.Name))
@@ -128,12 +135,7 @@ var _ = Describe("Loading files of a Dataset onto chosen nodes (DataLoad)", func
 	It("fails, saying what to fix, when its paths select no file", func() {
 		ds := readyDataset("typo")
 		dl := dataLoad("typo", datav1alpha1.DataLoadSpec{DatasetName: ds.Name, Paths: []string{"trian/**"}, Nodes: []string{"node-a"}})
-		var job batchv1.Job
-		Eventually(func(g Gomega) {
-			jobs := jobsOf(dl, 1)
-			g.Expect(jobs).To(HaveLen(1))
-			job = jobs[0]
-		}).Should(Succeed())
+		job := onlyJob(dl, 1)
 		nodeA.hold(&workerpb.SelectionHeld{})
 		finishJob(&job, true)
 		cond := loaded(dl, datav1alpha1.ReasonNothingSelected)

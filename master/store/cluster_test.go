@@ -75,15 +75,10 @@ func TestReplicatesToEveryNode(t *testing.T) {
 	}
 }
 
-func TestFollowerRefusesWritesWithTheLeadersAddress(t *testing.T) {
-	ctx := deadline(t, time.Minute)
-	c := mastertest.New(t, 3, mastertest.Options{})
-	leader, err := c.Leader(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The leader publishes its gRPC address in a command of its own; wait until followers know.
-	follower := c.Followers(leader)[0]
+// redirectOnceKnown is the error of a write to follower once it knows the leader's gRPC address,
+// which the leader publishes in a command of its own.
+func redirectOnceKnown(ctx context.Context, t *testing.T, follower *mastertest.Node) *store.NotLeaderError {
+	t.Helper()
 	var nl *store.NotLeaderError
 	for {
 		_, err := follower.Store.Apply(ctx, createCmd("/x", ""))
@@ -91,12 +86,23 @@ func TestFollowerRefusesWritesWithTheLeadersAddress(t *testing.T) {
 			t.Fatalf("follower Apply: got %v, want a *NotLeaderError", err)
 		}
 		if nl.LeaderAPIAddr != "" || ctx.Err() != nil {
-			break
+			return nl
 		}
 		if err := follower.Store.WaitForApplied(ctx, follower.Store.AppliedIndex()+1); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+func TestFollowerRefusesWritesWithTheLeadersAddress(t *testing.T) {
+	ctx := deadline(t, time.Minute)
+	c := mastertest.New(t, 3, mastertest.Options{})
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follower := c.Followers(leader)[0]
+	nl := redirectOnceKnown(ctx, t, follower)
 	if nl.LeaderAPIAddr != leader.APIAddr || nl.LeaderID != leader.ID {
 		t.Errorf("redirect to %s (%s), want %s (%s)", nl.LeaderID, nl.LeaderAPIAddr, leader.ID, leader.APIAddr)
 	}
@@ -113,19 +119,8 @@ func TestAFollowerSendsACallerThatSawTheLeaderDieToTheNextLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	follower := c.Followers(old)[0]
+	redirectOnceKnown(ctx, t, follower)
 	var nl *store.NotLeaderError
-	for {
-		if _, err := follower.Store.Apply(ctx, createCmd("/x", "")); !errors.As(err, &nl) {
-			t.Fatalf("follower Apply: got %v, want a *NotLeaderError", err)
-		}
-		if nl.LeaderAPIAddr != "" {
-			break
-		}
-		// The leader publishes its gRPC address in a command of its own; wait until the follower knows.
-		if err := follower.Store.WaitForApplied(ctx, follower.Store.AppliedIndex()+1); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	c.Kill(old)
 	// The follower names the dead leader until it notices it is gone; a caller that saw it fail
