@@ -119,8 +119,7 @@ func TestAFollowerSendsACallerThatSawTheLeaderDieToTheNextLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	follower := c.Followers(old)[0]
-	redirectOnceKnown(ctx, t, follower)
-	var nl *store.NotLeaderError
+	nl := redirectOnceKnown(ctx, t, follower) // it knows the leader's address: the next answer is no guess
 
 	c.Kill(old)
 	// The follower names the dead leader until it notices it is gone; a caller that saw it fail
