@@ -354,7 +354,7 @@ func (r *LineageReconciler) freeMemory(ctx context.Context, pool string, memory 
 		return 0, false
 	}
 	for _, w := range resp.GetWorkers() {
-		if !strings.HasPrefix(w.GetId(), pool+"/") || w.GetState() != masterpb.WorkerState_WORKER_STATE_ALIVE {
+		if !liveWorkerOf(w, pool) {
 			continue
 		}
 		var f int64

@@ -121,8 +121,7 @@ func (r *TierPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	return result, nil
 }
 
-// tierUsage sums, per tier, what the pool's live workers report to the master they hold. Worker
-// ids are "<pool>/<node>" (see the worker DaemonSet).
+// tierUsage sums, per tier, what the pool's live workers report to the master they hold.
 func (r *TierPoolReconciler) tierUsage(ctx context.Context, pool string) (map[string]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
 	defer cancel()
@@ -132,7 +131,7 @@ func (r *TierPoolReconciler) tierUsage(ctx context.Context, pool string) (map[st
 	}
 	used := map[string]int64{}
 	for _, w := range resp.GetWorkers() {
-		if !strings.HasPrefix(w.GetId(), pool+"/") || w.GetState() != masterpb.WorkerState_WORKER_STATE_ALIVE {
+		if !liveWorkerOf(w, pool) {
 			continue
 		}
 		for _, t := range w.GetTiers() {
@@ -140,6 +139,12 @@ func (r *TierPoolReconciler) tierUsage(ctx context.Context, pool string) (map[st
 		}
 	}
 	return used, nil
+}
+
+// liveWorkerOf says whether w is a live worker of pool, as the master knows it: worker ids are
+// "<pool>/<node>" (see the worker DaemonSet).
+func liveWorkerOf(w *masterpb.Worker, pool string) bool {
+	return strings.HasPrefix(w.GetId(), pool+"/") && w.GetState() == masterpb.WorkerState_WORKER_STATE_ALIVE
 }
 
 // usedBytes is what a pool's status last said its tiers hold.
