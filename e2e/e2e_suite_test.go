@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 )
@@ -45,6 +46,8 @@ func TestE2E(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
+	// The API server's warnings (a deprecated field of a manifest) go to the spec's output.
+	log.SetLogger(GinkgoLogr)
 	var err error
 	restConfig, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
 		clientcmd.NewDefaultClientConfigLoadingRules(),
