@@ -222,9 +222,10 @@ var _ = BeforeSuite(func() {
 		Forgetter: lineageMaster,
 	}).SetupWithManager(mgr)).To(Succeed())
 	workerReconciler = &WorkerReconciler{
-		Client:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorderFor("strata-operator"),
-		Spec:     testWorkerSpec,
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorderFor("strata-operator"),
+		Spec:      testWorkerSpec,
 	}
 	Expect(workerReconciler.SetupWithManager(mgr)).To(Succeed())
 	testCA = pkitest.New(GinkgoT())

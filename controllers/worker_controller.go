@@ -2,8 +2,11 @@ package controllers
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
+	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +42,13 @@ const (
 // one is put back as the pool says. Both are owned by the pool, so they go away with it.
 type WorkerReconciler struct {
 	Client client.Client
+	// APIReader lists the pool's worker pods, which the operator does not cache; nil leaves the
+	// refresh of their policies file to the kubelet's periodic sync.
+	APIReader client.Reader
+
+	markedMu sync.Mutex
+	// marked is, by pool, the hash of the policies file its pods were last marked with.
+	marked map[string]string
 	// Recorder records Events on TierPools.
 	Recorder record.EventRecorder
 	Spec     WorkerSpec
@@ -53,12 +63,16 @@ type WorkerReconciler struct {
 // +kubebuilder:rbac:groups=data.strata.dev,resources=datasets;cachepolicies;lineages,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;patch
 
 // Reconcile makes the worker objects of one TierPool match its spec.
 func (r *WorkerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	pool := &datav1alpha1.TierPool{}
 	if err := r.Client.Get(ctx, req.NamespacedName, pool); err != nil {
 		// Gone: the garbage collector removes what the pool owned.
+		if apierrors.IsNotFound(err) {
+			r.forgetMarks(req.Name)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !pool.DeletionTimestamp.IsZero() {
@@ -89,6 +103,9 @@ func (r *WorkerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}); err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.refreshPolicies(ctx, pool, policies); err != nil {
+		return ctrl.Result{}, err
+	}
 	// Before the operator served the checkpoint settings, it pooled the outputs' keys of every
 	// namespace in a Secret of the pool: remove it.
 	legacy := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.Spec.Namespace, Name: WorkerName(pool.Name)}}
@@ -102,6 +119,52 @@ func (r *WorkerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, nil
+}
+
+// refreshPolicies marks each worker pod of the pool with the hash of the policies file
+// (PoliciesHashAnnotation), so that the kubelet writes the file into the pod now: a changed
+// CachePolicy, or a prefetch's pin, applies within the worker's poll of the file instead of
+// after the kubelet's next periodic sync. The pods are listed only when the file changed since
+// they were last marked (a reconcile that changes nothing reads and writes nothing); a pod
+// started since reads the file as it is then.
+func (r *WorkerReconciler) refreshPolicies(ctx context.Context, pool *datav1alpha1.TierPool, policies string) error {
+	if r.APIReader == nil {
+		return nil
+	}
+	sum := sha256.Sum256([]byte(policies))
+	hash := hex.EncodeToString(sum[:8])
+	r.markedMu.Lock()
+	defer r.markedMu.Unlock()
+	if r.marked[pool.Name] == hash {
+		return nil
+	}
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.InNamespace(r.Spec.Namespace), client.MatchingLabels(workerSelector(pool.Name))); err != nil {
+		return fmt.Errorf("listing the worker pods of TierPool %s to refresh their policies file: %w", pool.Name, err)
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.DeletionTimestamp != nil || pod.Annotations[PoliciesHashAnnotation] == hash {
+			continue
+		}
+		patch := client.MergeFrom(pod.DeepCopy())
+		metav1.SetMetaDataAnnotation(&pod.ObjectMeta, PoliciesHashAnnotation, hash)
+		if err := r.Client.Patch(ctx, pod, patch); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("marking worker pod %s/%s with the hash of its new policies file: %w", pod.Namespace, pod.Name, err)
+		}
+	}
+	if r.marked == nil {
+		r.marked = map[string]string{}
+	}
+	r.marked[pool.Name] = hash
+	return nil
+}
+
+// forgetMarks drops what refreshPolicies remembers of a deleted pool.
+func (r *WorkerReconciler) forgetMarks(pool string) {
+	r.markedMu.Lock()
+	defer r.markedMu.Unlock()
+	delete(r.marked, pool)
 }
 
 // apply creates obj, or updates it when mutate changes it, with the pool as its controller.

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -102,7 +104,20 @@ var _ = Describe("The worker reconciler", func() {
 		rolled := getDaemonSet(Default)
 		Expect(rolled.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--policies=/etc/strata/" + policy.FileName))
 
-		By("following a change of the CachePolicy")
+		// A worker pod of the pool, as the DaemonSet would make it (envtest runs no kubelet).
+		workerPod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: key.Name + "-", Namespace: key.Namespace, Labels: workerLabels(pool.Name)},
+			Spec:       corev1.PodSpec{NodeName: "a-node", Containers: []corev1.Container{{Name: "worker", Image: testWorkerSpec.Image}}},
+		}
+		Expect(k8sClient.Create(ctx, workerPod)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, workerPod))).To(Succeed()) })
+		markedWith := func(g Gomega) (string, string) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(workerPod), workerPod)).To(Succeed())
+			sum := sha256.Sum256([]byte(getConfigMap(g).Data[policy.FileName]))
+			return workerPod.Annotations[PoliciesHashAnnotation], hex.EncodeToString(sum[:8])
+		}
+
+		By("following a change of the CachePolicy, and marking the worker pods so that their kubelets refresh the file at once")
 		setPinned := func(paths ...string) {
 			// The CachePolicy reconciler writes its status meanwhile: read, change, retry.
 			Eventually(func(g Gomega) {
@@ -118,6 +133,11 @@ var _ = Describe("The worker reconciler", func() {
 			g.Expect(set.Pinned(master, "labels/2024/a.txt", 0, 0)).To(BeFalse())
 		}).Should(Succeed(), "waiting for the pool's policies file to follow the CachePolicy")
 		Expect(getDaemonSet(Default).Spec.Template).To(Equal(rolled.Spec.Template), "the workers apply policies live: their pods are not rolled")
+		Eventually(func(g Gomega) {
+			marked, current := markedWith(g)
+			g.Expect(marked).To(Equal(current), "the pod carries the hash of the policies file it should now see")
+		}).Should(Succeed(), "waiting for the worker pod to be marked with the new policies file's hash")
+		firstMark, _ := markedWith(Default)
 
 		By("carrying its eviction policy, its share of the tiers and its promotion threshold")
 		Eventually(func(g Gomega) {
@@ -131,6 +151,10 @@ var _ = Describe("The worker reconciler", func() {
 			g.Expect(policies(g).Rules()).To(HaveKeyWithValue(master, tierstore.DatasetRules{
 				Eviction: eviction.Config{Kind: eviction.LRFU, Lambda: 0.25}, High: 0.5, Low: 0.3, PromotionThreshold: 1}))
 		}).Should(Succeed(), "waiting for the pool's policies file to carry the rules")
+		Eventually(func(g Gomega) {
+			marked, current := markedWith(g)
+			g.Expect(marked).To(And(Equal(current), Not(Equal(firstMark))), "a later change marks the pod again")
+		}).Should(Succeed(), "waiting for the worker pod to be marked with the changed file's hash")
 
 		By("carrying its replication, and the rack of every node, following the nodes' labels")
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: "racked-", Labels: map[string]string{datav1alpha1.DefaultRackLabel: "r7"}}}

@@ -35,6 +35,11 @@ const (
 	// TiersHashAnnotation on the pod template carries a hash of the pool's tiers file, so that a
 	// change of tiers (which the pods read from a ConfigMap) rolls the pods.
 	TiersHashAnnotation = "strata.dev/tiers-hash"
+	// PoliciesHashAnnotation on a running worker pod carries a hash of the policies file the
+	// operator last wrote: changing it makes the kubelet sync the pod, and so refresh the
+	// ConfigMap's files in it, at once rather than at its next periodic sync (a minute or more).
+	// The pod is not restarted: the worker reads the file live.
+	PoliciesHashAnnotation = "strata.dev/policies-hash"
 	// WorkerTiersKey is the key of the tiers file in the worker's ConfigMap.
 	WorkerTiersKey = "tiers.yaml"
 

@@ -303,7 +303,8 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 			g.Expect(found).To(BeTrue(), "the worker exports strata_worker_tier_pinned_blocks")
 			return int(n)
 		}
-		// The kubelet refreshes the workers' ConfigMap within a minute or so.
+		// The operator marks the worker's pod, so that its kubelet writes the new policies file
+		// at once; the worker reads it every 10 s.
 		Eventually(pinnedBlocks).WithContext(ctx).WithTimeout(3*minute).Should(Equal(100), "waiting for the worker to pin the blocks of 000/**")
 
 		By("pinning 001/ too: the worker pins the blocks it already holds, its pod untouched")
@@ -348,8 +349,9 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 
 		By("reading it on " + nodes[0] + ": its cached bytes stay within its share")
 		before := workerPod(ctx, pool, nodes[0])
-		// The kubelet refreshes the workers' ConfigMap within a minute or so, and the status
-		// follows the master every half minute: read until both have.
+		// The worker reads its new policies file within about 10 s (the operator makes the
+		// kubelet write it at once), and the status follows the master every half minute: read
+		// until both have.
 		Eventually(func(g Gomega) {
 			ds := readAndCount(g)
 			g.Expect(ds.Status.CachedBytes).To(And(BeNumerically(">", 0), BeNumerically("<=", 11<<20)))

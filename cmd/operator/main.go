@@ -226,9 +226,10 @@ func run(opts options) error {
 	var workers *controllers.WorkerReconciler
 	if workerSpec.Deployed() {
 		workers = &controllers.WorkerReconciler{
-			Client:   mgr.GetClient(),
-			Recorder: mgr.GetEventRecorderFor(eventSource),
-			Spec:     workerSpec,
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+			Recorder:  mgr.GetEventRecorderFor(eventSource),
+			Spec:      workerSpec,
 		}
 		if err := workers.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the worker controller: %w", err)
