@@ -26,6 +26,13 @@ type Options struct {
 	// AttemptTimeout bounds one attempt, so that a replica that died mid-call costs at most this
 	// much before the client moves on (default 2s).
 	AttemptTimeout time.Duration
+	// ProbeAfter is how long an attempt waits for its replica's answer before the client asks
+	// the other replicas, every ProbeEvery, which leader they know: once one names another, the
+	// attempt is abandoned for it. A leader that stops answering without closing its connections
+	// (a stopped node, a cut network) then costs about an election, not AttemptTimeout
+	// (defaults 250ms and 50ms; the replicas' heartbeat timeout is 150ms).
+	ProbeAfter time.Duration
+	ProbeEvery time.Duration
 	// MinBackoff and MaxBackoff bound the pause between retries that are not redirects
 	// (defaults 10ms and 100ms: short, so a client notices a new leader soon after the
 	// election, which takes a few hundred milliseconds).
@@ -37,6 +44,12 @@ type Options struct {
 func (o *Options) setDefaults() {
 	if o.AttemptTimeout == 0 {
 		o.AttemptTimeout = 2 * time.Second
+	}
+	if o.ProbeAfter == 0 {
+		o.ProbeAfter = 250 * time.Millisecond
+	}
+	if o.ProbeEvery == 0 {
+		o.ProbeEvery = 50 * time.Millisecond
 	}
 	if o.MinBackoff == 0 {
 		o.MinBackoff = 10 * time.Millisecond
@@ -176,7 +189,9 @@ func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 		if suspect != "" {
 			actx = masterpb.WithSuspectLeader(actx, suspect)
 		}
+		watch := c.watchLeader(actx, cancel, addr)
 		resp, err = fn(stub, actx, req)
+		moved := watch.stop()
 		cancel()
 		if err == nil {
 			c.setLeader(addr)
@@ -184,6 +199,16 @@ func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 		}
 		if ctx.Err() != nil {
 			return resp, ambiguous, fmt.Errorf("%s: %w (last error from %s: %w)", method, ctx.Err(), addr, err)
+		}
+		if moved != "" {
+			// addr did not answer, and another replica names a leader other than it: go there
+			// at once. addr may have applied the call before it stopped answering.
+			c.opts.Logger.V(1).Info("a replica that did not answer is not the leader any more", "method", method, "addr", addr, "leader", moved)
+			ambiguous = true
+			suspect = addr
+			c.setLeader(moved)
+			addr = moved
+			continue
 		}
 		reason, leaderAddr, _ := masterpb.RedirectInfo(err)
 		code := status.Code(err)
@@ -219,6 +244,85 @@ func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 		}
 		pause = min(2*pause, c.opts.MaxBackoff)
 	}
+}
+
+// leaderWatch asks the other replicas for the leader while an attempt goes unanswered.
+type leaderWatch struct {
+	timer *time.Timer
+	done  chan struct{}
+	wg    sync.WaitGroup
+	// moved is the leader another replica named; written before wg is done.
+	moved string
+}
+
+// watchLeader starts asking, after ProbeAfter, the replicas other than addr which leader they
+// know, and cancels the attempt when one names another. stop ends the watch and says the
+// leader found, if any.
+func (c *Client) watchLeader(attempt context.Context, cancelAttempt context.CancelFunc, addr string) *leaderWatch {
+	w := &leaderWatch{done: make(chan struct{})}
+	w.wg.Add(1)
+	w.timer = time.AfterFunc(c.opts.ProbeAfter, func() {
+		defer w.wg.Done()
+		if moved := c.probeLeader(attempt, w.done, addr); moved != "" {
+			w.moved = moved
+			cancelAttempt()
+		}
+	})
+	return w
+}
+
+func (w *leaderWatch) stop() string {
+	if w.timer.Stop() {
+		w.wg.Done()
+	}
+	close(w.done)
+	w.wg.Wait()
+	return w.moved
+}
+
+// probeLeader asks the replicas other than addr in turn, every ProbeEvery, for the leader they
+// know, until one names a leader other than addr (which it returns), or attempt ends, or done
+// is closed.
+func (c *Client) probeLeader(attempt context.Context, done <-chan struct{}, addr string) string {
+	var others []string
+	for _, seed := range c.seeds {
+		if seed != addr {
+			others = append(others, seed)
+		}
+	}
+	if len(others) == 0 {
+		return ""
+	}
+	tick := time.NewTicker(c.opts.ProbeEvery)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		if leader := c.askLeader(attempt, others[i%len(others)]); leader != "" && leader != addr {
+			return leader
+		}
+		select {
+		case <-attempt.Done():
+			return ""
+		case <-done:
+			return ""
+		case <-tick.C:
+		}
+	}
+}
+
+// askLeader returns the API address of the leader the replica at addr knows, or "" when it
+// knows none or does not answer within two probe periods.
+func (c *Client) askLeader(ctx context.Context, addr string) string {
+	stub, err := c.stub(addr)
+	if err != nil {
+		return ""
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*c.opts.ProbeEvery)
+	defer cancel()
+	resp, err := stub.Leader(pctx, &masterpb.LeaderRequest{})
+	if err != nil {
+		return ""
+	}
+	return resp.GetLeaderApiAddr()
 }
 
 func newToken() string {

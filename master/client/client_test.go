@@ -300,3 +300,40 @@ func TestWorkerLifecycleThroughTheAPI(t *testing.T) {
 		t.Errorf("GetDataset after delete: %v, want NotFound", err)
 	}
 }
+
+func TestAClientLeavesALeaderThatStopsAnsweringForTheNext(t *testing.T) {
+	ctx := deadline(t, time.Minute)
+	c := mastertest.New(t, 3, mastertest.Options{GRPC: true})
+	// An attempt at a replica that stops answering would wait this long without the probes.
+	cl, err := client.New(c.APIAddrs(), client.Options{AttemptTimeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	if _, err := cl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/s/before"}); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.LeaderAddr() != leader.APIAddr {
+		t.Fatalf("the client talks to %s, not to the leader %s", cl.LeaderAddr(), leader.APIAddr)
+	}
+
+	// Its connections stay open: nothing tells the client it is gone.
+	c.Stop(leader)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := cl.CreateFile(wctx, &masterpb.CreateFileRequest{Path: "/s/after"}); err != nil {
+		t.Fatalf("creating a file once the leader stopped answering: %v", err)
+	}
+	if cl.LeaderAddr() == leader.APIAddr {
+		t.Errorf("the client still talks to the stopped leader %s", leader.APIAddr)
+	}
+	for _, p := range []string{"/s/before", "/s/after"} {
+		if ok, err := cl.Exists(ctx, p); err != nil || !ok {
+			t.Errorf("%s: exists=%v, %v", p, ok, err)
+		}
+	}
+}

@@ -42,7 +42,7 @@ type FSM struct {
 	restores atomic.Uint64
 }
 
-var _ raft.FSM = (*FSM)(nil)
+var _ raft.BatchingFSM = (*FSM)(nil)
 
 // Options tune the state machine's Badger database. They affect memory and speed only, never
 // outcomes, so replicas may differ.
@@ -119,6 +119,97 @@ func (f *FSM) readApplied() (index, term uint64, err error) {
 // replica that went on would no longer match the others, and a crash lets it restart from its
 // last consistent state and replay.
 func (f *FSM) Apply(l *raft.Log) interface{} {
+	cmd := f.decode(l)
+	if cmd == nil {
+		return nil
+	}
+	return f.applyAlone(l, cmd)
+}
+
+// ApplyBatch applies the entries raft committed together (up to its MaxAppendEntries) in one
+// Badger transaction, the group commit of the state machine: one commit, and one applied-index
+// record, for many clients' commands instead of one each. A command that ends with an outcome
+// error (whose writes must be dropped, and a transaction cannot drop part of itself) or whose
+// writes would outgrow the transaction ends the run before it: the commands before it are
+// applied again into a fresh transaction and committed, and it is applied alone. The outcome is
+// the same as applying the entries one by one, which Apply does, on every replica.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	results := make([]interface{}, len(logs))
+	cmds := make([]*masterpb.Command, len(logs))
+	for i, l := range logs {
+		cmds[i] = f.decode(l)
+	}
+	for next := 0; next < len(logs); {
+		next = f.applyRun(logs, cmds, results, next)
+	}
+	return results
+}
+
+// applyRun applies the entries from start on in one transaction, as many as it can, and
+// returns the index (in logs) of the first entry it did not apply.
+func (f *FSM) applyRun(logs []*raft.Log, cmds []*masterpb.Command, results []interface{}, start int) int {
+	txn := f.db.NewTransaction(true)
+	defer txn.Discard()
+	end, applied := start, false
+	for ; end < len(logs); end++ {
+		if cmds[end] == nil {
+			continue
+		}
+		resp, err := apply(txn, cmds[end])
+		if err == nil {
+			results[end] = &Result{Response: resp}
+			applied = true
+			continue
+		}
+		if !applied {
+			results[end] = f.applyAlone(logs[end], cmds[end])
+			return end + 1
+		}
+		// The transaction holds part of this command's writes: apply the ones before it again,
+		// without them.
+		txn.Discard()
+		f.commitRun(logs, cmds, results, start, end)
+		return end
+	}
+	if applied {
+		f.commit(txn, logs[end-1])
+	}
+	return end
+}
+
+// commitRun applies the entries [start, end), which succeeded together before, in one
+// transaction and commits it.
+func (f *FSM) commitRun(logs []*raft.Log, cmds []*masterpb.Command, results []interface{}, start, end int) {
+	txn := f.db.NewTransaction(true)
+	defer txn.Discard()
+	for i := start; i < end; i++ {
+		if cmds[i] == nil {
+			continue
+		}
+		resp, err := apply(txn, cmds[i])
+		if err != nil {
+			panic(fmt.Sprintf("fsm: applying log entry %d again, after a later one in its batch failed: %v", logs[i].Index, err))
+		}
+		results[i] = &Result{Response: resp}
+	}
+	f.commit(txn, logs[end-1])
+}
+
+// commit records last as applied in txn, commits it and publishes the applied index.
+func (f *FSM) commit(txn *badger.Txn, last *raft.Log) {
+	if err := recordApplied(txn, last); err != nil {
+		panic(fmt.Sprintf("fsm: applying log entries up to %d: %v", last.Index, err))
+	}
+	if err := txn.Commit(); err != nil {
+		panic(fmt.Sprintf("fsm: committing log entries up to %d: %v", last.Index, err))
+	}
+	f.applied.Store(last.Index)
+}
+
+// decode returns the command of a committed entry, or nil when there is nothing to apply: an
+// entry of raft's own, or one a restart that kept the database replays. It panics on an entry
+// this binary cannot interpret.
+func (f *FSM) decode(l *raft.Log) *masterpb.Command {
 	if l.Type != raft.LogCommand {
 		return nil
 	}
@@ -139,10 +230,14 @@ func (f *FSM) Apply(l *raft.Log) interface{} {
 		// An operation added by a newer binary decodes as an unknown field with no op set.
 		panic(fmt.Sprintf("fsm: log entry %d has no operation this binary knows: upgrade it", l.Index))
 	}
+	return &cmd
+}
 
+// applyAlone applies one command in a transaction of its own.
+func (f *FSM) applyAlone(l *raft.Log, cmd *masterpb.Command) *Result {
 	res := &Result{}
 	err := f.update(l, func(txn *badger.Txn) error {
-		resp, err := apply(txn, &cmd)
+		resp, err := apply(txn, cmd)
 		res.Response, res.Err = resp, err
 		return err
 	})
@@ -166,14 +261,22 @@ func (f *FSM) update(l *raft.Log, fn func(txn *badger.Txn) error) error {
 		txn = f.db.NewTransaction(true)
 		defer txn.Discard()
 	}
+	if err := recordApplied(txn, l); err != nil {
+		return err
+	}
+	if err := txn.Commit(); err != nil {
+		return fmt.Errorf("committing: %w", err)
+	}
+	return nil
+}
+
+// recordApplied writes the index and term of l, the last entry a transaction applies, into it.
+func recordApplied(txn *badger.Txn, l *raft.Log) error {
 	v := make([]byte, 16)
 	binary.BigEndian.PutUint64(v, l.Index)
 	binary.BigEndian.PutUint64(v[8:], l.Term)
 	if err := txn.Set(keyApplied, v); err != nil {
 		return fmt.Errorf("recording applied index: %w", err)
-	}
-	if err := txn.Commit(); err != nil {
-		return fmt.Errorf("committing: %w", err)
 	}
 	return nil
 }

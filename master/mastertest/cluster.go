@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/internal/authz"
@@ -78,6 +79,25 @@ type Node struct {
 	grpcServer *grpc.Server
 	serveDone  chan struct{}
 	alive      bool
+
+	stoppedMu sync.Mutex
+	// stopped, while not nil, holds every API call until it is closed (Stop, Resume).
+	stopped chan struct{}
+}
+
+// holdWhileStopped is a gRPC interceptor that holds a call while its replica is stopped.
+func (n *Node) holdWhileStopped(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	n.stoppedMu.Lock()
+	stopped := n.stopped
+	n.stoppedMu.Unlock()
+	if stopped != nil {
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return handler(ctx, req)
 }
 
 // Cluster is a set of replicas in this process.
@@ -195,7 +215,7 @@ func (c *Cluster) start(n *Node) error {
 			}
 			opts = append(a.ServerOptions(), c.opts.TLS.Credentials(c.tb, pki.Master(n.ID)).ServerOption())
 		}
-		n.grpcServer = grpc.NewServer(opts...)
+		n.grpcServer = grpc.NewServer(append(opts, grpc.ChainUnaryInterceptor(n.holdWhileStopped))...)
 		masterpb.RegisterMasterServer(n.grpcServer, server.New(s, cfg.Logger))
 		n.serveDone = make(chan struct{})
 		go func(gs *grpc.Server, done chan struct{}) {
@@ -381,6 +401,30 @@ func (c *Cluster) Partition(n *Node) {
 			other.inmem.Disconnect(raft.ServerAddress(n.RaftAddr))
 		}
 	}
+}
+
+// Stop makes a replica stop answering while its process lives on, as a stopped node does (a
+// frozen VM, a pulled cable, SIGSTOP): its Raft traffic is cut, and its API calls hang on
+// connections that stay open, until Resume. Inmem transport only.
+func (c *Cluster) Stop(n *Node) {
+	c.tb.Helper()
+	c.Partition(n)
+	n.stoppedMu.Lock()
+	defer n.stoppedMu.Unlock()
+	if n.stopped == nil {
+		n.stopped = make(chan struct{})
+	}
+}
+
+// Resume lets a stopped replica answer again and reconnects it.
+func (c *Cluster) Resume(n *Node) {
+	n.stoppedMu.Lock()
+	if n.stopped != nil {
+		close(n.stopped)
+		n.stopped = nil
+	}
+	n.stoppedMu.Unlock()
+	c.Heal(n)
 }
 
 // AskVote sends to's replica a vote request of term as from's candidate, with a log ahead of
