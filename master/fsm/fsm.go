@@ -145,13 +145,19 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	return results
 }
 
+// maxRun bounds the entries of one transaction. Badger sorts a transaction's pending writes
+// each time it opens an iterator in it (which a create does, to tell a directory), so the cost
+// of a run grows with the square of its length: past a few dozen writes, a longer run costs
+// more than the commit it saves.
+const maxRun = 16
+
 // applyRun applies the entries from start on in one transaction, as many as it can, and
 // returns the index (in logs) of the first entry it did not apply.
 func (f *FSM) applyRun(logs []*raft.Log, cmds []*masterpb.Command, results []interface{}, start int) int {
 	txn := f.db.NewTransaction(true)
 	defer txn.Discard()
 	end, applied := start, false
-	for ; end < len(logs); end++ {
+	for ; end < len(logs) && end-start < maxRun; end++ {
 		if cmds[end] == nil {
 			continue
 		}
