@@ -133,6 +133,14 @@ bench-peers: $(MINIO) ## Measure Strata's data path on this host beside rclone, 
 	$(LOCALBIN)/bench-peers/benchpeers -master $(LOCALBIN)/bench-peers/master -worker $(LOCALBIN)/bench-peers/worker \
 		-minio "$(MINIO)" -rclone /usr/bin/rclone -s3fs /usr/bin/s3fs -out $(LOCALBIN)/bench-peers.json $(BENCH_PEERS_ARGS)
 
+# Clients and requests of each operation in make bench-master (#22 asks for 64 clients).
+BENCH_MASTER_CLIENTS ?= 64
+BENCH_MASTER_REQUESTS ?= 20000
+
+.PHONY: bench-master
+bench-master: $(K8S_BIN)/etcd ## Measure the master's creates and exists beside a three-member etcd's puts and gets, in one run (see docs/benchmarks.md).
+	hack/bench-master.sh $(ETCD_VERSION) $(K8S_BIN)/etcd $(LOCALBIN) $(BENCH_MASTER_CLIENTS) $(BENCH_MASTER_REQUESTS)
+
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
 	$(GOLANGCI_LINT) run ./...

@@ -45,13 +45,13 @@ type WorkerReconciler struct {
 	// APIReader lists the pool's worker pods, which the operator does not cache; nil leaves the
 	// refresh of their policies file to the kubelet's periodic sync.
 	APIReader client.Reader
+	// Recorder records Events on TierPools.
+	Recorder record.EventRecorder
+	Spec     WorkerSpec
 
 	markedMu sync.Mutex
 	// marked is, by pool, the hash of the policies file its pods were last marked with.
 	marked map[string]string
-	// Recorder records Events on TierPools.
-	Recorder record.EventRecorder
-	Spec     WorkerSpec
 }
 
 // +kubebuilder:rbac:groups=data.strata.dev,resources=tierpools,verbs=get;list;watch
