@@ -147,7 +147,15 @@ var _ = Describe("The master", Ordered, Label("master"), func() {
 			task(ctx, leader, "pause")
 			frozen = leader
 		})
-		task(ctx, frozen, "resume")
+		// The kubelet restarts a container whose liveness probe has failed long enough: resume
+		// the frozen process only if it is still the pod's container.
+		now := &corev1.Pod{}
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(frozen), now)).To(Succeed())
+		if now.UID == frozen.UID && now.Status.ContainerStatuses[0].ContainerID == frozen.Status.ContainerStatuses[0].ContainerID {
+			task(ctx, frozen, "resume")
+		} else {
+			GinkgoWriter.Printf("the kubelet replaced the frozen container of %s\n", frozen.Name)
+		}
 		waitForReplicas(ctx, "waiting for the frozen replica to be ready again")
 	})
 })
