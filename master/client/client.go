@@ -189,7 +189,7 @@ func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 		if suspect != "" {
 			actx = masterpb.WithSuspectLeader(actx, suspect)
 		}
-		watch := c.watchLeader(actx, cancel, addr)
+		watch := c.watchLeader(actx, cancel, addr, suspect)
 		resp, err = fn(stub, actx, req)
 		moved := watch.stop()
 		cancel()
@@ -256,14 +256,15 @@ type leaderWatch struct {
 }
 
 // watchLeader starts asking, after ProbeAfter, the replicas other than addr which leader they
-// know, and cancels the attempt when one names another. stop ends the watch and says the
-// leader found, if any.
-func (c *Client) watchLeader(attempt context.Context, cancelAttempt context.CancelFunc, addr string) *leaderWatch {
+// know, and cancels the attempt when one names another, neither addr nor suspect (the replica
+// this call already saw fail, which a follower that has not noticed yet still names). stop ends
+// the watch and says the leader found, if any.
+func (c *Client) watchLeader(attempt context.Context, cancelAttempt context.CancelFunc, addr, suspect string) *leaderWatch {
 	w := &leaderWatch{done: make(chan struct{})}
 	w.wg.Add(1)
 	w.timer = time.AfterFunc(c.opts.ProbeAfter, func() {
 		defer w.wg.Done()
-		if moved := c.probeLeader(attempt, w.done, addr); moved != "" {
+		if moved := c.probeLeader(attempt, w.done, addr, suspect); moved != "" {
 			w.moved = moved
 			cancelAttempt()
 		}
@@ -280,13 +281,13 @@ func (w *leaderWatch) stop() string {
 	return w.moved
 }
 
-// probeLeader asks the replicas other than addr in turn, every ProbeEvery, for the leader they
-// know, until one names a leader other than addr (which it returns), or attempt ends, or done
-// is closed.
-func (c *Client) probeLeader(attempt context.Context, done <-chan struct{}, addr string) string {
+// probeLeader asks the replicas other than addr and suspect in turn, every ProbeEvery, for the
+// leader they know, until one names a leader that is neither (which it returns), or attempt
+// ends, or done is closed.
+func (c *Client) probeLeader(attempt context.Context, done <-chan struct{}, addr, suspect string) string {
 	var others []string
 	for _, seed := range c.seeds {
-		if seed != addr {
+		if seed != addr && seed != suspect {
 			others = append(others, seed)
 		}
 	}
@@ -296,7 +297,7 @@ func (c *Client) probeLeader(attempt context.Context, done <-chan struct{}, addr
 	tick := time.NewTicker(c.opts.ProbeEvery)
 	defer tick.Stop()
 	for i := 0; ; i++ {
-		if leader := c.askLeader(attempt, others[i%len(others)]); leader != "" && leader != addr {
+		if leader := c.askLeader(attempt, others[i%len(others)]); leader != "" && leader != addr && leader != suspect {
 			return leader
 		}
 		select {
