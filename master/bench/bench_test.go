@@ -242,6 +242,7 @@ func BenchmarkFailover(b *testing.B) {
 				b.StopTimer()
 				mode.recover(c, leader)
 			}
+			b.Logf("each failover, in order: %v", times)
 			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
 			var sum time.Duration
 			for _, d := range times {
