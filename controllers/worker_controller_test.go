@@ -101,8 +101,12 @@ var _ = Describe("The worker reconciler", func() {
 			g.Expect(set.Pinned(master, "labels/2024/a.txt", 0, 0)).To(BeTrue())
 			g.Expect(set.Pinned(master, "images/a.jpg", 0, 0)).To(BeFalse())
 		}).Should(Succeed(), "waiting for the pool's policies file to pin labels/**")
-		rolled := getDaemonSet(Default)
-		Expect(rolled.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--policies=/etc/strata/" + policy.FileName))
+		// The reconciler writes the ConfigMap before the DaemonSet: the file can be seen first.
+		var rolled *appsv1.DaemonSet
+		Eventually(func(g Gomega) {
+			rolled = getDaemonSet(g)
+			g.Expect(rolled.Spec.Template.Spec.Containers[0].Args).To(ContainElement("--policies=/etc/strata/" + policy.FileName))
+		}).Should(Succeed(), "waiting for the pool's DaemonSet to give its workers the policies file")
 
 		// A worker pod of the pool, as the DaemonSet would make it (envtest runs no kubelet).
 		workerPod := &corev1.Pod{

@@ -212,7 +212,13 @@ func run(opts options) error {
 	}
 
 	claimServers := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/component": controllers.ClaimServerComponent})
-	mgr, err := ctrl.NewManager(cfg, managerOptions(opts, scheme, claimServers))
+	mgrOpts := managerOptions(opts, scheme, claimServers)
+	stopLeaseEvents, err := useLeaseLock(cfg, scheme, &mgrOpts)
+	if err != nil {
+		return err
+	}
+	defer stopLeaseEvents()
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
@@ -473,7 +479,8 @@ func managerOptions(opts options, scheme *runtime.Scheme, claimServers labels.Se
 		LeaderElectionID:        leaderElectionID,
 		LeaderElectionNamespace: opts.leaderElectionNamespace,
 		// The process exits as soon as the manager stops, so the Lease can be released at once
-		// and the next replica takes over without waiting for it to expire.
+		// and the next replica takes over without waiting for it to expire (useLeaseLock makes
+		// the release hold when a renewal raced it).
 		LeaderElectionReleaseOnCancel: true,
 	}
 }
