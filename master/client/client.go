@@ -152,9 +152,21 @@ func (c *Client) rotate(failed string) string {
 	}
 	c.next++
 	addr := c.seeds[c.next%len(c.seeds)]
-	if addr == failed && len(c.seeds) > 1 {
+	if masterpb.SameReplica(addr, failed) && len(c.seeds) > 1 {
 		c.next++
 		addr = c.seeds[c.next%len(c.seeds)]
+	}
+	return addr
+}
+
+// canonical is the seed that names the same replica as addr (a replica advertises its fully
+// qualified name, the seeds may be shorter), else addr: one name, and one connection, per
+// replica.
+func (c *Client) canonical(addr string) string {
+	for _, seed := range c.seeds {
+		if masterpb.SameReplica(seed, addr) {
+			return seed
+		}
 	}
 	return addr
 }
@@ -206,11 +218,14 @@ func call[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 			c.opts.Logger.V(1).Info("a replica that did not answer is not the leader any more", "method", method, "addr", addr, "leader", moved)
 			ambiguous = true
 			suspect = addr
-			c.setLeader(moved)
-			addr = moved
+			addr = c.canonical(moved)
+			c.setLeader(addr)
 			continue
 		}
 		reason, leaderAddr, _ := masterpb.RedirectInfo(err)
+		if leaderAddr != "" {
+			leaderAddr = c.canonical(leaderAddr)
+		}
 		code := status.Code(err)
 		switch {
 		case reason == masterpb.ReasonNotLeader && leaderAddr != "" && redirects < maxRedirects:
@@ -287,7 +302,7 @@ func (w *leaderWatch) stop() string {
 func (c *Client) probeLeader(attempt context.Context, done <-chan struct{}, addr, suspect string) string {
 	var others []string
 	for _, seed := range c.seeds {
-		if seed != addr && seed != suspect {
+		if !masterpb.SameReplica(seed, addr) && !masterpb.SameReplica(seed, suspect) {
 			others = append(others, seed)
 		}
 	}
@@ -297,7 +312,8 @@ func (c *Client) probeLeader(attempt context.Context, done <-chan struct{}, addr
 	tick := time.NewTicker(c.opts.ProbeEvery)
 	defer tick.Stop()
 	for i := 0; ; i++ {
-		if leader := c.askLeader(attempt, others[i%len(others)]); leader != "" && leader != addr && leader != suspect {
+		leader := c.askLeader(attempt, others[i%len(others)])
+		if leader != "" && !masterpb.SameReplica(leader, addr) && !masterpb.SameReplica(leader, suspect) {
 			return leader
 		}
 		select {

@@ -35,19 +35,22 @@ func serveNaming(t *testing.T, leader string) string {
 }
 
 func TestAProbeFollowsOnlyALeaderThisCallHasNotSeenFail(t *testing.T) {
+	// Seeds as the operator writes them; replicas advertise the same names fully qualified.
 	const (
-		attemptAt = "127.0.0.1:1" // the replica the attempt waits for
-		failed    = "127.0.0.1:2" // the replica this call saw fail
+		attemptAt = "master-0.master.strata-system.svc:7001" // the replica the attempt waits for
+		failed    = "master-1.master.strata-system.svc:7001" // the replica this call saw fail
 	)
 	tests := map[string]struct {
 		named string
 		want  string
 	}{
 		// A follower that has not noticed the failed leader yet still names it.
-		"a follower naming the replica that failed":           {named: failed, want: ""},
-		"a follower naming the replica the attempt waits for": {named: attemptAt, want: ""},
-		"a follower knowing no leader":                        {named: "", want: ""},
-		"a follower naming a new leader":                      {named: "127.0.0.1:3", want: "127.0.0.1:3"},
+		"a follower naming the replica that failed":                             {named: failed, want: ""},
+		"a follower naming the replica that failed by its fully qualified name": {named: "master-1.master.strata-system.svc.cluster.local:7001", want: ""},
+		"a follower naming the replica the attempt waits for":                   {named: attemptAt, want: ""},
+		"a follower naming the replica the attempt waits for, fully qualified":  {named: "master-0.master.strata-system.svc.cluster.local:7001", want: ""},
+		"a follower knowing no leader":                                          {named: "", want: ""},
+		"a follower naming a new leader":                                        {named: "127.0.0.1:3", want: "127.0.0.1:3"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -64,5 +67,26 @@ func TestAProbeFollowsOnlyALeaderThisCallHasNotSeenFail(t *testing.T) {
 				t.Errorf("the probe followed %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestAClientKnowsAReplicaByOneName: a leader named by a redirect or a probe in its fully
+// qualified form is the seed of the same replica, so the client keeps one name and one
+// connection for it, and its probe and the suspect it names recognise it.
+func TestAClientKnowsAReplicaByOneName(t *testing.T) {
+	seeds := []string{"master-0.master.strata-system.svc:7001", "master-1.master.strata-system.svc:7001"}
+	c, err := New(seeds, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	for advertised, want := range map[string]string{
+		"master-1.master.strata-system.svc.cluster.local:7001": seeds[1],
+		"master-0.master.strata-system.svc:7001":               seeds[0],
+		"master-2.master.strata-system.svc.cluster.local:7001": "master-2.master.strata-system.svc.cluster.local:7001",
+	} {
+		if got := c.canonical(advertised); got != want {
+			t.Errorf("canonical(%q) = %q, want %q", advertised, got, want)
+		}
 	}
 }

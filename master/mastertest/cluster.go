@@ -172,7 +172,8 @@ func (c *Cluster) start(n *Node) error {
 		}
 		n.APIAddr = lis.Addr().String()
 	} else if n.APIAddr == "" {
-		n.APIAddr = "api-" + n.ID
+		// A name only, never dialled; fully qualified, as replicas on Kubernetes advertise.
+		n.APIAddr = net.JoinHostPort("api-"+n.ID+".master.test.svc.cluster.local", "7001")
 	}
 	cfg.APIAddr = n.APIAddr
 

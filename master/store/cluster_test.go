@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,8 +125,17 @@ func TestAFollowerSendsACallerThatSawTheLeaderDieToTheNextLeader(t *testing.T) {
 
 	c.Kill(old)
 	// The follower names the dead leader until it notices it is gone; a caller that saw it fail
-	// waits instead, and is sent to the next.
-	sawItFail := metadata.NewIncomingContext(ctx, metadata.Pairs(masterpb.HeaderSuspectLeader, old.APIAddr))
+	// waits instead, and is sent to the next. The caller may know the leader by a shorter name
+	// than the one it advertises (the operator's seeds leave out the cluster domain).
+	host, port, err := net.SplitHostPort(old.APIAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortName := net.JoinHostPort(strings.TrimSuffix(host, ".cluster.local"), port)
+	if shortName == old.APIAddr {
+		t.Fatalf("%s: want a fully qualified address", old.APIAddr)
+	}
+	sawItFail := metadata.NewIncomingContext(ctx, metadata.Pairs(masterpb.HeaderSuspectLeader, shortName))
 	_, err = follower.Store.Apply(sawItFail, createCmd("/y", ""))
 	if !errors.As(err, &nl) {
 		t.Fatalf("follower Apply: got %v, want a *NotLeaderError", err)

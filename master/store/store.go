@@ -362,7 +362,7 @@ func (s *Store) awaitLeader(ctx context.Context) (id, raftAddr, apiAddr string) 
 		s.leaderMu.Unlock()
 		id, raftAddr, apiAddr = s.Leader()
 		switch {
-		case id != "" && apiAddr != "" && apiAddr != suspect, s.raft.State() == raft.Shutdown:
+		case id != "" && apiAddr != "" && !masterpb.SameReplica(apiAddr, suspect), s.raft.State() == raft.Shutdown:
 			return id, raftAddr, apiAddr
 		case id != "" && apiAddr == "":
 			// A leader whose address no entry recorded yet: it records it as it takes office.
