@@ -43,5 +43,12 @@ func ServerLimits() []grpc.ServerOption {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: maxConnectionIdle, Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		// A connection holds its 32 KiB write buffer only while it sends, and reads frames
+		// without one of its own (TLS below reads whole records, through tlsbatch's buffer,
+		// which it too holds only while it has bytes): a master keeps a connection open to
+		// every worker, idle between two heartbeats (docs/benchmarks.md, "A thousand workers
+		// at the master").
+		grpc.SharedWriteBuffer(true),
+		grpc.ReadBufferSize(0),
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc/credentials"
@@ -17,7 +18,8 @@ import (
 	"github.com/strata-cache/strata/internal/tlsbatch"
 )
 
-// countingConn counts the reads and writes that reach the socket.
+// countingConn counts the reads and writes that reach the socket: the batcher reads the
+// socket itself (SyscallConn) when it may, else through Read.
 type countingConn struct {
 	net.Conn
 	reads, writes atomic.Int64
@@ -27,6 +29,34 @@ func (c *countingConn) Read(p []byte) (int, error) {
 	c.reads.Add(1)
 	return c.Conn.Read(p)
 }
+
+func (c *countingConn) SyscallConn() (syscall.RawConn, error) {
+	raw, err := c.Conn.(syscall.Conn).SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	return countingSocket{RawConn: raw, reads: &c.reads}, nil
+}
+
+// countingSocket counts the reads that ended (took bytes, or found the end or an error).
+type countingSocket struct {
+	syscall.RawConn
+	reads *atomic.Int64
+}
+
+func (s countingSocket) Read(f func(fd uintptr) bool) error {
+	return s.RawConn.Read(func(fd uintptr) bool {
+		done := f(fd)
+		if done {
+			s.reads.Add(1)
+		}
+		return done
+	})
+}
+
+// socketless is a connection that offers no socket (as an in-memory pipe): the batcher reads
+// it through a buffer of its own.
+type socketless struct{ net.Conn }
 
 func (c *countingConn) Write(p []byte) (int, error) {
 	c.writes.Add(1)
@@ -41,8 +71,18 @@ type pair struct {
 	serverInfo                 credentials.AuthInfo
 }
 
-func connect(t *testing.T) pair {
+func connect(t *testing.T) pair { t.Helper(); return connectOver(t, false) }
+
+// connectOver connects a pair whose client's and server's connections offer no socket when
+// hideSockets.
+func connectOver(t *testing.T, hideSockets bool) pair {
 	t.Helper()
+	wrap := func(c *countingConn) net.Conn {
+		if hideSockets {
+			return socketless{c}
+		}
+		return c
+	}
 	ca := pkitest.New(t)
 	serverCreds := tlsbatch.Credentials(credentials.NewTLS(ca.Credentials(t, pki.Worker("pool", "node-a")).ServerConfig()))
 	clientCfg := ca.Credentials(t, pki.Worker("pool", "node-b")).ClientConfig(pki.RoleWorker)
@@ -68,7 +108,7 @@ func connect(t *testing.T) pair {
 			return
 		}
 		socket := &countingConn{Conn: raw}
-		conn, info, err := serverCreds.ServerHandshake(socket)
+		conn, info, err := serverCreds.ServerHandshake(wrap(socket))
 		done <- accepted{conn: conn, socket: socket, info: info, err: err}
 	}()
 	raw, err := net.Dial("tcp", lis.Addr().String())
@@ -76,7 +116,7 @@ func connect(t *testing.T) pair {
 		t.Fatal(err)
 	}
 	clientSocket := &countingConn{Conn: raw}
-	client, _, err := clientCreds.ClientHandshake(context.Background(), lis.Addr().String(), clientSocket)
+	client, _, err := clientCreds.ClientHandshake(context.Background(), lis.Addr().String(), wrap(clientSocket))
 	if err != nil {
 		t.Fatalf("client handshake: %v", err)
 	}
@@ -137,8 +177,13 @@ func TestBatchedConnectionKeepsThePeersIdentity(t *testing.T) {
 // Writes from several goroutines (gRPC's writer and a close, say) each arrive whole and in the
 // order each goroutine made them.
 func TestConcurrentWritesArriveWhole(t *testing.T) {
+	for name, hideSockets := range map[string]bool{"over the socket": false, "over a connection without one": true} {
+		t.Run(name, func(t *testing.T) { concurrentWritesArriveWhole(t, connectOver(t, hideSockets)) })
+	}
+}
+
+func concurrentWritesArriveWhole(t *testing.T, p pair) {
 	const writers, messages, size = 4, 40, 40 << 10
-	p := connect(t)
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
@@ -170,4 +215,35 @@ func TestConcurrentWritesArriveWhole(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+// An idle connection holds no buffer: a master keeps one open to every worker. The reader
+// that waits for the next record waits for the socket, not in a buffer.
+func TestAnIdleConnectionHoldsNoBuffer(t *testing.T) {
+	p := connect(t)
+	msg := bytes.Repeat([]byte("x"), 100<<10)
+	for range 3 {
+		if _, err := p.server.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(p.client, msg); err != nil {
+			t.Fatal(err)
+		}
+		if held := tlsbatch.HeldBuffers(p.server) + tlsbatch.HeldBuffers(p.client); held != 0 {
+			t.Fatalf("the connections hold %d buffers between messages, want none", held)
+		}
+	}
+	// A reader waiting for the next message: the connection still holds none when it arrives
+	// and has been read.
+	read := make(chan error, 1)
+	go func() { _, err := io.ReadFull(p.client, msg); read <- err }()
+	if _, err := p.server.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if held := tlsbatch.HeldBuffers(p.client); held != 0 {
+		t.Fatalf("the reader holds %d buffers once it read the message, want none", held)
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/internal/authz"
+	"github.com/strata-cache/strata/internal/daemon"
 	"github.com/strata-cache/strata/internal/pki"
 	"github.com/strata-cache/strata/internal/pki/pkitest"
 	"github.com/strata-cache/strata/master/client"
@@ -208,13 +209,13 @@ func (c *Cluster) start(n *Node) error {
 	n.alive = true
 	c.mu.Unlock()
 	if lis != nil {
-		var opts []grpc.ServerOption
+		opts := daemon.ServerLimits() // as cmd/master serves
 		if c.opts.TLS != nil {
 			a, err := authz.New("master", server.Policy, nil, cfg.Logger)
 			if err != nil {
 				return err
 			}
-			opts = append(a.ServerOptions(), c.opts.TLS.Credentials(c.tb, pki.Master(n.ID)).ServerOption())
+			opts = append(append(opts, a.ServerOptions()...), c.opts.TLS.Credentials(c.tb, pki.Master(n.ID)).ServerOption())
 		}
 		n.grpcServer = grpc.NewServer(append(opts, grpc.ChainUnaryInterceptor(n.holdWhileStopped))...)
 		masterpb.RegisterMasterServer(n.grpcServer, server.New(s, cfg.Logger))
