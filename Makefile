@@ -228,9 +228,10 @@ images: docker-up ## Build the project's images, tagged $(VERSION).
 	hack/scratch-image.sh $(IMAGE_PREFIX)/csi:$(VERSION) /csi $(LOCALBIN)/images/csi:/csi
 
 .PHONY: e2e-images
-e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and the testkit client.
+e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and the testkit client (with strata-bench).
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/testkit ./e2e/testkit
-	hack/scratch-image.sh $(IMAGE_PREFIX)/testkit:e2e /testkit $(LOCALBIN)/images/testkit:/testkit
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o $(LOCALBIN)/images/strata-bench ./cmd/strata-bench
+	hack/scratch-image.sh $(IMAGE_PREFIX)/testkit:e2e /testkit $(LOCALBIN)/images/testkit:/testkit $(LOCALBIN)/images/strata-bench:/strata-bench
 	hack/scratch-image.sh $(IMAGE_PREFIX)/minio:e2e /minio $(MINIO):/minio
 
 .PHONY: kind-load

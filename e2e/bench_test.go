@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,11 +12,15 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/internal/dfsperf"
 )
 
 // The read benchmark of docs/benchmarks.md, run by `make bench-e2e`: one node reads the same
@@ -29,6 +34,7 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 	var (
 		namespace string
 		node      string
+		pool      string
 		keys      []string
 	)
 
@@ -47,7 +53,7 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 
 		// Files of four blocks each: every read goes through the worker's block lookup (passthrough
 		// applies only to one-block files).
-		pool := memoryPool(ctx, "bench", "8Mi")
+		pool = memoryPool(ctx, "bench", "8Mi")
 
 		for i := range files {
 			keys = append(keys, fmt.Sprintf("%s/part-%d.bin", namespace, i))
@@ -136,6 +142,78 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 		}
 		remote := one(runPod(ctx, claimPod(namespace, other, "bench", "sum", "--summary", "--uncached", "/data")))
 		throughput("the other node (blocks from the holder)", remote)
+	})
+})
+
+var _ = Describe("strata-bench, DFS-Perf's workloads through a pod's claims", Ordered, Label("bench"), func() {
+	It("runs every workload through a writable claim, reading a Dataset's files, and prints what each measured", func(ctx SpecContext) {
+		namespace := testNamespace(ctx, "e2e-dfsperf-")
+		DeferCleanup(func() { dumpOnFailure(namespace) })
+		minioNode := runningPodNode(ctx, minioNamespace, "app.kubernetes.io/name=minio")
+		node := cacheNodes(ctx)[0]
+		pool := memoryPool(ctx, "dfsperf", "")
+		var keys []string
+		for i := range 4 {
+			keys = append(keys, fmt.Sprintf("%s/in-%d.bin", namespace, i))
+		}
+		putObjects(ctx, namespace, minioNode, "e2e-dfsperf", keys, 8<<20, 3)
+		ds := minioDataset(namespace, "input", pool, "s3://e2e-dfsperf/"+namespace+"/")
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		waitReady(ctx, ds)
+
+		By("a writable claim of a Strata StorageClass of the same pool")
+		class := &storagev1.StorageClass{
+			ObjectMeta:    metav1.ObjectMeta{Name: "strata-" + namespace},
+			Provisioner:   "csi.strata.dev",
+			Parameters:    map[string]string{"tierPool": pool},
+			ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
+		}
+		Expect(k8sClient.Create(ctx, class)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
+		Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: namespace},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+				StorageClassName: &class.Name,
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		})).To(Succeed())
+
+		By("strata-bench all, from the testkit image, on " + node + ": into the claim, then into a tmpfs of the pod")
+		// What the workloads write stays until the end (in the MEM tier, where it has no other
+		// copy): sizes that fit in the pool's 256 MiB beside the input.
+		bench := func(out corev1.VolumeSource) []dfsperf.Result {
+			pod := claimPod(namespace, node, "input", "--dir", "/out", "--read-dir", "/data", "--threads", "2", "--files", "8",
+				"--size", "1048576", "--io-size", "262144", "--rounds", "3", "--json", "-", "all")
+			pod.Spec.Containers[0].Command = []string{"/strata-bench"}
+			pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "out", MountPath: "/out"})
+			pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "out", VolumeSource: out})
+			Expect(k8sClient.Create(ctx, pod)).To(Succeed())
+			waitSucceeded(ctx, pod)
+			logs := podLogs(ctx, pod)
+			GinkgoWriter.Println(logs)
+			// The progress lines (standard error), the table, then the JSON array.
+			start := strings.Index(logs, "\n[")
+			Expect(start).To(BeNumerically(">=", 0), "no JSON in the output:\n%s", logs)
+			var results []dfsperf.Result
+			Expect(json.Unmarshal([]byte(logs[start:]), &results)).To(Succeed())
+			Expect(results).To(HaveLen(len(dfsperf.Workloads)))
+			return results
+		}
+		strata := bench(corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "out"}})
+		tmpfs := bench(corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}})
+		byName := map[string]dfsperf.Result{}
+		for i, w := range dfsperf.Workloads {
+			r, base := strata[i], tmpfs[i]
+			Expect(r.Workload).To(Equal(w.Name))
+			Expect(r.Ops).To(BeNumerically(">", 0), "%s made no operation", w.Name)
+			line := fmt.Sprintf("%.0f ops/s, %.1f MB/s, p50 %.0f µs, p99 %.0f µs; tmpfs %.0f ops/s, %.1f MB/s, p50 %.0f µs; ratio %.2f",
+				r.OpsPerSec, r.MBPerSec, r.P50Micros, r.P99Micros, base.OpsPerSec, base.MBPerSec, base.P50Micros, r.OpsPerSec/base.OpsPerSec)
+			GinkgoWriter.Printf("%-10s %s\n", w.Name, line)
+			AddReportEntry("strata-bench "+w.Name, line)
+			byName[r.Workload] = r
+		}
+		Expect(byName["seq-read"].Bytes).To(BeEquivalentTo(4*8<<20), "seq-read read the Dataset's four files whole")
 	})
 })
 
