@@ -12,11 +12,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -162,22 +159,7 @@ var _ = Describe("strata-bench, DFS-Perf's workloads through a pod's claims", Or
 		waitReady(ctx, ds)
 
 		By("a writable claim of a Strata StorageClass of the same pool")
-		class := &storagev1.StorageClass{
-			ObjectMeta:    metav1.ObjectMeta{Name: "strata-" + namespace},
-			Provisioner:   "csi.strata.dev",
-			Parameters:    map[string]string{"tierPool": pool},
-			ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
-		}
-		Expect(k8sClient.Create(ctx, class)).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
-		Expect(k8sClient.Create(ctx, &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: namespace},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-				StorageClassName: &class.Name,
-				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
-		})).To(Succeed())
+		writableClaim(ctx, namespace, pool, "out")
 
 		By("strata-bench all, from the testkit image, on " + node + ": into the claim, then into a tmpfs of the pod")
 		// What the workloads write stays until the end (in the MEM tier, where it has no other

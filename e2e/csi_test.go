@@ -229,23 +229,7 @@ var _ = Describe("Datasets mounted through the CSI driver", Ordered, Label("smok
 
 	It("provisions a writable volume for a claim of a Strata StorageClass, and deletes it with the claim", func(ctx SpecContext) {
 		By("creating a StorageClass of pool " + pool + " and a claim of it")
-		class := &storagev1.StorageClass{
-			ObjectMeta:    metav1.ObjectMeta{Name: "strata-" + namespace},
-			Provisioner:   "csi.strata.dev",
-			Parameters:    map[string]string{"tierPool": pool},
-			ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
-		}
-		Expect(k8sClient.Create(ctx, class)).To(Succeed())
-		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
-		pvc := &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "scratch", Namespace: namespace},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-				StorageClassName: &class.Name,
-				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
-		}
-		Expect(k8sClient.Create(ctx, pvc)).To(Succeed())
+		pvc := writableClaim(ctx, namespace, pool, "scratch")
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(pvc), pvc)).To(Succeed())
 			g.Expect(pvc.Status.Phase).To(Equal(corev1.ClaimBound))
@@ -598,6 +582,30 @@ func claimPod(namespace, node, claim string, args ...string) *corev1.Pod {
 		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim, ReadOnly: true},
 	}}}
 	return pod
+}
+
+// writableClaim creates a StorageClass of pool (gone when the spec ends) and a ReadWriteMany
+// claim of it, name, in namespace: a writable volume the CSI driver provisions.
+func writableClaim(ctx context.Context, namespace, pool, name string) *corev1.PersistentVolumeClaim {
+	GinkgoHelper()
+	class := &storagev1.StorageClass{
+		ObjectMeta:    metav1.ObjectMeta{Name: "strata-" + namespace},
+		Provisioner:   "csi.strata.dev",
+		Parameters:    map[string]string{"tierPool": pool},
+		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
+	}
+	Expect(k8sClient.Create(ctx, class)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, class))).To(Succeed()) })
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			StorageClassName: &class.Name,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}
+	Expect(k8sClient.Create(ctx, pvc)).To(Succeed())
+	return pvc
 }
 
 // waitFailedWith waits for pod to fail, and for its logs to say why.
