@@ -116,6 +116,7 @@ bench: $(MINIO) ## Run the Go benchmarks, each beside the baseline it is compare
 	go test ./cacheworker/outputfs/ -run '^$$' -bench WritingAnOutput -benchtime 5x -count 2
 	go test ./master/bench -run '^$$' -bench 'Create|Exists|Rename|Delete|List|Heartbeat' -benchtime 3000x -timeout 30m
 	go test ./master/bench -run '^$$' -bench 'Failover|MemoryPerFile' -benchtime 3x -files $(BENCH_FILES) -timeout 2h
+	go test ./master/bench -run '^$$' -bench Fleet -benchtime 1x -fleet-workers 1000 -v
 	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) go test ./cacheworker/fusefs/ -run '^$$' -bench MountAMillionObjects -benchtime 1x
 	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) STRATA_MINIO="$(MINIO)" go test ./cacheworker/listings/ -run '^$$' -bench ListAMillionObjects -benchtime 1x -timeout 2h
 	STRATA_BENCH_OBJECTS=$(BENCH_OBJECTS) STRATA_MINIO="$(MINIO)" go test ./cacheworker/dataplane/ -run '^$$' -bench ANewMountTakesAPeersListing -benchtime 3x -timeout 2h
