@@ -2,9 +2,14 @@ package outputfs_test
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/internal/dfsperf"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/master/mastertest"
@@ -12,13 +17,19 @@ import (
 
 // TestDFSPerfWorkloadsRunThroughAnOutputMount runs every workload of strata-bench through an
 // output mount: write-once files (sealed at close, written at any offsets before), stat,
-// listings, removals of sealed files and renames of folders all hold, and the master has the
-// files written.
+// listings, removals of sealed files and renames of folders all hold, the master has the
+// files written, and every seal is timed in the seal histogram.
 func TestDFSPerfWorkloadsRunThroughAnOutputMount(t *testing.T) {
 	fusetest.Require(t)
 	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
 	w := startWorker(t, master, "pool/node-a", 256<<20)
-	mnt := mountOutput(t, master, w)
+	reg := prometheus.NewRegistry()
+	metrics, err := outputfs.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := mountOutputIn(t, master, w, blockSize, filepath.Join(t.TempDir(), "staging"), testr.New(t),
+		func(c *outputfs.Config) { c.Metrics = metrics })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	r, err := dfsperf.NewRunner(dfsperf.Config{
@@ -45,5 +56,23 @@ func TestDFSPerfWorkloadsRunThroughAnOutputMount(t *testing.T) {
 	}
 	if err := r.Close(); err != nil {
 		t.Fatalf("removing what the workloads wrote: %v", err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sealed float64
+	var timed uint64
+	for _, f := range families {
+		switch f.GetName() {
+		case "strata_worker_output_sealed_files_total":
+			sealed = f.GetMetric()[0].GetCounter().GetValue()
+		case "strata_worker_output_seal_seconds":
+			timed = f.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	// create's 10 empty files, seq-write's and rand-write's 10 each, iterative's 20, and mixed's writes.
+	if sealed < 50 || timed != uint64(sealed) {
+		t.Errorf("%v files sealed, %d seals timed: want at least 50, each timed", sealed, timed)
 	}
 }

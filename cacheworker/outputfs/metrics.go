@@ -15,7 +15,9 @@ type Metrics struct {
 	sealedFiles  prometheus.Counter
 	sealedBytes  prometheus.Counter
 	sealFailures *prometheus.CounterVec
-	takeovers    prometheus.Counter
+	// sealSeconds is how long each seal took: what a writer's close(2) waits for.
+	sealSeconds prometheus.Histogram
+	takeovers   prometheus.Counter
 	compactions  prometheus.Counter
 	// recoveryWaits and recoveryWaiting count the reads of lost files that waited for them to be
 	// written again (see awaitRecovery).
@@ -26,7 +28,7 @@ type Metrics struct {
 // NewMetrics registers the output mount metrics on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := newMetrics()
-	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures, m.takeovers, m.compactions,
+	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures, m.sealSeconds, m.takeovers, m.compactions,
 		m.recoveryWaits, m.recoveryWaiting} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering output mount metrics: %w", err)
@@ -49,6 +51,10 @@ func newMetrics() *Metrics {
 		sealFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_seal_failures_total",
 			Help: "Output files that could not be sealed, by errno returned to the writer: ENOSPC (tier full of data not checkpointed), EEXIST (sealed elsewhere first), EIO (master or store failure)."},
 			[]string{"errno"}),
+		sealSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "output_seal_seconds",
+			Help: "How long sealing an output file took, failed seals included: what its writer's close waited for " +
+				"(storing its blocks in the top tier, and publishing it at the master).",
+			Buckets: prometheus.ExponentialBuckets(100e-6, 4, 9)}), // 100 µs to 6.6 s
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_takeovers_total",
 			Help: "Output mounts this worker took over from an earlier worker process, its writers and readers going on."}),
 		compactions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_journal_compactions_total",

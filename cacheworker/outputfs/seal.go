@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -40,7 +41,9 @@ func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
 	if n.staged == nil {
 		return syscall.EIO // cannot happen: only a sealed or discarded file has no staging file
 	}
+	start := time.Now()
 	err := o.seal(ctx, rel, st.Token, st.Attempt, n.staged, n.size, n.inherited)
+	o.cfg.Metrics.sealSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		errno := syscall.EIO
 		switch {
