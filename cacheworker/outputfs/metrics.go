@@ -18,7 +18,7 @@ type Metrics struct {
 	// sealSeconds is how long each seal took: what a writer's close(2) waits for.
 	sealSeconds prometheus.Histogram
 	takeovers   prometheus.Counter
-	compactions  prometheus.Counter
+	compactions prometheus.Counter
 	// recoveryWaits and recoveryWaiting count the reads of lost files that waited for them to be
 	// written again (see awaitRecovery).
 	recoveryWaits   *prometheus.CounterVec
