@@ -55,6 +55,16 @@ func TestS3WebIdentityAgainstMinIO(t *testing.T) {
 		return map[string]string{CredentialWebIdentityToken: token, CredentialRoleARN: role}
 	}
 
+	// MinIO answers ready before its IAM has loaded the canned policies, and until then refuses
+	// every role ("None of the given policies (`readwrite`) are defined"): wait for it to know
+	// them, refusals of any other kind ending the wait too (the sub-tests then say what failed).
+	NewWithT(t).Eventually(func(g Gomega) {
+		_, err := listAll(ctx, open(t, identity(signer.Sign(t, issuer, audience, subject, time.Hour), role)))
+		if err != nil {
+			g.Expect(err.Error()).NotTo(ContainSubstring("are defined"))
+		}
+	}).WithTimeout(30*time.Second).WithPolling(50*time.Millisecond).Should(Succeed(), "waiting for MinIO's IAM to load its policies")
+
 	t.Run("a token the provider signed for the audience lists and reads", func(t *testing.T) {
 		g := NewWithT(t)
 		s := open(t, identity(signer.Sign(t, issuer, audience, subject, time.Hour), role))
