@@ -142,7 +142,7 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 	})
 })
 
-var _ = Describe("strata-bench, DFS-Perf's workloads through a pod's claims", Ordered, Label("bench"), func() {
+var _ = Describe("strata-bench, DFS-Perf's workloads through a pod's claims", Ordered, Label("bench", "dfsperf"), func() {
 	It("runs every workload through a writable claim, reading a Dataset's files, and prints what each measured", func(ctx SpecContext) {
 		namespace := testNamespace(ctx, "e2e-dfsperf-")
 		DeferCleanup(func() { dumpOnFailure(namespace) })
