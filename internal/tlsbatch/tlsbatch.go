@@ -116,9 +116,8 @@ func (b *recordBatcher) Read(p []byte) (int, error) {
 		if b.readDone != nil {
 			return 0, b.readDone
 		}
-		b.fill()
-		if len(b.unread) == 0 {
-			return 0, b.readDone
+		if err := b.fill(); err != nil {
+			return 0, err
 		}
 	}
 	n := copy(p, b.unread)
@@ -131,9 +130,11 @@ func (b *recordBatcher) Read(p []byte) (int, error) {
 }
 
 // fill waits until the socket is readable, holding no buffer meanwhile, then takes whatever it
-// holds, up to readBatch bytes, in one system call into a borrowed buffer. It sets unread, or
-// readDone when the socket ended, failed or passed its deadline.
-func (b *recordBatcher) fill() {
+// holds, up to readBatch bytes, in one system call into a borrowed buffer, into unread. The end
+// of the stream and a failed read are kept in readDone, for every later read, as the socket
+// would answer them; a deadline passed or a closed connection are only returned, as net.Conn
+// does (a later read, the deadline moved, may succeed).
+func (b *recordBatcher) fill() error {
 	var n int
 	var readErr error
 	err := b.socket.Read(func(fd uintptr) bool {
@@ -155,12 +156,13 @@ func (b *recordBatcher) fill() {
 	})
 	switch {
 	case err != nil: // closed, or past the deadline
-		b.readDone = err
+		return err
 	case readErr != nil:
 		b.readDone = &net.OpError{Op: "read", Net: b.LocalAddr().Network(), Source: b.LocalAddr(), Addr: b.RemoteAddr(), Err: os.NewSyscallError("read", readErr)}
 	case n == 0:
 		b.readDone = io.EOF
 	}
+	return b.readDone
 }
 
 func (b *recordBatcher) Write(p []byte) (int, error) {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/credentials"
 
@@ -245,5 +247,29 @@ func TestAnIdleConnectionHoldsNoBuffer(t *testing.T) {
 	}
 	if held := tlsbatch.HeldBuffers(p.client); held != 0 {
 		t.Fatalf("the reader holds %d buffers once it read the message, want none", held)
+	}
+}
+
+// A read that passed its deadline fails with a timeout; once the deadline moves, reading goes
+// on, as on the socket itself (gRPC and crypto/tls set deadlines around handshakes).
+func TestAReadPastItsDeadlineCanBeMadeAgain(t *testing.T) {
+	p := connect(t)
+	buf := make([]byte, 16)
+	if err := p.client.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var netErr net.Error
+	if _, err := p.client.Read(buf); !errors.As(err, &netErr) || !netErr.Timeout() {
+		t.Fatalf("a read past its deadline: %v, want a timeout", err)
+	}
+	if err := p.client.SetReadDeadline(time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.server.Write([]byte("after the timeout")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len("after the timeout"))
+	if _, err := io.ReadFull(p.client, got); err != nil || string(got) != "after the timeout" {
+		t.Fatalf("read %q, %v after the deadline moved", got, err)
 	}
 }
