@@ -77,16 +77,7 @@ var _ = Describe("Reading a Dataset through its claim", Ordered, Label("bench"),
 
 		// The same files copied into a tmpfs of the pod: what reading memory costs on this node.
 		inTmpfs := func() *corev1.Pod {
-			pod := claimPod(namespace, node, "bench", "sum", "--summary", "/scratch")
-			pod.Spec.InitContainers = []corev1.Container{{
-				Name: "copy", Image: testkitImage, ImagePullPolicy: corev1.PullNever, Args: []string{"copy", "/data", "/scratch"},
-				VolumeMounts: append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "scratch", MountPath: "/scratch"}),
-			}}
-			pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}}
-			pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{
-				EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory},
-			}})
-			return pod
+			return withTmpfsCopy(claimPod(namespace, node, "bench", "sum", "--summary", "/scratch"), "/scratch")
 		}
 		// Hot reads and tmpfs alternate, three rounds, each a new pod: a round reads 128 MiB in a
 		// tenth of a second, so one round alone says little.
@@ -186,16 +177,7 @@ var _ = Describe("strata-bench, DFS-Perf's workloads through a pod's claims", Or
 		// Through Strata: the input Dataset's claim at /data, the writable claim at /out.
 		strata := bench(copyPod(namespace, node, "input", "out", "/out"), "/out", "/data")
 		// The baseline: the same pod's tmpfs, the input copied into it first.
-		inTmpfs := claimPod(namespace, node, "input")
-		inTmpfs.Spec.InitContainers = []corev1.Container{{
-			Name: "copy", Image: testkitImage, ImagePullPolicy: corev1.PullNever, Args: []string{"copy", "/data", "/scratch/in"},
-			VolumeMounts: append(inTmpfs.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "scratch", MountPath: "/scratch"}),
-		}}
-		inTmpfs.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}}
-		inTmpfs.Spec.Volumes = append(inTmpfs.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{
-			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory},
-		}})
-		tmpfs := bench(inTmpfs, "/scratch", "/scratch/in")
+		tmpfs := bench(withTmpfsCopy(claimPod(namespace, node, "input"), "/scratch/in"), "/scratch", "/scratch/in")
 		byName := map[string]dfsperf.Result{}
 		for i, w := range dfsperf.Workloads {
 			r, base := strata[i], tmpfs[i]
@@ -210,6 +192,21 @@ var _ = Describe("strata-bench, DFS-Perf's workloads through a pod's claims", Or
 		Expect(byName["seq-read"].Bytes).To(BeEquivalentTo(4*8<<20), "seq-read read the Dataset's four files whole")
 	})
 })
+
+// withTmpfsCopy makes pod, a claimPod, read memory instead of its claim: an init container
+// copies the claim's files (/data) to dst in a tmpfs mounted at /scratch, and the pod's
+// container mounts that tmpfs alone.
+func withTmpfsCopy(pod *corev1.Pod, dst string) *corev1.Pod {
+	pod.Spec.InitContainers = []corev1.Container{{
+		Name: "copy", Image: testkitImage, ImagePullPolicy: corev1.PullNever, Args: []string{"copy", "/data", dst},
+		VolumeMounts: append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "scratch", MountPath: "/scratch"}),
+	}}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}}
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{
+		EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory},
+	}})
+	return pod
+}
 
 func one(objs []object) object {
 	GinkgoHelper()
