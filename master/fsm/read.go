@@ -329,6 +329,26 @@ func (f *FSM) Workers() ([]*masterpb.Worker, error) {
 	return out, err
 }
 
+// Holds counts the Datasets and files the state holds: a restore goes only where there are none.
+func (f *FSM) Holds() (datasets, files int, err error) {
+	err = f.db.View(func(txn *badger.Txn) error {
+		for _, c := range []struct {
+			prefix string
+			n      *int
+		}{{prefixDataset, &datasets}, {prefixFile, &files}} {
+			opts := badger.DefaultIteratorOptions
+			opts.Prefix, opts.PrefetchValues = []byte(c.prefix), false
+			it := txn.NewIterator(opts)
+			for it.Rewind(); it.Valid(); it.Next() {
+				*c.n++
+			}
+			it.Close()
+		}
+		return nil
+	})
+	return datasets, files, err
+}
+
 // Peers returns the gRPC addresses of the Raft servers, by Raft id.
 func (f *FSM) Peers() ([]*masterpb.Peer, error) {
 	var out []*masterpb.Peer

@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"strings"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/strata-cache/strata/master/masterpb"
 )
 
 // The snapshot stream: a header, then (uvarint key length, key, uvarint value length, value)
@@ -42,45 +46,69 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (s *snapshot) write(w io.Writer) error {
-	crc := crc32.New(crcTable)
-	bw := bufio.NewWriterSize(io.MultiWriter(w, crc), 1<<20)
-	if _, err := bw.WriteString(snapshotMagic); err != nil {
-		return err
-	}
+	sw := newSnapshotWriter(w)
 	it := s.txn.NewIterator(badger.DefaultIteratorOptions)
 	defer it.Close()
-	var lenBuf [binary.MaxVarintLen64]byte
 	for it.Rewind(); it.Valid(); it.Next() {
 		item := it.Item()
-		key := item.Key()
-		n := binary.PutUvarint(lenBuf[:], uint64(len(key)))
-		if _, err := bw.Write(lenBuf[:n]); err != nil {
-			return err
-		}
-		if _, err := bw.Write(key); err != nil {
-			return err
-		}
-		err := item.Value(func(v []byte) error {
-			n := binary.PutUvarint(lenBuf[:], uint64(len(v)))
-			if _, err := bw.Write(lenBuf[:n]); err != nil {
-				return err
-			}
-			_, err := bw.Write(v)
-			return err
-		})
+		err := item.Value(func(v []byte) error { return sw.record(item.Key(), v) })
 		if err != nil {
-			return fmt.Errorf("reading %q: %w", key, err)
+			return fmt.Errorf("reading %q: %w", item.Key(), err)
 		}
 	}
-	if err := bw.WriteByte(0); err != nil {
-		return err
+	return sw.close()
+}
+
+// snapshotWriter encodes a snapshot stream.
+type snapshotWriter struct {
+	w      io.Writer
+	crc    hashWriter
+	bw     *bufio.Writer
+	err    error
+	lenBuf [binary.MaxVarintLen64]byte
+}
+
+func newSnapshotWriter(w io.Writer) *snapshotWriter {
+	crc := crc32.New(crcTable)
+	sw := &snapshotWriter{w: w, crc: crc, bw: bufio.NewWriterSize(io.MultiWriter(w, crc), 1<<20)}
+	_, sw.err = sw.bw.WriteString(snapshotMagic)
+	return sw
+}
+
+func (sw *snapshotWriter) uvarint(v uint64) {
+	if sw.err == nil {
+		n := binary.PutUvarint(sw.lenBuf[:], v)
+		_, sw.err = sw.bw.Write(sw.lenBuf[:n])
 	}
-	if err := bw.Flush(); err != nil {
-		return err
+}
+
+func (sw *snapshotWriter) bytes(p []byte) {
+	if sw.err == nil {
+		_, sw.err = sw.bw.Write(p)
+	}
+}
+
+// record adds one key and its value.
+func (sw *snapshotWriter) record(key, val []byte) error {
+	sw.uvarint(uint64(len(key)))
+	sw.bytes(key)
+	sw.uvarint(uint64(len(val)))
+	sw.bytes(val)
+	return sw.err
+}
+
+// close ends the stream with a zero key length and the checksum.
+func (sw *snapshotWriter) close() error {
+	sw.uvarint(0)
+	if sw.err == nil {
+		sw.err = sw.bw.Flush()
+	}
+	if sw.err != nil {
+		return sw.err
 	}
 	var sum [4]byte
-	binary.BigEndian.PutUint32(sum[:], crc.Sum32())
-	_, err := w.Write(sum[:])
+	binary.BigEndian.PutUint32(sum[:], sw.crc.Sum32())
+	_, err := sw.w.Write(sum[:])
 	return err
 }
 
@@ -121,58 +149,155 @@ const maxRecord = 256 << 20
 // readSnapshot loads a snapshot stream into db through a write batch (a restore is larger than
 // any transaction may be).
 func readSnapshot(r io.Reader, db *badger.DB) error {
+	wb := db.NewWriteBatch()
+	defer wb.Cancel()
+	records, err := scanSnapshot(r, func(key, val []byte) error {
+		if err := wb.Set(key, val); err != nil {
+			return fmt.Errorf("loading %q: %w", key, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := wb.Flush(); err != nil {
+		return fmt.Errorf("writing %d records: %w", records, err)
+	}
+	return nil
+}
+
+// SnapshotInfo describes a snapshot stream VerifySnapshot read.
+type SnapshotInfo struct {
+	// AppliedIndex and AppliedTerm are those of the last entry the snapshot holds.
+	AppliedIndex, AppliedTerm uint64
+	Records                   int
+	Datasets, Files, Workers  int
+}
+
+// VerifySnapshot reads a snapshot stream to its end, checking its format and checksum without
+// storing anything, and says what it holds: a backup is checked whole before it replaces a
+// state (raft cannot undo a restore that fails half-way).
+func VerifySnapshot(r io.Reader) (SnapshotInfo, error) {
+	return inspectSnapshot(r, func(_, _ []byte) error { return nil })
+}
+
+// inspectSnapshot reads a snapshot stream as VerifySnapshot does, handing each record to fn.
+func inspectSnapshot(r io.Reader, fn func(key, val []byte) error) (SnapshotInfo, error) {
+	var info SnapshotInfo
+	var appliedErr error
+	records, err := scanSnapshot(r, func(key, val []byte) error {
+		k := string(key)
+		switch {
+		case k == string(keyApplied):
+			if len(val) != 16 {
+				appliedErr = fmt.Errorf("applied-index record has %d bytes, want 16", len(val))
+				return appliedErr
+			}
+			info.AppliedIndex, info.AppliedTerm = binary.BigEndian.Uint64(val), binary.BigEndian.Uint64(val[8:])
+		case strings.HasPrefix(k, prefixDataset):
+			info.Datasets++
+		case strings.HasPrefix(k, prefixFile):
+			info.Files++
+		case strings.HasPrefix(k, prefixWorker):
+			info.Workers++
+		}
+		return fn(key, val)
+	})
+	info.Records = records
+	if err != nil {
+		return info, err
+	}
+	if info.AppliedIndex == 0 {
+		return info, errors.New("the snapshot has no applied-index record: it holds no state of a running master")
+	}
+	return info, nil
+}
+
+// PrepareRestore copies a backup (a snapshot stream) to out as the snapshot a new install
+// restores, checking it whole as VerifySnapshot does: the backup's peer records, which give the
+// old install's replicas' addresses, are replaced by peers, those of the install that restores
+// it. (A replica that names a leader by a record of the backup would send clients to the old
+// install's address.) out is only of use if the error is nil.
+func PrepareRestore(backup io.Reader, out io.Writer, peers []*masterpb.Peer) (SnapshotInfo, error) {
+	sw := newSnapshotWriter(out)
+	for _, p := range peers {
+		v, err := proto.MarshalOptions{Deterministic: true}.Marshal(p)
+		if err != nil {
+			return SnapshotInfo{}, fmt.Errorf("encoding peer %s: %w", p.GetRaftId(), err)
+		}
+		if err := sw.record(peerKey(p.GetRaftId()), v); err != nil {
+			return SnapshotInfo{}, err
+		}
+	}
+	info, err := inspectSnapshot(backup, func(key, val []byte) error {
+		if strings.HasPrefix(string(key), prefixPeer) {
+			return nil
+		}
+		return sw.record(key, val)
+	})
+	if err != nil {
+		return info, err
+	}
+	return info, sw.close()
+}
+
+// scanSnapshot reads a snapshot stream, handing each record to fn, and checks its checksum at
+// the end; it returns the number of records read.
+func scanSnapshot(r io.Reader, fn func(key, val []byte) error) (int, error) {
 	cr := &crcReader{r: bufio.NewReaderSize(r, 1<<20), crc: crc32.New(crcTable)}
 	magic := make([]byte, len(snapshotMagic))
 	if err := cr.readFull(magic); err != nil {
-		return fmt.Errorf("reading header: %w", err)
+		return 0, fmt.Errorf("reading header: %w", err)
 	}
 	if string(magic) != snapshotMagic {
-		return errors.New("not a state machine snapshot (bad header)")
+		return 0, errors.New("not a state machine snapshot (bad header)")
 	}
-	wb := db.NewWriteBatch()
-	defer wb.Cancel()
 	records := 0
 	for {
 		klen, err := binary.ReadUvarint(cr)
 		if err != nil {
-			return fmt.Errorf("reading record %d: %w", records, err)
+			return records, fmt.Errorf("reading record %d: %w", records, err)
 		}
 		if klen == 0 {
 			break
 		}
 		if klen > maxRecord {
-			return fmt.Errorf("record %d: key length %d is corrupt", records, klen)
+			return records, fmt.Errorf("record %d: key length %d is corrupt", records, klen)
 		}
 		key := make([]byte, klen)
 		if err := cr.readFull(key); err != nil {
-			return fmt.Errorf("reading key of record %d: %w", records, err)
+			return records, fmt.Errorf("reading key of record %d: %w", records, err)
 		}
 		vlen, err := binary.ReadUvarint(cr)
 		if err != nil {
-			return fmt.Errorf("reading value length of %q: %w", key, err)
+			return records, fmt.Errorf("reading value length of %q: %w", key, err)
 		}
 		if vlen > maxRecord {
-			return fmt.Errorf("value length %d of %q is corrupt", vlen, key)
+			return records, fmt.Errorf("value length %d of %q is corrupt", vlen, key)
 		}
 		val := make([]byte, vlen)
 		if err := cr.readFull(val); err != nil {
-			return fmt.Errorf("reading value of %q: %w", key, err)
+			return records, fmt.Errorf("reading value of %q: %w", key, err)
 		}
-		if err := wb.Set(key, val); err != nil {
-			return fmt.Errorf("loading %q: %w", key, err)
+		if err := fn(key, val); err != nil {
+			return records, err
 		}
 		records++
 	}
 	want := cr.crc.Sum32()
 	var sum [4]byte
 	if _, err := io.ReadFull(cr.r, sum[:]); err != nil {
-		return fmt.Errorf("reading checksum: %w", err)
+		return records, fmt.Errorf("reading checksum: %w", err)
 	}
 	if got := binary.BigEndian.Uint32(sum[:]); got != want {
-		return fmt.Errorf("checksum mismatch: stream says %08x, content is %08x", got, want)
+		return records, fmt.Errorf("checksum mismatch: stream says %08x, content is %08x", got, want)
 	}
-	if err := wb.Flush(); err != nil {
-		return fmt.Errorf("writing %d records: %w", records, err)
+	// A stream that goes on after its checksum is not one snapshot.
+	switch _, err := cr.r.ReadByte(); {
+	case err == nil:
+		return records, errors.New("the stream goes on after its checksum")
+	case !errors.Is(err, io.EOF):
+		return records, fmt.Errorf("reading past the checksum: %w", err)
 	}
-	return nil
+	return records, nil
 }

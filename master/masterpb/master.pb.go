@@ -170,6 +170,280 @@ func (WorkerCommand) EnumDescriptor() ([]byte, []int) {
 	return file_master_masterpb_master_proto_rawDescGZIP(), []int{2}
 }
 
+type BackupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupRequest) Reset() {
+	*x = BackupRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupRequest) ProtoMessage() {}
+
+func (x *BackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
+func (*BackupRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{0}
+}
+
+type BackupChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set in the first message only.
+	Header        *BackupHeader `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Data          []byte        `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupChunk) Reset() {
+	*x = BackupChunk{}
+	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupChunk) ProtoMessage() {}
+
+func (x *BackupChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
+func (*BackupChunk) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BackupChunk) GetHeader() *BackupHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *BackupChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type BackupHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Raft index and term of the last entry the backup holds.
+	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Term  uint64 `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	// The stream's length in bytes.
+	Size int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// The replica that took it.
+	TakenBy       string `protobuf:"bytes,4,opt,name=taken_by,json=takenBy,proto3" json:"taken_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupHeader) Reset() {
+	*x = BackupHeader{}
+	mi := &file_master_masterpb_master_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupHeader) ProtoMessage() {}
+
+func (x *BackupHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupHeader.ProtoReflect.Descriptor instead.
+func (*BackupHeader) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *BackupHeader) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *BackupHeader) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *BackupHeader) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *BackupHeader) GetTakenBy() string {
+	if x != nil {
+		return x.TakenBy
+	}
+	return ""
+}
+
+type RestoreChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreChunk) Reset() {
+	*x = RestoreChunk{}
+	mi := &file_master_masterpb_master_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreChunk) ProtoMessage() {}
+
+func (x *RestoreChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreChunk.ProtoReflect.Descriptor instead.
+func (*RestoreChunk) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RestoreChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type RestoreResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The index of the last entry the backup held.
+	BackupIndex uint64 `protobuf:"varint,1,opt,name=backup_index,json=backupIndex,proto3" json:"backup_index,omitempty"`
+	Datasets    int64  `protobuf:"varint,2,opt,name=datasets,proto3" json:"datasets,omitempty"`
+	Files       int64  `protobuf:"varint,3,opt,name=files,proto3" json:"files,omitempty"`
+	// The workers of the backup, marked lost.
+	WorkersMarkedLost []string `protobuf:"bytes,4,rep,name=workers_marked_lost,json=workersMarkedLost,proto3" json:"workers_marked_lost,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RestoreResponse) Reset() {
+	*x = RestoreResponse{}
+	mi := &file_master_masterpb_master_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResponse) ProtoMessage() {}
+
+func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
+func (*RestoreResponse) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RestoreResponse) GetBackupIndex() uint64 {
+	if x != nil {
+		return x.BackupIndex
+	}
+	return 0
+}
+
+func (x *RestoreResponse) GetDatasets() int64 {
+	if x != nil {
+		return x.Datasets
+	}
+	return 0
+}
+
+func (x *RestoreResponse) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *RestoreResponse) GetWorkersMarkedLost() []string {
+	if x != nil {
+		return x.WorkersMarkedLost
+	}
+	return nil
+}
+
 // Dataset is a named tree of files rooted at root.
 type Dataset struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -191,7 +465,7 @@ type Dataset struct {
 
 func (x *Dataset) Reset() {
 	*x = Dataset{}
-	mi := &file_master_masterpb_master_proto_msgTypes[0]
+	mi := &file_master_masterpb_master_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -203,7 +477,7 @@ func (x *Dataset) String() string {
 func (*Dataset) ProtoMessage() {}
 
 func (x *Dataset) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[0]
+	mi := &file_master_masterpb_master_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -216,7 +490,7 @@ func (x *Dataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dataset.ProtoReflect.Descriptor instead.
 func (*Dataset) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{0}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Dataset) GetName() string {
@@ -283,7 +557,7 @@ type DatasetRecovery struct {
 
 func (x *DatasetRecovery) Reset() {
 	*x = DatasetRecovery{}
-	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	mi := &file_master_masterpb_master_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +569,7 @@ func (x *DatasetRecovery) String() string {
 func (*DatasetRecovery) ProtoMessage() {}
 
 func (x *DatasetRecovery) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[1]
+	mi := &file_master_masterpb_master_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +582,7 @@ func (x *DatasetRecovery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetRecovery.ProtoReflect.Descriptor instead.
 func (*DatasetRecovery) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{1}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DatasetRecovery) GetWaitSeconds() int64 {
@@ -343,7 +617,7 @@ type AccessStats struct {
 
 func (x *AccessStats) Reset() {
 	*x = AccessStats{}
-	mi := &file_master_masterpb_master_proto_msgTypes[2]
+	mi := &file_master_masterpb_master_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +629,7 @@ func (x *AccessStats) String() string {
 func (*AccessStats) ProtoMessage() {}
 
 func (x *AccessStats) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[2]
+	mi := &file_master_masterpb_master_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +642,7 @@ func (x *AccessStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccessStats.ProtoReflect.Descriptor instead.
 func (*AccessStats) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{2}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AccessStats) GetReads() uint64 {
@@ -422,7 +696,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_master_masterpb_master_proto_msgTypes[3]
+	mi := &file_master_masterpb_master_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +708,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[3]
+	mi := &file_master_masterpb_master_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +721,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{3}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *File) GetId() uint64 {
@@ -567,7 +841,7 @@ type BlockLocation struct {
 
 func (x *BlockLocation) Reset() {
 	*x = BlockLocation{}
-	mi := &file_master_masterpb_master_proto_msgTypes[4]
+	mi := &file_master_masterpb_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +853,7 @@ func (x *BlockLocation) String() string {
 func (*BlockLocation) ProtoMessage() {}
 
 func (x *BlockLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[4]
+	mi := &file_master_masterpb_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +866,7 @@ func (x *BlockLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockLocation.ProtoReflect.Descriptor instead.
 func (*BlockLocation) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{4}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BlockLocation) GetWorker() string {
@@ -632,7 +906,7 @@ type BlockLoss struct {
 
 func (x *BlockLoss) Reset() {
 	*x = BlockLoss{}
-	mi := &file_master_masterpb_master_proto_msgTypes[5]
+	mi := &file_master_masterpb_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +918,7 @@ func (x *BlockLoss) String() string {
 func (*BlockLoss) ProtoMessage() {}
 
 func (x *BlockLoss) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[5]
+	mi := &file_master_masterpb_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +931,7 @@ func (x *BlockLoss) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockLoss.ProtoReflect.Descriptor instead.
 func (*BlockLoss) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{5}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BlockLoss) GetWorker() string {
@@ -712,7 +986,7 @@ type Block struct {
 
 func (x *Block) Reset() {
 	*x = Block{}
-	mi := &file_master_masterpb_master_proto_msgTypes[6]
+	mi := &file_master_masterpb_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +998,7 @@ func (x *Block) String() string {
 func (*Block) ProtoMessage() {}
 
 func (x *Block) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[6]
+	mi := &file_master_masterpb_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +1011,7 @@ func (x *Block) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Block.ProtoReflect.Descriptor instead.
 func (*Block) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{6}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Block) GetId() uint64 {
@@ -807,7 +1081,7 @@ type TierUsage struct {
 
 func (x *TierUsage) Reset() {
 	*x = TierUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[7]
+	mi := &file_master_masterpb_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -819,7 +1093,7 @@ func (x *TierUsage) String() string {
 func (*TierUsage) ProtoMessage() {}
 
 func (x *TierUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[7]
+	mi := &file_master_masterpb_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -832,7 +1106,7 @@ func (x *TierUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierUsage.ProtoReflect.Descriptor instead.
 func (*TierUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{7}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TierUsage) GetTier() string {
@@ -876,7 +1150,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_master_masterpb_master_proto_msgTypes[8]
+	mi := &file_master_masterpb_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1162,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[8]
+	mi := &file_master_masterpb_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1175,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{8}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Worker) GetId() string {
@@ -986,7 +1260,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[9]
+	mi := &file_master_masterpb_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1272,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[9]
+	mi := &file_master_masterpb_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1285,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{9}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Peer) GetRaftId() string {
@@ -1051,7 +1325,7 @@ type CreateFileRequest struct {
 
 func (x *CreateFileRequest) Reset() {
 	*x = CreateFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[10]
+	mi := &file_master_masterpb_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1337,7 @@ func (x *CreateFileRequest) String() string {
 func (*CreateFileRequest) ProtoMessage() {}
 
 func (x *CreateFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[10]
+	mi := &file_master_masterpb_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1350,7 @@ func (x *CreateFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateFileRequest.ProtoReflect.Descriptor instead.
 func (*CreateFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{10}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateFileRequest) GetPath() string {
@@ -1131,7 +1405,7 @@ type GetFileRequest struct {
 
 func (x *GetFileRequest) Reset() {
 	*x = GetFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[11]
+	mi := &file_master_masterpb_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1417,7 @@ func (x *GetFileRequest) String() string {
 func (*GetFileRequest) ProtoMessage() {}
 
 func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[11]
+	mi := &file_master_masterpb_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1430,7 @@ func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileRequest.ProtoReflect.Descriptor instead.
 func (*GetFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{11}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetFileRequest) GetPath() string {
@@ -1183,7 +1457,7 @@ type ExistsRequest struct {
 
 func (x *ExistsRequest) Reset() {
 	*x = ExistsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[12]
+	mi := &file_master_masterpb_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1469,7 @@ func (x *ExistsRequest) String() string {
 func (*ExistsRequest) ProtoMessage() {}
 
 func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[12]
+	mi := &file_master_masterpb_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1482,7 @@ func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsRequest.ProtoReflect.Descriptor instead.
 func (*ExistsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{12}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExistsRequest) GetPath() string {
@@ -1234,7 +1508,7 @@ type ExistsResponse struct {
 
 func (x *ExistsResponse) Reset() {
 	*x = ExistsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[13]
+	mi := &file_master_masterpb_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1520,7 @@ func (x *ExistsResponse) String() string {
 func (*ExistsResponse) ProtoMessage() {}
 
 func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[13]
+	mi := &file_master_masterpb_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1533,7 @@ func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsResponse.ProtoReflect.Descriptor instead.
 func (*ExistsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{13}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExistsResponse) GetExists() bool {
@@ -1279,7 +1553,7 @@ type RenameFileRequest struct {
 
 func (x *RenameFileRequest) Reset() {
 	*x = RenameFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[14]
+	mi := &file_master_masterpb_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1565,7 @@ func (x *RenameFileRequest) String() string {
 func (*RenameFileRequest) ProtoMessage() {}
 
 func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[14]
+	mi := &file_master_masterpb_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1578,7 @@ func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameFileRequest.ProtoReflect.Descriptor instead.
 func (*RenameFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{14}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RenameFileRequest) GetFrom() string {
@@ -1330,7 +1604,7 @@ type DeleteFileRequest struct {
 
 func (x *DeleteFileRequest) Reset() {
 	*x = DeleteFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[15]
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1342,7 +1616,7 @@ func (x *DeleteFileRequest) String() string {
 func (*DeleteFileRequest) ProtoMessage() {}
 
 func (x *DeleteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[15]
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1355,7 +1629,7 @@ func (x *DeleteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteFileRequest.ProtoReflect.Descriptor instead.
 func (*DeleteFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{15}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteFileRequest) GetPath() string {
@@ -1374,7 +1648,7 @@ type DeleteFileResponse struct {
 
 func (x *DeleteFileResponse) Reset() {
 	*x = DeleteFileResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[16]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1660,7 @@ func (x *DeleteFileResponse) String() string {
 func (*DeleteFileResponse) ProtoMessage() {}
 
 func (x *DeleteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[16]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1673,7 @@ func (x *DeleteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteFileResponse.ProtoReflect.Descriptor instead.
 func (*DeleteFileResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{16}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteFileResponse) GetBlocksDeleted() uint64 {
@@ -1426,7 +1700,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1712,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1725,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{17}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListFilesRequest) GetDir() string {
@@ -1501,7 +1775,7 @@ type ListEntry struct {
 
 func (x *ListEntry) Reset() {
 	*x = ListEntry{}
-	mi := &file_master_masterpb_master_proto_msgTypes[18]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1787,7 @@ func (x *ListEntry) String() string {
 func (*ListEntry) ProtoMessage() {}
 
 func (x *ListEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[18]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1800,7 @@ func (x *ListEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntry.ProtoReflect.Descriptor instead.
 func (*ListEntry) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{18}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListEntry) GetPath() string {
@@ -1561,7 +1835,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[19]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1847,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[19]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1860,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{19}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListFilesResponse) GetEntries() []*ListEntry {
@@ -1619,7 +1893,7 @@ type CheckpointFileRequest struct {
 
 func (x *CheckpointFileRequest) Reset() {
 	*x = CheckpointFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1631,7 +1905,7 @@ func (x *CheckpointFileRequest) String() string {
 func (*CheckpointFileRequest) ProtoMessage() {}
 
 func (x *CheckpointFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1644,7 +1918,7 @@ func (x *CheckpointFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointFileRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CheckpointFileRequest) GetPath() string {
@@ -1698,7 +1972,7 @@ type SealFileRequest struct {
 
 func (x *SealFileRequest) Reset() {
 	*x = SealFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +1984,7 @@ func (x *SealFileRequest) String() string {
 func (*SealFileRequest) ProtoMessage() {}
 
 func (x *SealFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +1997,7 @@ func (x *SealFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealFileRequest.ProtoReflect.Descriptor instead.
 func (*SealFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SealFileRequest) GetPath() string {
@@ -1771,7 +2045,7 @@ type RecordAccessRequest struct {
 
 func (x *RecordAccessRequest) Reset() {
 	*x = RecordAccessRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +2057,7 @@ func (x *RecordAccessRequest) String() string {
 func (*RecordAccessRequest) ProtoMessage() {}
 
 func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +2070,7 @@ func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordAccessRequest.ProtoReflect.Descriptor instead.
 func (*RecordAccessRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RecordAccessRequest) GetPath() string {
@@ -1824,7 +2098,7 @@ type RegisterDatasetRequest struct {
 
 func (x *RegisterDatasetRequest) Reset() {
 	*x = RegisterDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +2110,7 @@ func (x *RegisterDatasetRequest) String() string {
 func (*RegisterDatasetRequest) ProtoMessage() {}
 
 func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +2123,7 @@ func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatasetRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegisterDatasetRequest) GetName() string {
@@ -1883,7 +2157,7 @@ type GetDatasetRequest struct {
 
 func (x *GetDatasetRequest) Reset() {
 	*x = GetDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2169,7 @@ func (x *GetDatasetRequest) String() string {
 func (*GetDatasetRequest) ProtoMessage() {}
 
 func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2182,7 @@ func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetDatasetRequest) GetName() string {
@@ -1934,7 +2208,7 @@ type DeleteDatasetRequest struct {
 
 func (x *DeleteDatasetRequest) Reset() {
 	*x = DeleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1946,7 +2220,7 @@ func (x *DeleteDatasetRequest) String() string {
 func (*DeleteDatasetRequest) ProtoMessage() {}
 
 func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1959,7 +2233,7 @@ func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteDatasetRequest) GetName() string {
@@ -1978,7 +2252,7 @@ type CompleteDatasetRequest struct {
 
 func (x *CompleteDatasetRequest) Reset() {
 	*x = CompleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +2264,7 @@ func (x *CompleteDatasetRequest) String() string {
 func (*CompleteDatasetRequest) ProtoMessage() {}
 
 func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +2277,7 @@ func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*CompleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CompleteDatasetRequest) GetName() string {
@@ -2022,7 +2296,7 @@ type ReopenDatasetRequest struct {
 
 func (x *ReopenDatasetRequest) Reset() {
 	*x = ReopenDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2308,7 @@ func (x *ReopenDatasetRequest) String() string {
 func (*ReopenDatasetRequest) ProtoMessage() {}
 
 func (x *ReopenDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2321,7 @@ func (x *ReopenDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenDatasetRequest.ProtoReflect.Descriptor instead.
 func (*ReopenDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReopenDatasetRequest) GetName() string {
@@ -2069,7 +2343,7 @@ type SetDatasetRecoveryRequest struct {
 
 func (x *SetDatasetRecoveryRequest) Reset() {
 	*x = SetDatasetRecoveryRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2355,7 @@ func (x *SetDatasetRecoveryRequest) String() string {
 func (*SetDatasetRecoveryRequest) ProtoMessage() {}
 
 func (x *SetDatasetRecoveryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2368,7 @@ func (x *SetDatasetRecoveryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDatasetRecoveryRequest.ProtoReflect.Descriptor instead.
 func (*SetDatasetRecoveryRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SetDatasetRecoveryRequest) GetName() string {
@@ -2127,7 +2401,7 @@ type DeleteDatasetResponse struct {
 
 func (x *DeleteDatasetResponse) Reset() {
 	*x = DeleteDatasetResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2413,7 @@ func (x *DeleteDatasetResponse) String() string {
 func (*DeleteDatasetResponse) ProtoMessage() {}
 
 func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2426,7 @@ func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteDatasetResponse) GetFilesDeleted() uint64 {
@@ -2174,7 +2448,7 @@ type GetDatasetUsageRequest struct {
 
 func (x *GetDatasetUsageRequest) Reset() {
 	*x = GetDatasetUsageRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +2460,7 @@ func (x *GetDatasetUsageRequest) String() string {
 func (*GetDatasetUsageRequest) ProtoMessage() {}
 
 func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +2473,7 @@ func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetDatasetUsageRequest) GetName() string {
@@ -2265,7 +2539,7 @@ type DatasetUsage struct {
 
 func (x *DatasetUsage) Reset() {
 	*x = DatasetUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2551,7 @@ func (x *DatasetUsage) String() string {
 func (*DatasetUsage) ProtoMessage() {}
 
 func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2564,7 @@ func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetUsage.ProtoReflect.Descriptor instead.
 func (*DatasetUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DatasetUsage) GetName() string {
@@ -2396,7 +2670,7 @@ type AttemptUsage struct {
 
 func (x *AttemptUsage) Reset() {
 	*x = AttemptUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2682,7 @@ func (x *AttemptUsage) String() string {
 func (*AttemptUsage) ProtoMessage() {}
 
 func (x *AttemptUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2695,7 @@ func (x *AttemptUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptUsage.ProtoReflect.Descriptor instead.
 func (*AttemptUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AttemptUsage) GetAttempt() string {
@@ -2457,7 +2731,7 @@ type SettleAttemptRequest struct {
 
 func (x *SettleAttemptRequest) Reset() {
 	*x = SettleAttemptRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2743,7 @@ func (x *SettleAttemptRequest) String() string {
 func (*SettleAttemptRequest) ProtoMessage() {}
 
 func (x *SettleAttemptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2756,7 @@ func (x *SettleAttemptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptRequest.ProtoReflect.Descriptor instead.
 func (*SettleAttemptRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SettleAttemptRequest) GetDataset() string {
@@ -2516,7 +2790,7 @@ type SettleAttemptResponse struct {
 
 func (x *SettleAttemptResponse) Reset() {
 	*x = SettleAttemptResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2802,7 @@ func (x *SettleAttemptResponse) String() string {
 func (*SettleAttemptResponse) ProtoMessage() {}
 
 func (x *SettleAttemptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2815,7 @@ func (x *SettleAttemptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptResponse.ProtoReflect.Descriptor instead.
 func (*SettleAttemptResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SettleAttemptResponse) GetFiles() uint64 {
@@ -2565,7 +2839,7 @@ type SettleAttemptStep struct {
 
 func (x *SettleAttemptStep) Reset() {
 	*x = SettleAttemptStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +2851,7 @@ func (x *SettleAttemptStep) String() string {
 func (*SettleAttemptStep) ProtoMessage() {}
 
 func (x *SettleAttemptStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +2864,7 @@ func (x *SettleAttemptStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptStep.ProtoReflect.Descriptor instead.
 func (*SettleAttemptStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SettleAttemptStep) GetDataset() string {
@@ -2631,7 +2905,7 @@ type SettleAttemptStepResult struct {
 
 func (x *SettleAttemptStepResult) Reset() {
 	*x = SettleAttemptStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +2917,7 @@ func (x *SettleAttemptStepResult) String() string {
 func (*SettleAttemptStepResult) ProtoMessage() {}
 
 func (x *SettleAttemptStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +2930,7 @@ func (x *SettleAttemptStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptStepResult.ProtoReflect.Descriptor instead.
 func (*SettleAttemptStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SettleAttemptStepResult) GetFiles() uint64 {
@@ -2683,7 +2957,7 @@ type NodeUsage struct {
 
 func (x *NodeUsage) Reset() {
 	*x = NodeUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2969,7 @@ func (x *NodeUsage) String() string {
 func (*NodeUsage) ProtoMessage() {}
 
 func (x *NodeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2982,7 @@ func (x *NodeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
 func (*NodeUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *NodeUsage) GetNode() string {
@@ -2740,7 +3014,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +3026,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +3039,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -2827,7 +3101,7 @@ type RemoveBlockCopyRequest struct {
 
 func (x *RemoveBlockCopyRequest) Reset() {
 	*x = RemoveBlockCopyRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2839,7 +3113,7 @@ func (x *RemoveBlockCopyRequest) String() string {
 func (*RemoveBlockCopyRequest) ProtoMessage() {}
 
 func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2852,7 +3126,7 @@ func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
@@ -2882,7 +3156,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2894,7 +3168,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2907,7 +3181,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -2940,7 +3214,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2952,7 +3226,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2965,7 +3239,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -2987,7 +3261,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2999,7 +3273,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3012,7 +3286,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -3053,7 +3327,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3065,7 +3339,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3078,7 +3352,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -3104,7 +3378,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3116,7 +3390,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3129,7 +3403,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -3149,7 +3423,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3161,7 +3435,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3174,7 +3448,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -3200,7 +3474,7 @@ type ForgetWorkerRequest struct {
 
 func (x *ForgetWorkerRequest) Reset() {
 	*x = ForgetWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3212,7 +3486,7 @@ func (x *ForgetWorkerRequest) String() string {
 func (*ForgetWorkerRequest) ProtoMessage() {}
 
 func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3225,7 +3499,7 @@ func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ForgetWorkerRequest) GetWorker() string {
@@ -3245,7 +3519,7 @@ type ForgetWorkerResponse struct {
 
 func (x *ForgetWorkerResponse) Reset() {
 	*x = ForgetWorkerResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3257,7 +3531,7 @@ func (x *ForgetWorkerResponse) String() string {
 func (*ForgetWorkerResponse) ProtoMessage() {}
 
 func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3270,7 +3544,7 @@ func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ForgetWorkerResponse) GetForgotten() bool {
@@ -3294,7 +3568,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3306,7 +3580,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3319,7 +3593,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -3359,7 +3633,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3371,7 +3645,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3384,7 +3658,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -3403,7 +3677,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3415,7 +3689,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3428,7 +3702,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -3449,7 +3723,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3461,7 +3735,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3474,7 +3748,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -3506,7 +3780,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +3792,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +3805,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{57}
 }
 
 type LeaderRequest struct {
@@ -3542,7 +3816,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3554,7 +3828,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3567,7 +3841,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{58}
 }
 
 type LeaderResponse struct {
@@ -3589,7 +3863,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3601,7 +3875,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3614,7 +3888,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -3719,7 +3993,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[55]
+	mi := &file_master_masterpb_master_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3731,7 +4005,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[55]
+	mi := &file_master_masterpb_master_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3744,7 +4018,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{55}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -4085,7 +4359,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[56]
+	mi := &file_master_masterpb_master_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4097,7 +4371,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[56]
+	mi := &file_master_masterpb_master_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4110,7 +4384,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{56}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -4137,7 +4411,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[57]
+	mi := &file_master_masterpb_master_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4149,7 +4423,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[57]
+	mi := &file_master_masterpb_master_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4162,7 +4436,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{57}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -4192,7 +4466,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[58]
+	mi := &file_master_masterpb_master_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4204,7 +4478,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[58]
+	mi := &file_master_masterpb_master_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4217,7 +4491,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{58}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -4251,7 +4525,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[59]
+	mi := &file_master_masterpb_master_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4263,7 +4537,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[59]
+	mi := &file_master_masterpb_master_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4276,7 +4550,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{59}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -4302,7 +4576,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[60]
+	mi := &file_master_masterpb_master_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4314,7 +4588,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[60]
+	mi := &file_master_masterpb_master_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4327,7 +4601,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{60}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -4346,7 +4620,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[61]
+	mi := &file_master_masterpb_master_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4358,7 +4632,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[61]
+	mi := &file_master_masterpb_master_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4371,7 +4645,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{61}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -4385,7 +4659,23 @@ var File_master_masterpb_master_proto protoreflect.FileDescriptor
 
 const file_master_masterpb_master_proto_rawDesc = "" +
 	"\n" +
-	"\x1cmaster/masterpb/master.proto\x12\x10strata.master.v1\"\xd0\x01\n" +
+	"\x1cmaster/masterpb/master.proto\x12\x10strata.master.v1\"\x0f\n" +
+	"\rBackupRequest\"Y\n" +
+	"\vBackupChunk\x126\n" +
+	"\x06header\x18\x01 \x01(\v2\x1e.strata.master.v1.BackupHeaderR\x06header\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"g\n" +
+	"\fBackupHeader\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x19\n" +
+	"\btaken_by\x18\x04 \x01(\tR\atakenBy\"\"\n" +
+	"\fRestoreChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x96\x01\n" +
+	"\x0fRestoreResponse\x12!\n" +
+	"\fbackup_index\x18\x01 \x01(\x04R\vbackupIndex\x12\x1a\n" +
+	"\bdatasets\x18\x02 \x01(\x03R\bdatasets\x12\x14\n" +
+	"\x05files\x18\x03 \x01(\x03R\x05files\x12.\n" +
+	"\x13workers_marked_lost\x18\x04 \x03(\tR\x11workersMarkedLost\"\xd0\x01\n" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\tR\x04root\x12\x16\n" +
@@ -4692,7 +4982,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\x8a\x12\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xa6\x13\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -4724,7 +5014,9 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\fForgetWorker\x12%.strata.master.v1.ForgetWorkerRequest\x1a&.strata.master.v1.ForgetWorkerResponse\x12Z\n" +
 	"\vListWorkers\x12$.strata.master.v1.ListWorkersRequest\x1a%.strata.master.v1.ListWorkersResponse\x12E\n" +
 	"\x04Join\x12\x1d.strata.master.v1.JoinRequest\x1a\x1e.strata.master.v1.JoinResponse\x12K\n" +
-	"\x06Leader\x12\x1f.strata.master.v1.LeaderRequest\x1a .strata.master.v1.LeaderResponseB0Z.github.com/strata-cache/strata/master/masterpbb\x06proto3"
+	"\x06Leader\x12\x1f.strata.master.v1.LeaderRequest\x1a .strata.master.v1.LeaderResponse\x12J\n" +
+	"\x06Backup\x12\x1f.strata.master.v1.BackupRequest\x1a\x1d.strata.master.v1.BackupChunk0\x01\x12N\n" +
+	"\aRestore\x12\x1e.strata.master.v1.RestoreChunk\x1a!.strata.master.v1.RestoreResponse(\x01B0Z.github.com/strata-cache/strata/master/masterpbb\x06proto3"
 
 var (
 	file_master_masterpb_master_proto_rawDescOnce sync.Once
@@ -4739,177 +5031,187 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
 	(WorkerCommand)(0),                // 2: strata.master.v1.WorkerCommand
-	(*Dataset)(nil),                   // 3: strata.master.v1.Dataset
-	(*DatasetRecovery)(nil),           // 4: strata.master.v1.DatasetRecovery
-	(*AccessStats)(nil),               // 5: strata.master.v1.AccessStats
-	(*File)(nil),                      // 6: strata.master.v1.File
-	(*BlockLocation)(nil),             // 7: strata.master.v1.BlockLocation
-	(*BlockLoss)(nil),                 // 8: strata.master.v1.BlockLoss
-	(*Block)(nil),                     // 9: strata.master.v1.Block
-	(*TierUsage)(nil),                 // 10: strata.master.v1.TierUsage
-	(*Worker)(nil),                    // 11: strata.master.v1.Worker
-	(*Peer)(nil),                      // 12: strata.master.v1.Peer
-	(*CreateFileRequest)(nil),         // 13: strata.master.v1.CreateFileRequest
-	(*GetFileRequest)(nil),            // 14: strata.master.v1.GetFileRequest
-	(*ExistsRequest)(nil),             // 15: strata.master.v1.ExistsRequest
-	(*ExistsResponse)(nil),            // 16: strata.master.v1.ExistsResponse
-	(*RenameFileRequest)(nil),         // 17: strata.master.v1.RenameFileRequest
-	(*DeleteFileRequest)(nil),         // 18: strata.master.v1.DeleteFileRequest
-	(*DeleteFileResponse)(nil),        // 19: strata.master.v1.DeleteFileResponse
-	(*ListFilesRequest)(nil),          // 20: strata.master.v1.ListFilesRequest
-	(*ListEntry)(nil),                 // 21: strata.master.v1.ListEntry
-	(*ListFilesResponse)(nil),         // 22: strata.master.v1.ListFilesResponse
-	(*CheckpointFileRequest)(nil),     // 23: strata.master.v1.CheckpointFileRequest
-	(*SealFileRequest)(nil),           // 24: strata.master.v1.SealFileRequest
-	(*RecordAccessRequest)(nil),       // 25: strata.master.v1.RecordAccessRequest
-	(*RegisterDatasetRequest)(nil),    // 26: strata.master.v1.RegisterDatasetRequest
-	(*GetDatasetRequest)(nil),         // 27: strata.master.v1.GetDatasetRequest
-	(*DeleteDatasetRequest)(nil),      // 28: strata.master.v1.DeleteDatasetRequest
-	(*CompleteDatasetRequest)(nil),    // 29: strata.master.v1.CompleteDatasetRequest
-	(*ReopenDatasetRequest)(nil),      // 30: strata.master.v1.ReopenDatasetRequest
-	(*SetDatasetRecoveryRequest)(nil), // 31: strata.master.v1.SetDatasetRecoveryRequest
-	(*DeleteDatasetResponse)(nil),     // 32: strata.master.v1.DeleteDatasetResponse
-	(*GetDatasetUsageRequest)(nil),    // 33: strata.master.v1.GetDatasetUsageRequest
-	(*DatasetUsage)(nil),              // 34: strata.master.v1.DatasetUsage
-	(*AttemptUsage)(nil),              // 35: strata.master.v1.AttemptUsage
-	(*SettleAttemptRequest)(nil),      // 36: strata.master.v1.SettleAttemptRequest
-	(*SettleAttemptResponse)(nil),     // 37: strata.master.v1.SettleAttemptResponse
-	(*SettleAttemptStep)(nil),         // 38: strata.master.v1.SettleAttemptStep
-	(*SettleAttemptStepResult)(nil),   // 39: strata.master.v1.SettleAttemptStepResult
-	(*NodeUsage)(nil),                 // 40: strata.master.v1.NodeUsage
-	(*CommitBlockRequest)(nil),        // 41: strata.master.v1.CommitBlockRequest
-	(*RemoveBlockCopyRequest)(nil),    // 42: strata.master.v1.RemoveBlockCopyRequest
-	(*GetBlockLocationsRequest)(nil),  // 43: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 44: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 45: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 46: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 47: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 48: strata.master.v1.MarkWorkerLostRequest
-	(*ForgetWorkerRequest)(nil),       // 49: strata.master.v1.ForgetWorkerRequest
-	(*ForgetWorkerResponse)(nil),      // 50: strata.master.v1.ForgetWorkerResponse
-	(*MarkWorkerLostResponse)(nil),    // 51: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 52: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 53: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 54: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 55: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 56: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 57: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 58: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 59: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 60: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 61: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 62: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 63: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 64: strata.master.v1.RemovePeer
+	(*BackupRequest)(nil),             // 3: strata.master.v1.BackupRequest
+	(*BackupChunk)(nil),               // 4: strata.master.v1.BackupChunk
+	(*BackupHeader)(nil),              // 5: strata.master.v1.BackupHeader
+	(*RestoreChunk)(nil),              // 6: strata.master.v1.RestoreChunk
+	(*RestoreResponse)(nil),           // 7: strata.master.v1.RestoreResponse
+	(*Dataset)(nil),                   // 8: strata.master.v1.Dataset
+	(*DatasetRecovery)(nil),           // 9: strata.master.v1.DatasetRecovery
+	(*AccessStats)(nil),               // 10: strata.master.v1.AccessStats
+	(*File)(nil),                      // 11: strata.master.v1.File
+	(*BlockLocation)(nil),             // 12: strata.master.v1.BlockLocation
+	(*BlockLoss)(nil),                 // 13: strata.master.v1.BlockLoss
+	(*Block)(nil),                     // 14: strata.master.v1.Block
+	(*TierUsage)(nil),                 // 15: strata.master.v1.TierUsage
+	(*Worker)(nil),                    // 16: strata.master.v1.Worker
+	(*Peer)(nil),                      // 17: strata.master.v1.Peer
+	(*CreateFileRequest)(nil),         // 18: strata.master.v1.CreateFileRequest
+	(*GetFileRequest)(nil),            // 19: strata.master.v1.GetFileRequest
+	(*ExistsRequest)(nil),             // 20: strata.master.v1.ExistsRequest
+	(*ExistsResponse)(nil),            // 21: strata.master.v1.ExistsResponse
+	(*RenameFileRequest)(nil),         // 22: strata.master.v1.RenameFileRequest
+	(*DeleteFileRequest)(nil),         // 23: strata.master.v1.DeleteFileRequest
+	(*DeleteFileResponse)(nil),        // 24: strata.master.v1.DeleteFileResponse
+	(*ListFilesRequest)(nil),          // 25: strata.master.v1.ListFilesRequest
+	(*ListEntry)(nil),                 // 26: strata.master.v1.ListEntry
+	(*ListFilesResponse)(nil),         // 27: strata.master.v1.ListFilesResponse
+	(*CheckpointFileRequest)(nil),     // 28: strata.master.v1.CheckpointFileRequest
+	(*SealFileRequest)(nil),           // 29: strata.master.v1.SealFileRequest
+	(*RecordAccessRequest)(nil),       // 30: strata.master.v1.RecordAccessRequest
+	(*RegisterDatasetRequest)(nil),    // 31: strata.master.v1.RegisterDatasetRequest
+	(*GetDatasetRequest)(nil),         // 32: strata.master.v1.GetDatasetRequest
+	(*DeleteDatasetRequest)(nil),      // 33: strata.master.v1.DeleteDatasetRequest
+	(*CompleteDatasetRequest)(nil),    // 34: strata.master.v1.CompleteDatasetRequest
+	(*ReopenDatasetRequest)(nil),      // 35: strata.master.v1.ReopenDatasetRequest
+	(*SetDatasetRecoveryRequest)(nil), // 36: strata.master.v1.SetDatasetRecoveryRequest
+	(*DeleteDatasetResponse)(nil),     // 37: strata.master.v1.DeleteDatasetResponse
+	(*GetDatasetUsageRequest)(nil),    // 38: strata.master.v1.GetDatasetUsageRequest
+	(*DatasetUsage)(nil),              // 39: strata.master.v1.DatasetUsage
+	(*AttemptUsage)(nil),              // 40: strata.master.v1.AttemptUsage
+	(*SettleAttemptRequest)(nil),      // 41: strata.master.v1.SettleAttemptRequest
+	(*SettleAttemptResponse)(nil),     // 42: strata.master.v1.SettleAttemptResponse
+	(*SettleAttemptStep)(nil),         // 43: strata.master.v1.SettleAttemptStep
+	(*SettleAttemptStepResult)(nil),   // 44: strata.master.v1.SettleAttemptStepResult
+	(*NodeUsage)(nil),                 // 45: strata.master.v1.NodeUsage
+	(*CommitBlockRequest)(nil),        // 46: strata.master.v1.CommitBlockRequest
+	(*RemoveBlockCopyRequest)(nil),    // 47: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 48: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 49: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 50: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 51: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 52: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 53: strata.master.v1.MarkWorkerLostRequest
+	(*ForgetWorkerRequest)(nil),       // 54: strata.master.v1.ForgetWorkerRequest
+	(*ForgetWorkerResponse)(nil),      // 55: strata.master.v1.ForgetWorkerResponse
+	(*MarkWorkerLostResponse)(nil),    // 56: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 57: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 58: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 59: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 60: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 61: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 62: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 63: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 64: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 65: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 66: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 67: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 68: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 69: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
-	4,  // 0: strata.master.v1.Dataset.recovery:type_name -> strata.master.v1.DatasetRecovery
-	0,  // 1: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
-	5,  // 2: strata.master.v1.File.access:type_name -> strata.master.v1.AccessStats
-	7,  // 3: strata.master.v1.Block.locations:type_name -> strata.master.v1.BlockLocation
-	8,  // 4: strata.master.v1.Block.loss:type_name -> strata.master.v1.BlockLoss
-	10, // 5: strata.master.v1.Worker.tiers:type_name -> strata.master.v1.TierUsage
-	1,  // 6: strata.master.v1.Worker.state:type_name -> strata.master.v1.WorkerState
-	6,  // 7: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
-	21, // 8: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
-	0,  // 9: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
-	41, // 10: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
-	4,  // 11: strata.master.v1.SetDatasetRecoveryRequest.recovery:type_name -> strata.master.v1.DatasetRecovery
-	10, // 12: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
-	40, // 13: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
-	35, // 14: strata.master.v1.DatasetUsage.attempts:type_name -> strata.master.v1.AttemptUsage
-	9,  // 15: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
-	10, // 16: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
-	10, // 17: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
-	2,  // 18: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
-	11, // 19: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
-	12, // 20: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
-	13, // 21: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
-	17, // 22: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
-	18, // 23: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
-	26, // 24: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	59, // 25: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	41, // 26: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	45, // 27: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	46, // 28: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	61, // 29: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
-	23, // 30: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
-	25, // 31: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	63, // 32: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	64, // 33: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	42, // 34: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
-	29, // 35: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
-	49, // 36: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
-	24, // 37: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
-	30, // 38: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
-	31, // 39: strata.master.v1.Command.set_dataset_recovery:type_name -> strata.master.v1.SetDatasetRecoveryRequest
-	38, // 40: strata.master.v1.Command.settle_attempt:type_name -> strata.master.v1.SettleAttemptStep
-	51, // 41: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
-	12, // 42: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
-	13, // 43: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
-	14, // 44: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	15, // 45: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	17, // 46: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	18, // 47: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	20, // 48: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	23, // 49: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	24, // 50: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
-	25, // 51: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	26, // 52: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	27, // 53: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	28, // 54: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	29, // 55: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
-	30, // 56: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
-	33, // 57: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	31, // 58: strata.master.v1.Master.SetDatasetRecovery:input_type -> strata.master.v1.SetDatasetRecoveryRequest
-	36, // 59: strata.master.v1.Master.SettleAttempt:input_type -> strata.master.v1.SettleAttemptRequest
-	41, // 60: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	43, // 61: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	42, // 62: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	45, // 63: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	46, // 64: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	48, // 65: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	49, // 66: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
-	52, // 67: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	54, // 68: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	56, // 69: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	6,  // 70: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	6,  // 71: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	16, // 72: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	6,  // 73: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	19, // 74: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	22, // 75: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	6,  // 76: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	6,  // 77: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
-	6,  // 78: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	3,  // 79: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	3,  // 80: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	32, // 81: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	3,  // 82: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
-	3,  // 83: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
-	34, // 84: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	3,  // 85: strata.master.v1.Master.SetDatasetRecovery:output_type -> strata.master.v1.Dataset
-	37, // 86: strata.master.v1.Master.SettleAttempt:output_type -> strata.master.v1.SettleAttemptResponse
-	9,  // 87: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	44, // 88: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	9,  // 89: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	11, // 90: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	47, // 91: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	51, // 92: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	50, // 93: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
-	53, // 94: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	55, // 95: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	57, // 96: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	70, // [70:97] is the sub-list for method output_type
-	43, // [43:70] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	5,  // 0: strata.master.v1.BackupChunk.header:type_name -> strata.master.v1.BackupHeader
+	9,  // 1: strata.master.v1.Dataset.recovery:type_name -> strata.master.v1.DatasetRecovery
+	0,  // 2: strata.master.v1.File.checkpoint_state:type_name -> strata.master.v1.CheckpointState
+	10, // 3: strata.master.v1.File.access:type_name -> strata.master.v1.AccessStats
+	12, // 4: strata.master.v1.Block.locations:type_name -> strata.master.v1.BlockLocation
+	13, // 5: strata.master.v1.Block.loss:type_name -> strata.master.v1.BlockLoss
+	15, // 6: strata.master.v1.Worker.tiers:type_name -> strata.master.v1.TierUsage
+	1,  // 7: strata.master.v1.Worker.state:type_name -> strata.master.v1.WorkerState
+	11, // 8: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
+	26, // 9: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
+	0,  // 10: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
+	46, // 11: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
+	9,  // 12: strata.master.v1.SetDatasetRecoveryRequest.recovery:type_name -> strata.master.v1.DatasetRecovery
+	15, // 13: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
+	45, // 14: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
+	40, // 15: strata.master.v1.DatasetUsage.attempts:type_name -> strata.master.v1.AttemptUsage
+	14, // 16: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
+	15, // 17: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
+	15, // 18: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
+	2,  // 19: strata.master.v1.HeartbeatResponse.command:type_name -> strata.master.v1.WorkerCommand
+	16, // 20: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
+	17, // 21: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
+	18, // 22: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
+	22, // 23: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
+	23, // 24: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
+	31, // 25: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
+	64, // 26: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	46, // 27: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	50, // 28: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	51, // 29: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	66, // 30: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	28, // 31: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
+	30, // 32: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
+	68, // 33: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	69, // 34: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	47, // 35: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	34, // 36: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
+	54, // 37: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
+	29, // 38: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
+	35, // 39: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
+	36, // 40: strata.master.v1.Command.set_dataset_recovery:type_name -> strata.master.v1.SetDatasetRecoveryRequest
+	43, // 41: strata.master.v1.Command.settle_attempt:type_name -> strata.master.v1.SettleAttemptStep
+	56, // 42: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	17, // 43: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
+	18, // 44: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
+	19, // 45: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
+	20, // 46: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	22, // 47: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	23, // 48: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	25, // 49: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	28, // 50: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	29, // 51: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
+	30, // 52: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	31, // 53: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	32, // 54: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	33, // 55: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	34, // 56: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
+	35, // 57: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
+	38, // 58: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	36, // 59: strata.master.v1.Master.SetDatasetRecovery:input_type -> strata.master.v1.SetDatasetRecoveryRequest
+	41, // 60: strata.master.v1.Master.SettleAttempt:input_type -> strata.master.v1.SettleAttemptRequest
+	46, // 61: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	48, // 62: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	47, // 63: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	50, // 64: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	51, // 65: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	53, // 66: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	54, // 67: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
+	57, // 68: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	59, // 69: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	61, // 70: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	3,  // 71: strata.master.v1.Master.Backup:input_type -> strata.master.v1.BackupRequest
+	6,  // 72: strata.master.v1.Master.Restore:input_type -> strata.master.v1.RestoreChunk
+	11, // 73: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	11, // 74: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	21, // 75: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	11, // 76: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	24, // 77: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	27, // 78: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	11, // 79: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	11, // 80: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
+	11, // 81: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	8,  // 82: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	8,  // 83: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	37, // 84: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	8,  // 85: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
+	8,  // 86: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
+	39, // 87: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 88: strata.master.v1.Master.SetDatasetRecovery:output_type -> strata.master.v1.Dataset
+	42, // 89: strata.master.v1.Master.SettleAttempt:output_type -> strata.master.v1.SettleAttemptResponse
+	14, // 90: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	49, // 91: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	14, // 92: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	16, // 93: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	52, // 94: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	56, // 95: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	55, // 96: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
+	58, // 97: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	60, // 98: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	62, // 99: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	4,  // 100: strata.master.v1.Master.Backup:output_type -> strata.master.v1.BackupChunk
+	7,  // 101: strata.master.v1.Master.Restore:output_type -> strata.master.v1.RestoreResponse
+	73, // [73:102] is the sub-list for method output_type
+	44, // [44:73] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_master_masterpb_master_proto_init() }
@@ -4917,7 +5219,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[55].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[60].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -4945,7 +5247,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   62,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -50,6 +50,8 @@ const (
 	Master_ListWorkers_FullMethodName        = "/strata.master.v1.Master/ListWorkers"
 	Master_Join_FullMethodName               = "/strata.master.v1.Master/Join"
 	Master_Leader_FullMethodName             = "/strata.master.v1.Master/Leader"
+	Master_Backup_FullMethodName             = "/strata.master.v1.Master/Backup"
+	Master_Restore_FullMethodName            = "/strata.master.v1.Master/Restore"
 )
 
 // MasterClient is the client API for Master service.
@@ -101,6 +103,15 @@ type MasterClient interface {
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	Leader(ctx context.Context, in *LeaderRequest, opts ...grpc.CallOption) (*LeaderResponse, error)
+	// Backup streams the leader's whole state, as of the call: every write acknowledged before it
+	// is in the stream. The first message carries the header and no data; the rest carry the
+	// state machine's snapshot stream (fsm.VerifySnapshot reads it), which ends in its checksum.
+	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error)
+	// Restore replaces the state of a master that holds no Dataset and no file with a backup's
+	// stream: a new install brought back to where a backup left the old one. The stream is checked
+	// whole before anything is replaced. Every worker the backup names is marked lost (the copies
+	// it lists belong to the old install), so workers register again and report what they hold.
+	Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreChunk, RestoreResponse], error)
 }
 
 type masterClient struct {
@@ -381,6 +392,38 @@ func (c *masterClient) Leader(ctx context.Context, in *LeaderRequest, opts ...gr
 	return out, nil
 }
 
+func (c *masterClient) Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Master_ServiceDesc.Streams[0], Master_Backup_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[BackupRequest, BackupChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_BackupClient = grpc.ServerStreamingClient[BackupChunk]
+
+func (c *masterClient) Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreChunk, RestoreResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Master_ServiceDesc.Streams[1], Master_Restore_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RestoreChunk, RestoreResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_RestoreClient = grpc.ClientStreamingClient[RestoreChunk, RestoreResponse]
+
 // MasterServer is the server API for Master service.
 // All implementations must embed UnimplementedMasterServer
 // for forward compatibility.
@@ -430,6 +473,15 @@ type MasterServer interface {
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	Leader(context.Context, *LeaderRequest) (*LeaderResponse, error)
+	// Backup streams the leader's whole state, as of the call: every write acknowledged before it
+	// is in the stream. The first message carries the header and no data; the rest carry the
+	// state machine's snapshot stream (fsm.VerifySnapshot reads it), which ends in its checksum.
+	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error
+	// Restore replaces the state of a master that holds no Dataset and no file with a backup's
+	// stream: a new install brought back to where a backup left the old one. The stream is checked
+	// whole before anything is replaced. Every worker the backup names is marked lost (the copies
+	// it lists belong to the old install), so workers register again and report what they hold.
+	Restore(grpc.ClientStreamingServer[RestoreChunk, RestoreResponse]) error
 	mustEmbedUnimplementedMasterServer()
 }
 
@@ -520,6 +572,12 @@ func (UnimplementedMasterServer) Join(context.Context, *JoinRequest) (*JoinRespo
 }
 func (UnimplementedMasterServer) Leader(context.Context, *LeaderRequest) (*LeaderResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Leader not implemented")
+}
+func (UnimplementedMasterServer) Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method Backup not implemented")
+}
+func (UnimplementedMasterServer) Restore(grpc.ClientStreamingServer[RestoreChunk, RestoreResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Restore not implemented")
 }
 func (UnimplementedMasterServer) mustEmbedUnimplementedMasterServer() {}
 func (UnimplementedMasterServer) testEmbeddedByValue()                {}
@@ -1028,6 +1086,24 @@ func _Master_Leader_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_Backup_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(BackupRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MasterServer).Backup(m, &grpc.GenericServerStream[BackupRequest, BackupChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_BackupServer = grpc.ServerStreamingServer[BackupChunk]
+
+func _Master_Restore_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MasterServer).Restore(&grpc.GenericServerStream[RestoreChunk, RestoreResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_RestoreServer = grpc.ClientStreamingServer[RestoreChunk, RestoreResponse]
+
 // Master_ServiceDesc is the grpc.ServiceDesc for Master service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1144,6 +1220,17 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Master_Leader_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Backup",
+			Handler:       _Master_Backup_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Restore",
+			Handler:       _Master_Restore_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "master/masterpb/master.proto",
 }

@@ -22,7 +22,7 @@ func joiningMaster(req any) string   { return req.(*masterpb.JoinRequest).GetRaf
 // Policy says which component may call each method of the master. Workers write and read the
 // files and blocks of the Datasets they serve and speak for themselves alone; only the operator
 // ends a Dataset's life (delete, complete, reopen) or a worker's (lost, forgotten); only masters
-// join the Raft group. Tenants' pods hold no certificate and reach none of it.
+// join the Raft group; only the operator backs the whole state up or restores it. Tenants' pods hold no certificate and reach none of it.
 var Policy = authz.Policy{
 	masterpb.Master_CreateFile_FullMethodName:         authz.Allow(worker),
 	masterpb.Master_GetFile_FullMethodName:            authz.Allow(worker, operator),
@@ -51,4 +51,6 @@ var Policy = authz.Policy{
 	masterpb.Master_ListWorkers_FullMethodName:        authz.Allow(worker, operator),
 	masterpb.Master_Join_FullMethodName:               {Roles: []pki.Role{master}, ActsFor: joiningMaster},
 	masterpb.Master_Leader_FullMethodName:             authz.Allow(master, worker, operator),
+	masterpb.Master_Backup_FullMethodName:             authz.Allow(operator),
+	masterpb.Master_Restore_FullMethodName:            authz.Allow(operator),
 }

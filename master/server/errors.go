@@ -34,6 +34,10 @@ func toStatus(err error) error {
 		return withInfo(codes.Unavailable, err, masterpb.ReasonLeadershipLost, nil)
 	case errors.Is(err, store.ErrShutdown):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, store.ErrNotEmpty):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, store.ErrBadBackup):
+		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, fsm.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, fsm.ErrAlreadyExists):

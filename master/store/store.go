@@ -78,6 +78,9 @@ type Store struct {
 	// beats are the heartbeats this replica took as leader (see Heartbeat).
 	beats heartbeats
 
+	// restoreMu makes restores one at a time, each checking that the state is empty.
+	restoreMu sync.Mutex
+
 	// readMu lets Close wait for reads in flight before it closes the state machine's database.
 	readMu    sync.RWMutex
 	closed    bool

@@ -1,0 +1,152 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/strata-cache/strata/master/fsm"
+	"github.com/strata-cache/strata/master/masterpb"
+)
+
+// Errors of Restore.
+var (
+	// ErrNotEmpty refuses a restore into a master that holds Datasets or files: a restore
+	// replaces the whole state, and is meant for a new install.
+	ErrNotEmpty = errors.New("the master is not empty")
+	// ErrBadBackup is a stream that is not a whole, intact backup.
+	ErrBadBackup = errors.New("not an intact backup")
+)
+
+// ReasonRestored is why a restore marks the backup's workers lost.
+const ReasonRestored = "the master was restored from a backup: the copies this worker held belong to the install that was backed up"
+
+// Backup opens the whole state for a backup, as of now: this replica must lead, and it takes a
+// snapshot after confirming so (VerifyRead), so every write acknowledged before the call is in
+// it. The caller closes the stream, which is the state machine's snapshot (fsm.VerifySnapshot).
+func (s *Store) Backup(ctx context.Context) (*raft.SnapshotMeta, io.ReadCloser, error) {
+	if err := s.VerifyRead(ctx); err != nil {
+		return nil, nil, err
+	}
+	f := s.raft.Snapshot()
+	err := s.wait(ctx, f)
+	if errors.Is(err, raft.ErrNothingNewToSnapshot) {
+		// The latest snapshot already holds every entry applied.
+		return s.openLatestSnapshot()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("taking a snapshot for a backup: %w", err)
+	}
+	meta, rc, err := f.Open()
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening the snapshot taken for a backup: %w", err)
+	}
+	return meta, rc, nil
+}
+
+func (s *Store) openLatestSnapshot() (*raft.SnapshotMeta, io.ReadCloser, error) {
+	snaps, err := s.snaps.List()
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing snapshots: %w", err)
+	}
+	if len(snaps) == 0 {
+		return nil, nil, errors.New("raft took no snapshot and has none")
+	}
+	meta, rc, err := s.snaps.Open(snaps[0].ID)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening snapshot %s: %w", snaps[0].ID, err)
+	}
+	return meta, rc, nil
+}
+
+// RestoreResult says what a restore brought back.
+type RestoreResult struct {
+	Backup fsm.SnapshotInfo
+	// WorkersMarkedLost are the backup's workers that were alive in it.
+	WorkersMarkedLost []string
+}
+
+// Restore replaces the state of a leader that holds no Dataset and no file with a backup (a
+// stream Backup gave). The stream is spooled to disk and checked whole first: raft cannot undo a
+// restore that fails half-way. raft replicates the restored state to the followers as a
+// snapshot. The replicas keep their own peer records (the backup's name the old install's
+// replicas: fsm.PrepareRestore), and every worker the backup knows as alive is marked lost: its copies were the
+// old install's, and the workers that run now register again and report what they hold.
+func (s *Store) Restore(ctx context.Context, r io.Reader) (RestoreResult, error) {
+	s.restoreMu.Lock()
+	defer s.restoreMu.Unlock()
+	var res RestoreResult
+	var peers []*masterpb.Peer
+	err := s.Read(ctx, false, func(m *fsm.FSM) error {
+		datasets, files, err := m.Holds()
+		if err != nil {
+			return err
+		}
+		if datasets+files > 0 {
+			return fmt.Errorf("%w: it holds %d Dataset(s) and %d file(s); a backup is restored into a new install, whose master holds none", ErrNotEmpty, datasets, files)
+		}
+		peers, err = m.Peers()
+		return err
+	})
+	if err != nil {
+		return res, err
+	}
+
+	// This replica's own record may not be written yet (it is, soon after it became leader).
+	peers = slices.DeleteFunc(peers, func(p *masterpb.Peer) bool { return p.GetRaftId() == s.cfg.ID })
+	peers = append(peers, &masterpb.Peer{RaftId: s.cfg.ID, RaftAddr: string(s.trans.LocalAddr()), ApiAddr: s.cfg.APIAddr})
+
+	spool, err := os.CreateTemp(s.cfg.Dir, "restore-*.tmp")
+	if err != nil {
+		return res, fmt.Errorf("spooling the backup: %w", err)
+	}
+	defer func() {
+		_ = spool.Close()
+		_ = os.Remove(spool.Name())
+	}()
+	if res.Backup, err = fsm.PrepareRestore(r, spool, peers); err != nil {
+		if ctx.Err() != nil { // the caller went away mid-stream
+			return res, fmt.Errorf("receiving the backup: %w", err)
+		}
+		return res, fmt.Errorf("%w: %w", ErrBadBackup, err)
+	}
+	size, err := spool.Seek(0, io.SeekCurrent)
+	if err == nil {
+		_, err = spool.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		return res, fmt.Errorf("rereading the spooled backup: %w", err)
+	}
+	// raft names the restored snapshot after an index past both its own log and the backup's
+	// last entry: the state machine's applied index (the backup's) stays below every entry that
+	// follows, so none of them is taken for one applied before.
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: res.Backup.AppliedIndex, Term: res.Backup.AppliedTerm, Size: size}
+	if err := s.mapRaftErr(ctx, s.raft.Restore(meta, spool, s.timeout(ctx))); err != nil {
+		return res, fmt.Errorf("restoring a backup of index %d: %w", res.Backup.AppliedIndex, err)
+	}
+	s.log.Info("restored a backup", "backupIndex", res.Backup.AppliedIndex, "bytes", size,
+		"datasets", res.Backup.Datasets, "files", res.Backup.Files, "workers", res.Backup.Workers)
+
+	var workers []*masterpb.Worker
+	if err := s.Read(ctx, false, func(m *fsm.FSM) (err error) {
+		workers, err = m.Workers()
+		return err
+	}); err != nil {
+		return res, fmt.Errorf("listing the restored workers: %w", err)
+	}
+	for _, w := range workers {
+		if w.GetState() != masterpb.WorkerState_WORKER_STATE_ALIVE && !w.GetLossPending() {
+			continue
+		}
+		if _, err := s.MarkWorkerLost(ctx, w.GetId(), ReasonRestored); err != nil {
+			return res, err
+		}
+		res.WorkersMarkedLost = append(res.WorkersMarkedLost, w.GetId())
+	}
+	return res, nil
+}
