@@ -31,7 +31,9 @@ const DefaultWait = 5 * time.Minute
 type CLI struct {
 	Client    client.WithWatch
 	Namespace string
-	Out       io.Writer
+	// StrataNamespace is the one Strata is installed in.
+	StrataNamespace string
+	Out             io.Writer
 	// Wait bounds how long a request waits for the operator's answer (0: DefaultWait).
 	Wait time.Duration
 
@@ -126,42 +128,52 @@ var errNoAnswer = errors.New("no answer from the Strata operator")
 // error), and returns the Dataset as it then was. Without an answer within the wait, the
 // error says what the Dataset's Ready condition says, which is where a stuck operator shows.
 func (c *CLI) await(ctx context.Context, ds *datav1alpha1.Dataset, answered func(*datav1alpha1.Dataset) (bool, error)) (*datav1alpha1.Dataset, error) {
+	return awaitObject(ctx, c, ds, &datav1alpha1.DatasetList{}, answered, c.noAnswer)
+}
+
+// awaitObject reads obj and watches it until answered says the operator answered (or failed,
+// with an error), and returns it as it then was; without an answer within the wait, noAnswer
+// explains why with the last copy seen.
+func awaitObject[T client.Object](ctx context.Context, c *CLI, obj T, list client.ObjectList, answered func(T) (bool, error),
+	noAnswer func(context.Context, T, error) error,
+) (T, error) {
+	var zero T
 	ctx, cancel := context.WithTimeout(ctx, c.wait())
 	defer cancel()
-	last := ds
+	last := obj
 	for {
-		fresh := &datav1alpha1.Dataset{}
-		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(ds), fresh); err != nil {
-			return nil, c.noAnswer(ctx, last, err)
+		fresh := obj.DeepCopyObject().(T)
+		if err := c.Client.Get(ctx, client.ObjectKeyFromObject(obj), fresh); err != nil {
+			return zero, noAnswer(ctx, last, err)
 		}
 		last = fresh
 		if done, err := answered(fresh); done || err != nil {
 			return fresh, err
 		}
-		w, err := c.Client.Watch(ctx, &datav1alpha1.DatasetList{}, client.InNamespace(ds.Namespace),
-			client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", ds.Name)},
-			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: fresh.ResourceVersion}})
+		w, err := c.Client.Watch(ctx, list, client.InNamespace(obj.GetNamespace()),
+			client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", obj.GetName())},
+			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: fresh.GetResourceVersion()}})
 		if err != nil {
-			return nil, c.noAnswer(ctx, last, err)
+			return zero, noAnswer(ctx, last, err)
 		}
-		done, got, err := watchUntil(ctx, w, ds.Name, answered)
+		done, got, err := watchUntil(ctx, w, obj.GetName(), answered)
 		w.Stop()
 		if got != nil {
-			last = got
+			last = *got
 		}
 		switch {
 		case done || (err != nil && ctx.Err() == nil):
 			return last, err
 		case ctx.Err() != nil:
-			return nil, c.noAnswer(ctx, last, ctx.Err())
+			return zero, noAnswer(ctx, last, ctx.Err())
 		}
 		// The watch ended (the API server closes them now and then): read and watch again.
 	}
 }
 
-// watchUntil reads w's events of the Dataset name until answered says done or fails, the watch ends, or ctx is
-// done; got is the last Dataset seen.
-func watchUntil(ctx context.Context, w watch.Interface, name string, answered func(*datav1alpha1.Dataset) (bool, error)) (done bool, got *datav1alpha1.Dataset, err error) {
+// watchUntil reads w's events of the object name until answered says done or fails, the watch
+// ends, or ctx is done; got is the last copy seen.
+func watchUntil[T client.Object](ctx context.Context, w watch.Interface, name string, answered func(T) (bool, error)) (done bool, got *T, err error) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -172,17 +184,17 @@ func watchUntil(ctx context.Context, w watch.Interface, name string, answered fu
 			}
 			switch ev.Type {
 			case watch.Deleted:
-				return false, got, errors.New("the Dataset was deleted")
+				return false, got, fmt.Errorf("%s was deleted", name)
 			case watch.Error:
-				// Too old a resource version, say: the caller reads the Dataset again.
+				// Too old a resource version, say: the caller reads the object again.
 				return false, got, nil
 			}
-			ds, isDataset := ev.Object.(*datav1alpha1.Dataset)
-			if !isDataset || ds.Name != name {
+			obj, ofType := ev.Object.(T)
+			if !ofType || obj.GetName() != name {
 				continue
 			}
-			got = ds
-			if done, err := answered(ds); done || err != nil {
+			got = &obj
+			if done, err := answered(obj); done || err != nil {
 				return done, got, err
 			}
 		}

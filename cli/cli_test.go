@@ -103,3 +103,11 @@ func TestARequestTheOperatorDoesNotAnswerSaysWhatTheDatasetSays(t *testing.T) {
 	g.Expect(err).To(MatchError(errNoAnswer))
 	g.Expect(err).To(MatchError(ContainSubstring("the Dataset is not Ready (SecretNotFound: Secret creds does not exist)")))
 }
+
+func TestABackupWhereNoneIsConfiguredSaysWhatToSet(t *testing.T) {
+	g := NewWithT(t)
+	c, _ := fakeCLI(t, interceptor.Funcs{})
+	c.StrataNamespace = "strata-system"
+	err := c.Backup(context.Background())
+	g.Expect(err).To(MatchError(ContainSubstring("the master is not backed up: there is no ConfigMap strata-system/strata-master-backups; install Strata with master.backup.uri and master.backup.secretName set")))
+}

@@ -68,7 +68,8 @@ var (
 	blockReports *prometheus.CounterVec
 	// lineageMaster is a real master the Lineage reconciler reads outputs' state from; specs
 	// lose blocks in it to make outputs Lost.
-	lineageMaster *masterclient.Client
+	lineageMaster                  *masterclient.Client
+	backedUpMaster, restoredMaster *masterclient.Client
 	// lineageDepth is the Lineage reconciler's gauge of uncheckpointed depth, registered alone
 	// on lineageDepthRegistry.
 	lineageDepth         *prometheus.GaugeVec
@@ -170,6 +171,9 @@ func TestControllers(t *testing.T) {
 	RegisterFailHandler(Fail)
 	// Started here, with the test's own T: mastertest needs a testing.TB.
 	lineageMaster = mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	// The backups spec's: one backed up, one restored into.
+	backedUpMaster = mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	restoredMaster = mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
 	RunSpecs(t, "Controllers suite")
 }
 

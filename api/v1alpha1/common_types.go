@@ -61,6 +61,35 @@ const (
 // status.loadRequest says which request the last finished preload answered.
 const AnnotationLoadRequested = "data.strata.dev/load-requested"
 
+// The master's backups (see the chart's master.backup values): the operator keeps their record in
+// the ConfigMap MasterBackupsConfigMap of its namespace, and takes one now whenever
+// AnnotationBackupRequested on it is set to a new value (`kubectl strata backup` does); its data
+// key "handled-request" then says which request the last backup, or failure, answered.
+const (
+	MasterBackupsConfigMap    = "strata-master-backups"
+	AnnotationBackupRequested = "data.strata.dev/backup-requested"
+)
+
+// The keys of MasterBackupsConfigMap's data: where backups go and how often, the last backup
+// (its object's name under the store, time, Raft index and size), the last result (succeeded or
+// failed) and failure, what the restore of a new install did, and the last request handled.
+const (
+	BackupKeyStore       = "store"
+	BackupKeySchedule    = "schedule"
+	BackupKeyLast        = "last-backup"
+	BackupKeyLastTime    = "last-backup-time"
+	BackupKeyLastIndex   = "last-backup-index"
+	BackupKeyLastBytes   = "last-backup-bytes"
+	BackupKeyResult      = "last-result"
+	BackupKeyFailure     = "last-failure"
+	BackupKeyFailureTime = "last-failure-time"
+	BackupKeyRestore     = "restore"
+	BackupKeyHandled     = "handled-request"
+	// The values of BackupKeyResult.
+	BackupSucceeded = "succeeded"
+	BackupFailed    = "failed"
+)
+
 // Watermarks bound how full a tier may get. When the used share of a tier's quota passes High,
 // blocks are moved down (or, from the last tier, dropped when that is safe) until it falls to Low.
 //

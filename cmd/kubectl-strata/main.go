@@ -31,6 +31,7 @@ Usage:
   kubectl strata sync DATASET              sync the Dataset's mounts with its source now
   kubectl strata load DATASET              read the Dataset once more into the cache, and wait until it is
   kubectl strata lineage                   the namespace's pipeline: Lineages in order, what each reads and writes
+  kubectl strata backup                    back the master up to S3 now (master.backup.uri), and wait until it is
 
 Flags:
 `
@@ -56,7 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	flags.StringVar(&loading.ExplicitPath, "kubeconfig", "", "the kubeconfig file to use")
 	flags.StringVar(&overrides.CurrentContext, "context", "", "the kubeconfig context to use")
 	flags.StringVarP(&overrides.Context.Namespace, "namespace", "n", "", "the namespace (default: the context's)")
-	wait := flags.Duration("wait", cli.DefaultWait, "how long sync, load, ls and du wait for the operator's answer")
+	wait := flags.Duration("wait", cli.DefaultWait, "how long sync, load, ls, du and backup wait for the operator's answer")
+	strataNamespace := flags.String("strata-namespace", "strata-system", "the namespace Strata is installed in (backup)")
 	flags.Usage = func() {
 		_, _ = io.WriteString(stderr, usage) // nothing to do if the terminal is gone
 		flags.PrintDefaults()
@@ -108,7 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("connecting to the API server: %w", err)
 	}
-	c := &cli.CLI{Client: kube, Namespace: namespace, Out: stdout, Wait: *wait}
+	c := &cli.CLI{Client: kube, Namespace: namespace, StrataNamespace: *strataNamespace, Out: stdout, Wait: *wait}
 	return errors.Join(command.run(ctx, c, args), c.WriteError())
 }
 
@@ -126,6 +128,7 @@ var commands = map[string]command{
 	"du":      {args: 1, optional: 1, run: func(ctx context.Context, c *cli.CLI, a []string) error { return c.DiskUsage(ctx, a[0], a[1]) }},
 	"sync":    {args: 1, run: func(ctx context.Context, c *cli.CLI, a []string) error { return c.Sync(ctx, a[0]) }},
 	"load":    {args: 1, run: func(ctx context.Context, c *cli.CLI, a []string) error { return c.Load(ctx, a[0]) }},
+	"backup":  {run: func(ctx context.Context, c *cli.CLI, _ []string) error { return c.Backup(ctx) }},
 }
 
 func optional(n int) string {

@@ -104,6 +104,7 @@ type masterOptions struct {
 	storageSize     string
 	storageClass    string
 	tolerationsJSON string
+	backup          controllers.MasterBackupSpec
 }
 
 func main() {
@@ -134,6 +135,17 @@ func main() {
 		"StorageClass of the master's claims; empty means the cluster's default class.")
 	flag.StringVar(&opts.master.tolerationsJSON, "master-tolerations", "[]",
 		`Tolerations of the master replicas, as JSON, such as [{"key":"node-role.kubernetes.io/control-plane","effect":"NoSchedule"}].`)
+	flag.StringVar(&opts.master.backup.URI, "master-backup-uri", "",
+		"S3 folder (s3://bucket/prefix) the master's backups go to; empty takes none.")
+	flag.StringVar(&opts.master.backup.Endpoint, "master-backup-endpoint", "",
+		"Endpoint of the backups' S3 server (http(s)://host:port); empty means AWS S3.")
+	flag.StringVar(&opts.master.backup.Region, "master-backup-region", "", "Region of the backups' bucket.")
+	flag.StringVar(&opts.master.backup.SecretName, "master-backup-secret", "",
+		"Secret of the operator's namespace with the keys (accessKeyID, secretAccessKey) that may write the backups.")
+	flag.DurationVar(&opts.master.backup.Every, "master-backup-every", 0,
+		"Time between scheduled backups of the master, such as 6h; 0 takes them on request only (kubectl strata backup).")
+	flag.StringVar(&opts.master.backup.RestoreFrom, "master-restore-from", "",
+		"A backup under --master-backup-uri, or 'latest', that the master is restored from if it holds nothing (a new install).")
 	flag.StringVar(&opts.worker.image, "worker-image", "",
 		"Image of the cache worker; empty means the operator deploys no worker.")
 	flag.StringVar(&opts.worker.pullPolicy, "worker-image-pull-policy", string(corev1.PullIfNotPresent),
@@ -305,6 +317,9 @@ func run(opts options) error {
 		datasets.Reports = &controllers.MasterBlockReports{Master: masters, Trees: syncs}
 		pools.Master = masters
 		pools.Forgetter = masters
+		if err := opts.setUpBackups(mgr, masters, masterSpec.Owner); err != nil {
+			return err
+		}
 		lineageMaster = masters
 		partitionsMaster = masters
 	}
@@ -366,10 +381,16 @@ func run(opts options) error {
 // masterSpec validates the master flags once, at start-up; nil means no master is deployed.
 func (o options) masterSpec() (*controllers.MasterSpec, error) {
 	if o.master.image == "" {
+		if o.master.backup.URI != "" || o.master.backup.RestoreFrom != "" {
+			return nil, errors.New("--master-backup-uri and --master-restore-from back up the master the operator deploys: give --master-image too")
+		}
 		return nil, nil
 	}
 	if o.namespace == "" {
 		return nil, errors.New("--namespace (or $POD_NAMESPACE) is required to deploy the master")
+	}
+	if err := o.master.backup.Validate(); err != nil {
+		return nil, err
 	}
 	if o.master.replicas < 1 || o.master.replicas%2 == 0 {
 		return nil, fmt.Errorf("--master-replicas=%d: use an odd number, such as 3 or 5, so that a majority exists", o.master.replicas)
@@ -400,6 +421,27 @@ func (o options) masterSpec() (*controllers.MasterSpec, error) {
 		spec.StorageSize = size
 	}
 	return spec, nil
+}
+
+// setUpBackups runs the master's backups when --master-backup-uri names where they go.
+func (o options) setUpBackups(mgr ctrl.Manager, master controllers.MasterBackups, owner *metav1.OwnerReference) error {
+	spec := o.master.backup
+	if spec.URI == "" {
+		return nil
+	}
+	spec.Namespace, spec.Owner = o.namespace, owner
+	metrics, err := controllers.NewMasterBackupMetrics(crmetrics.Registry)
+	if err != nil {
+		return err
+	}
+	r := &controllers.MasterBackupReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor(eventSource),
+		Master: master, Spec: spec, Metrics: metrics,
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the master backup controller: %w", err)
+	}
+	return nil
 }
 
 // workerSpec validates the worker flags once, at start-up. Without --worker-image the spec

@@ -13,44 +13,63 @@ import (
 // transferChunk is the data of one message of a restore.
 const transferChunk = 1 << 20
 
-// Backup streams a backup of the master's whole state from its leader into w (see
-// masterpb.Master.Backup) and returns its header. It fails if the stream ends short of the
-// size the header gave; w then holds a partial backup, which the caller discards.
-func (c *Client) Backup(ctx context.Context, w io.Writer) (*masterpb.BackupHeader, error) {
+// Backup asks the master's leader for a backup of its whole state (see masterpb.Master.Backup)
+// and returns its header and its stream, of header.Size bytes; the caller closes it. A stream
+// that ends short of that size fails with io.ErrUnexpectedEOF, so a partial backup is never
+// taken for a whole one.
+func (c *Client) Backup(ctx context.Context) (*masterpb.BackupHeader, io.ReadCloser, error) {
 	stub, err := c.leaderStub(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	stream, err := stub.Backup(ctx, &masterpb.BackupRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return nil, fmt.Errorf("backup: %w", err)
-	}
-	header := first.GetHeader()
-	if header == nil {
-		return nil, errors.New("backup: the master's first message has no header")
-	}
-	var n int64
-	for {
-		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
+	if err == nil {
+		var first *masterpb.BackupChunk
+		if first, err = stream.Recv(); err == nil && first.GetHeader() == nil {
+			err = errors.New("the master's first message has no header")
 		}
-		if err != nil {
-			return header, fmt.Errorf("backup: after %d of %d bytes: %w", n, header.Size, err)
+		if err == nil {
+			return first.GetHeader(), &backupReader{stream: stream, cancel: cancel, left: first.GetHeader().GetSize()}, nil
 		}
-		if _, err := w.Write(msg.GetData()); err != nil {
-			return header, fmt.Errorf("backup: storing it after %d bytes: %w", n, err)
+	}
+	cancel()
+	return nil, nil, fmt.Errorf("backup: %w", err)
+}
+
+// backupReader reads the data of a backup's messages.
+type backupReader struct {
+	stream masterpb.Master_BackupClient
+	cancel context.CancelFunc
+	rest   []byte
+	// left is what the header announced and is not read yet.
+	left int64
+}
+
+func (r *backupReader) Read(p []byte) (int, error) {
+	for len(r.rest) == 0 {
+		msg, err := r.stream.Recv()
+		switch {
+		case errors.Is(err, io.EOF) && r.left != 0:
+			return 0, fmt.Errorf("backup: the stream ended %d bytes short: %w", r.left, io.ErrUnexpectedEOF)
+		case err != nil:
+			return 0, err
 		}
-		n += int64(len(msg.GetData()))
+		r.rest = msg.GetData()
+		r.left -= int64(len(r.rest))
+		if r.left < 0 {
+			return 0, fmt.Errorf("backup: the stream is longer than its header said")
+		}
 	}
-	if n != header.Size {
-		return header, fmt.Errorf("backup: the stream ended after %d of %d bytes", n, header.Size)
-	}
-	return header, nil
+	n := copy(p, r.rest)
+	r.rest = r.rest[n:]
+	return n, nil
+}
+
+// Close ends the call.
+func (r *backupReader) Close() error {
+	r.cancel()
+	return nil
 }
 
 // Restore sends a backup, read from r, to the master's leader, which replaces its state with it
@@ -94,10 +113,16 @@ func (c *Client) Restore(ctx context.Context, r io.Reader) (*masterpb.RestoreRes
 	return resp, nil
 }
 
+// leaderSearch bounds how long a transfer looks for the leader: a master without one for that
+// long fails the transfer, which its caller takes again later.
+const leaderSearch = 30 * time.Second
+
 // leaderStub asks the replicas in turn which one leads and returns its stub, for the transfers
 // that go to the leader directly: unlike calls, they are not cut at AttemptTimeout, and a
 // restore's stream cannot be sent again to the next replica.
 func (c *Client) leaderStub(ctx context.Context) (masterpb.MasterClient, error) {
+	ctx, cancel := context.WithTimeout(ctx, leaderSearch)
+	defer cancel()
 	addr := c.target()
 	pause := c.opts.MinBackoff
 	for {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -50,14 +51,10 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := wcl.Backup(ctx, &bytes.Buffer{}); status.Code(err) != codes.PermissionDenied {
+	if _, _, err := wcl.Backup(ctx); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("a worker's backup: %v, want PermissionDenied", err)
 	}
-	var backup bytes.Buffer
-	header, err := cl.Backup(ctx, &backup)
-	if err != nil {
-		t.Fatal(err)
-	}
+	header, backup := takeBackup(t, cl)
 	if header.Index == 0 || header.Size != int64(backup.Len()) || header.TakenBy == "" {
 		t.Fatalf("backup header %v for %d bytes", header, backup.Len())
 	}
@@ -119,6 +116,20 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 	}
 }
 
+func takeBackup(t *testing.T, cl *client.Client) (*masterpb.BackupHeader, *bytes.Buffer) {
+	t.Helper()
+	header, rc, err := cl.Backup(deadline(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rc.Close() }()
+	var backup bytes.Buffer
+	if _, err := io.Copy(&backup, rc); err != nil {
+		t.Fatal(err)
+	}
+	return header, &backup
+}
+
 func assertRestored(t *testing.T, cl *client.Client, files int) {
 	t.Helper()
 	ctx := deadline(t, 30*time.Second)
@@ -150,10 +161,7 @@ func TestARestoreOfABrokenBackupChangesNothing(t *testing.T) {
 	if _, err := src.Client().RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: "ns/ds", Root: "/ds"}); err != nil {
 		t.Fatal(err)
 	}
-	var backup bytes.Buffer
-	if _, err := src.Client().Backup(ctx, &backup); err != nil {
-		t.Fatal(err)
-	}
+	_, backup := takeBackup(t, src.Client())
 	flipped := bytes.Clone(backup.Bytes())
 	flipped[len(flipped)/2] ^= 0x40
 	for name, stream := range map[string][]byte{
