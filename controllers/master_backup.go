@@ -342,7 +342,7 @@ func (r *MasterBackupReconciler) backup(ctx context.Context, started time.Time) 
 }
 
 // restore restores the master from the configured backup, and says what it did; a master that
-// already holds Datasets or files is left alone (said so, not retried): it was restored before,
+// already holds files pods wrote is left alone (said so, not retried): it was restored before,
 // or is in use.
 func (r *MasterBackupReconciler) restore(ctx context.Context, cm *corev1.ConfigMap) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, backupTimeout)
@@ -371,8 +371,10 @@ func (r *MasterBackupReconciler) restore(ctx context.Context, cm *corev1.ConfigM
 	if err != nil {
 		return "", fmt.Errorf("restoring the master from %s: %w", name, err)
 	}
-	msg := fmt.Sprintf("restored from %s at %s: %d Dataset(s), %d file(s), up to Raft index %d; %d worker(s) of the backup marked lost, to register again",
-		name, r.now().UTC().Format(time.RFC3339), resp.GetDatasets(), resp.GetFiles(), resp.GetBackupIndex(), len(resp.GetWorkersMarkedLost()))
+	msg := fmt.Sprintf("restored from %s at %s: %d Dataset(s), %d file(s), up to Raft index %d; %d worker(s) of the backup marked lost, to register again; "+
+		"replaced what the new install held, %d Dataset record(s) and %d file(s) of cached blocks, which come back as they are used",
+		name, r.now().UTC().Format(time.RFC3339), resp.GetDatasets(), resp.GetFiles(), resp.GetBackupIndex(), len(resp.GetWorkersMarkedLost()),
+		resp.GetReplacedDatasets(), resp.GetReplacedFiles())
 	logf.FromContext(ctx).Info(msg)
 	r.Recorder.Event(cm, corev1.EventTypeNormal, ReasonRestored, msg)
 	return msg, nil

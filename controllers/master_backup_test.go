@@ -97,7 +97,7 @@ var _ = Describe("The master's backups", func() {
 				_, err := backedUpMaster.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: namespace + "/out", Root: "/" + namespace})
 				Expect(err).NotTo(HaveOccurred())
 			}
-			_, err := backedUpMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p, Dataset: namespace + "/out"})
+			_, err := backedUpMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p, Dataset: namespace + "/out", Written: true})
 			Expect(err).NotTo(HaveOccurred())
 		}
 		r := reconciler(backedUpMaster, nil)
@@ -166,7 +166,7 @@ var _ = Describe("The master's backups", func() {
 	It("restores a new install's empty master from the latest backup once, and leaves a master in use alone", func() {
 		_, err := backedUpMaster.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: namespace + "/out", Root: "/" + namespace})
 		Expect(err).NotTo(HaveOccurred())
-		_, err = backedUpMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/" + namespace + "/part-0", Dataset: namespace + "/out"})
+		_, err = backedUpMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/" + namespace + "/part-0", Dataset: namespace + "/out", Written: true})
 		Expect(err).NotTo(HaveOccurred())
 
 		By("no backup to restore from yet: no backup is taken either, which would be the empty master's")
@@ -186,7 +186,7 @@ var _ = Describe("The master's backups", func() {
 		Expect(backups()).To(HaveLen(2))
 		nextEvent()
 		nextEvent()
-		_, err = backedUpMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/" + namespace + "/after", Dataset: namespace + "/out"})
+		_, err = backedUpMaster.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/" + namespace + "/after", Dataset: namespace + "/out", Written: true})
 		Expect(err).NotTo(HaveOccurred())
 
 		By("the restore, of the latest")

@@ -283,6 +283,7 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 		f, err := o.cfg.Master.GetFile(context.Background(), &masterpb.GetFileRequest{Path: o.masterPath(name)})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(f.GetSize()).To(BeEquivalentTo(len(want)))
+		g.Expect(f.GetWritten()).To(BeTrue(), "%s is a pod's output, which a restore must not replace", name)
 		var got []byte
 		for index := int64(0); index*1024 < int64(len(want)); index++ {
 			b, err := o.loadBlock(context.Background(), sealedVersion{token: f.GetClientToken(), size: f.GetSize()}, index)

@@ -104,7 +104,7 @@ func (o *output) seal(ctx context.Context, rel, token, attempt string, staged *o
 			return err
 		}
 		return o.writeThrough(ctx, final, token, size, func() error {
-			return o.sealAtOnce(mctx, &masterpb.SealFileRequest{Path: final, Dataset: o.cfg.Dataset, ClientToken: token, Blocks: blocks, Attempt: attempt})
+			return o.sealAtOnce(mctx, &masterpb.SealFileRequest{Path: final, Dataset: o.cfg.Dataset, ClientToken: token, Blocks: blocks, Attempt: attempt, Written: true})
 		})
 	}
 	if inherited {
@@ -223,7 +223,7 @@ func (o *output) storeBlock(ctx context.Context, id string, staged *os.File, off
 // createSealing creates the file being sealed at the master. A Dataset the master forgot (to
 // recompute it, while this mount stayed) is registered again first: its new writer is here.
 func (o *output) createSealing(ctx context.Context, sealing, token, attempt string) error {
-	req := &masterpb.CreateFileRequest{Path: sealing, Dataset: o.cfg.Dataset, ClientToken: token, Attempt: attempt}
+	req := &masterpb.CreateFileRequest{Path: sealing, Dataset: o.cfg.Dataset, ClientToken: token, Attempt: attempt, Written: true}
 	_, err := o.cfg.Master.CreateFile(ctx, req)
 	if status.Code(err) != codes.NotFound {
 		return err

@@ -73,7 +73,7 @@ func (r *backupReader) Close() error {
 }
 
 // Restore sends a backup, read from r, to the master's leader, which replaces its state with it
-// if it holds no Dataset and no file (see masterpb.Master.Restore). A failure to read r cancels
+// if it holds no file a pod wrote (see masterpb.Master.Restore). A failure to read r cancels
 // the call: the leader restores a stream only once it has all of it.
 func (c *Client) Restore(ctx context.Context, r io.Reader) (*masterpb.RestoreResponse, error) {
 	stub, err := c.leaderStub(ctx)

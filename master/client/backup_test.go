@@ -40,7 +40,7 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 	const files = 20
 	for i := range files {
 		p := fmt.Sprintf("/ds/part-%02d", i)
-		if _, err := wcl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p, Dataset: "ns/ds"}); err != nil {
+		if _, err := wcl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: p, Dataset: "ns/ds", Written: true}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := wcl.CommitBlock(ctx, &masterpb.CommitBlockRequest{BlockId: uint64(i + 1), Path: p, Size: 64, Worker: worker.WorkerID(), Tier: "MEM"}); err != nil {
@@ -68,12 +68,28 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 	if _, err := fresh.ClientAs(worker).Restore(ctx, bytes.NewReader(backup.Bytes())); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("a worker's restore: %v, want PermissionDenied", err)
 	}
+	// The new install's workers registered and reported a block they cache from a source: the
+	// restore replaces that record (they report it again when they register after it).
+	fwcl := fresh.ClientAs(worker)
+	if _, err := fwcl.RegisterWorker(ctx, &masterpb.RegisterWorkerRequest{Id: worker.WorkerID(), Node: "node-1", Tiers: tiers}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fcl.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: "ns/input", Root: "/input"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fwcl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/input/cached", Dataset: "ns/input"}); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := fcl.Restore(ctx, bytes.NewReader(backup.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.BackupIndex != header.Index || resp.Datasets != 1 || resp.Files != files || !slices.Equal(resp.WorkersMarkedLost, []string{worker.WorkerID()}) {
-		t.Errorf("restore: %v; want index %d, 1 Dataset, %d files, worker %s lost", resp, header.Index, files, worker.WorkerID())
+	if resp.BackupIndex != header.Index || resp.Datasets != 1 || resp.Files != files || !slices.Equal(resp.WorkersMarkedLost, []string{worker.WorkerID()}) ||
+		resp.ReplacedDatasets != 1 || resp.ReplacedFiles != 1 {
+		t.Errorf("restore: %v; want index %d, 1 Dataset, %d files, worker %s lost, 1 Dataset and 1 file replaced", resp, header.Index, files, worker.WorkerID())
+	}
+	if _, err := fcl.GetFile(ctx, &masterpb.GetFileRequest{Path: "/input/cached"}); status.Code(err) != codes.NotFound {
+		t.Errorf("the new install's record of a cached block after the restore: %v, want NotFound", err)
 	}
 
 	// The new leader dies: a follower has the state (raft sent it the restored snapshot), and
@@ -91,7 +107,6 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 	assertRestored(t, fcl, files)
 
 	// The worker is told to register again, and is alive once it has.
-	fwcl := fresh.ClientAs(worker)
 	hb, err := fwcl.Heartbeat(ctx, &masterpb.HeartbeatRequest{Worker: worker.WorkerID(), Tiers: tiers})
 	if err != nil || hb.Command != masterpb.WorkerCommand_WORKER_COMMAND_REGISTER {
 		t.Errorf("heartbeat of the backup's worker: %v, %v; want REGISTER", hb, err)
@@ -100,7 +115,7 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 		t.Errorf("registering again: %v, %v", w, err)
 	}
 	// New files get new ids.
-	f, err := fwcl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/ds/new", Dataset: "ns/ds"})
+	f, err := fwcl.CreateFile(ctx, &masterpb.CreateFileRequest{Path: "/ds/new", Dataset: "ns/ds", Written: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +126,7 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 
 	// A master that holds files takes no restore.
 	_, err = fcl.Restore(ctx, bytes.NewReader(backup.Bytes()))
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "1 Dataset(s) and 21 file(s)") {
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "it holds 21 file(s) written by pods") {
 		t.Errorf("a restore into a master that holds files: %v, want FailedPrecondition naming what it holds", err)
 	}
 }

@@ -208,6 +208,7 @@ func createFile(txn *badger.Txn, at int64, req *masterpb.CreateFileRequest) (pro
 		ClientToken:      req.ClientToken,
 		Access:           &masterpb.AccessStats{},
 		Attempt:          attempt,
+		Written:          req.Written,
 	}
 	if err := putProto(txn, fileKey(f.Path), f); err != nil {
 		return nil, err
@@ -426,7 +427,7 @@ func sealFile(txn *badger.Txn, at int64, req *masterpb.SealFileRequest) (proto.M
 	if existing, err := getFile(txn, req.Path); err == nil && existing.ClientToken == req.ClientToken {
 		return existing, nil
 	}
-	if _, err := createFile(txn, at, &masterpb.CreateFileRequest{Path: req.Path, Dataset: req.Dataset, ClientToken: req.ClientToken, Attempt: req.Attempt}); err != nil {
+	if _, err := createFile(txn, at, &masterpb.CreateFileRequest{Path: req.Path, Dataset: req.Dataset, ClientToken: req.ClientToken, Attempt: req.Attempt, Written: req.Written}); err != nil {
 		return nil, err
 	}
 	for _, b := range req.Blocks {

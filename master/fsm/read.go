@@ -329,24 +329,42 @@ func (f *FSM) Workers() ([]*masterpb.Worker, error) {
 	return out, err
 }
 
-// Holds counts the Datasets and files the state holds: a restore goes only where there are none.
-func (f *FSM) Holds() (datasets, files int, err error) {
-	err = f.db.View(func(txn *badger.Txn) error {
-		for _, c := range []struct {
-			prefix string
-			n      *int
-		}{{prefixDataset, &datasets}, {prefixFile, &files}} {
-			opts := badger.DefaultIteratorOptions
-			opts.Prefix, opts.PrefetchValues = []byte(c.prefix), false
-			it := txn.NewIterator(opts)
-			for it.Rewind(); it.Valid(); it.Next() {
-				*c.n++
+// Holdings are what a state holds, as a restore weighs it.
+type Holdings struct {
+	Datasets int
+	// Files are all files; Written are those a pod wrote (File.written), which exist nowhere
+	// else. The others record blocks cached from a source, which workers report again when they
+	// register.
+	Files, Written int
+}
+
+// Holds counts the Datasets and files the state holds.
+func (f *FSM) Holds() (Holdings, error) {
+	var h Holdings
+	err := f.db.View(func(txn *badger.Txn) error {
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix, opts.PrefetchValues = []byte(prefixDataset), false
+		it := txn.NewIterator(opts)
+		for it.Rewind(); it.Valid(); it.Next() {
+			h.Datasets++
+		}
+		it.Close()
+		opts.Prefix = []byte(prefixFile)
+		it = txn.NewIterator(opts)
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			h.Files++
+			file := &masterpb.File{}
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, file) }); err != nil {
+				return fmt.Errorf("reading %q: %w", it.Item().Key(), err)
 			}
-			it.Close()
+			if file.GetWritten() {
+				h.Written++
+			}
 		}
 		return nil
 	})
-	return datasets, files, err
+	return h, err
 }
 
 // Peers returns the gRPC addresses of the Raft servers, by Raft id.

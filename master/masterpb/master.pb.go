@@ -382,8 +382,11 @@ type RestoreResponse struct {
 	Files       int64  `protobuf:"varint,3,opt,name=files,proto3" json:"files,omitempty"`
 	// The workers of the backup, marked lost.
 	WorkersMarkedLost []string `protobuf:"bytes,4,rep,name=workers_marked_lost,json=workersMarkedLost,proto3" json:"workers_marked_lost,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// What the master held before, replaced: Dataset records and files of cached blocks.
+	ReplacedDatasets int64 `protobuf:"varint,5,opt,name=replaced_datasets,json=replacedDatasets,proto3" json:"replaced_datasets,omitempty"`
+	ReplacedFiles    int64 `protobuf:"varint,6,opt,name=replaced_files,json=replacedFiles,proto3" json:"replaced_files,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RestoreResponse) Reset() {
@@ -442,6 +445,20 @@ func (x *RestoreResponse) GetWorkersMarkedLost() []string {
 		return x.WorkersMarkedLost
 	}
 	return nil
+}
+
+func (x *RestoreResponse) GetReplacedDatasets() int64 {
+	if x != nil {
+		return x.ReplacedDatasets
+	}
+	return 0
+}
+
+func (x *RestoreResponse) GetReplacedFiles() int64 {
+	if x != nil {
+		return x.ReplacedFiles
+	}
+	return 0
 }
 
 // Dataset is a named tree of files rooted at root.
@@ -690,8 +707,12 @@ type File struct {
 	// back reads that version only, so an object replaced in the under-store since (by hand, or by
 	// another writer of the path) is never taken for this file's bytes.
 	CheckpointVersion string `protobuf:"bytes,15,opt,name=checkpoint_version,json=checkpointVersion,proto3" json:"checkpoint_version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// written: a pod wrote the file through an output mount, so it exists nowhere but in its
+	// blocks and its checkpoint. The others record blocks cached from a source, which workers
+	// report again whenever they register: a restore replaces only a state without written files.
+	Written       bool `protobuf:"varint,16,opt,name=written,proto3" json:"written,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *File) Reset() {
@@ -827,6 +848,13 @@ func (x *File) GetCheckpointVersion() string {
 		return x.CheckpointVersion
 	}
 	return ""
+}
+
+func (x *File) GetWritten() bool {
+	if x != nil {
+		return x.Written
+	}
+	return false
 }
 
 type BlockLocation struct {
@@ -1318,7 +1346,9 @@ type CreateFileRequest struct {
 	ClientToken string                 `protobuf:"bytes,5,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
 	// attempt names the writer's attempt (File.attempt); ignored unless the dataset commits per
 	// attempt.
-	Attempt       string `protobuf:"bytes,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt string `protobuf:"bytes,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// written is set by output mounts: see File.written.
+	Written       bool `protobuf:"varint,7,opt,name=written,proto3" json:"written,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1393,6 +1423,13 @@ func (x *CreateFileRequest) GetAttempt() string {
 		return x.Attempt
 	}
 	return ""
+}
+
+func (x *CreateFileRequest) GetWritten() bool {
+	if x != nil {
+		return x.Written
+	}
+	return false
 }
 
 type GetFileRequest struct {
@@ -1964,8 +2001,9 @@ type SealFileRequest struct {
 	// blocks are the file's blocks, their path ignored; at most 64, so that one command stays
 	// small: larger files are created, committed block by block and published by a rename.
 	Blocks []*CommitBlockRequest `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`
-	// attempt is as in CreateFileRequest.
+	// attempt and written are as in CreateFileRequest.
 	Attempt       string `protobuf:"bytes,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Written       bool   `protobuf:"varint,6,opt,name=written,proto3" json:"written,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2033,6 +2071,13 @@ func (x *SealFileRequest) GetAttempt() string {
 		return x.Attempt
 	}
 	return ""
+}
+
+func (x *SealFileRequest) GetWritten() bool {
+	if x != nil {
+		return x.Written
+	}
+	return false
 }
 
 type RecordAccessRequest struct {
@@ -4670,12 +4715,14 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x19\n" +
 	"\btaken_by\x18\x04 \x01(\tR\atakenBy\"\"\n" +
 	"\fRestoreChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\x96\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xea\x01\n" +
 	"\x0fRestoreResponse\x12!\n" +
 	"\fbackup_index\x18\x01 \x01(\x04R\vbackupIndex\x12\x1a\n" +
 	"\bdatasets\x18\x02 \x01(\x03R\bdatasets\x12\x14\n" +
 	"\x05files\x18\x03 \x01(\x03R\x05files\x12.\n" +
-	"\x13workers_marked_lost\x18\x04 \x03(\tR\x11workersMarkedLost\"\xd0\x01\n" +
+	"\x13workers_marked_lost\x18\x04 \x03(\tR\x11workersMarkedLost\x12+\n" +
+	"\x11replaced_datasets\x18\x05 \x01(\x03R\x10replacedDatasets\x12%\n" +
+	"\x0ereplaced_files\x18\x06 \x01(\x03R\rreplacedFiles\"\xd0\x01\n" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\tR\x04root\x12\x16\n" +
@@ -4689,7 +4736,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x12commit_per_attempt\x18\x03 \x01(\bR\x10commitPerAttempt\"V\n" +
 	"\vAccessStats\x12\x14\n" +
 	"\x05reads\x18\x01 \x01(\x04R\x05reads\x121\n" +
-	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\x9b\x04\n" +
+	"\x15last_access_unix_nano\x18\x02 \x01(\x03R\x12lastAccessUnixNano\"\xb5\x04\n" +
 	"\x04File\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x18\n" +
@@ -4706,7 +4753,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x06access\x18\f \x01(\v2\x1d.strata.master.v1.AccessStatsR\x06access\x12!\n" +
 	"\fclient_token\x18\r \x01(\tR\vclientToken\x12\x18\n" +
 	"\aattempt\x18\x0e \x01(\tR\aattempt\x12-\n" +
-	"\x12checkpoint_version\x18\x0f \x01(\tR\x11checkpointVersion\"O\n" +
+	"\x12checkpoint_version\x18\x0f \x01(\tR\x11checkpointVersion\x12\x18\n" +
+	"\awritten\x18\x10 \x01(\bR\awritten\"O\n" +
 	"\rBlockLocation\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x12\n" +
 	"\x04tier\x18\x02 \x01(\tR\x04tier\x12\x12\n" +
@@ -4748,14 +4796,15 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04Peer\x12\x17\n" +
 	"\araft_id\x18\x01 \x01(\tR\x06raftId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
-	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"\xb2\x01\n" +
+	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"\xcc\x01\n" +
 	"\x11CreateFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12\x18\n" +
 	"\aparents\x18\x03 \x03(\tR\aparents\x12\x18\n" +
 	"\alineage\x18\x04 \x01(\tR\alineage\x12!\n" +
 	"\fclient_token\x18\x05 \x01(\tR\vclientToken\x12\x18\n" +
-	"\aattempt\x18\x06 \x01(\tR\aattempt\"?\n" +
+	"\aattempt\x18\x06 \x01(\tR\aattempt\x12\x18\n" +
+	"\awritten\x18\a \x01(\bR\awritten\"?\n" +
 	"\x0eGetFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x19\n" +
 	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\">\n" +
@@ -4790,13 +4839,14 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\x0e2!.strata.master.v1.CheckpointStateR\x05state\x12\x10\n" +
 	"\x03uri\x18\x03 \x01(\tR\x03uri\x12!\n" +
 	"\fclient_token\x18\x04 \x01(\tR\vclientToken\x12\x18\n" +
-	"\aversion\x18\x05 \x01(\tR\aversion\"\xba\x01\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\"\xd4\x01\n" +
 	"\x0fSealFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
 	"\adataset\x18\x02 \x01(\tR\adataset\x12!\n" +
 	"\fclient_token\x18\x03 \x01(\tR\vclientToken\x12<\n" +
 	"\x06blocks\x18\x04 \x03(\v2$.strata.master.v1.CommitBlockRequestR\x06blocks\x12\x18\n" +
-	"\aattempt\x18\x05 \x01(\tR\aattempt\"?\n" +
+	"\aattempt\x18\x05 \x01(\tR\aattempt\x12\x18\n" +
+	"\awritten\x18\x06 \x01(\bR\awritten\"?\n" +
 	"\x13RecordAccessRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
 	"\x05reads\x18\x02 \x01(\x04R\x05reads\"X\n" +

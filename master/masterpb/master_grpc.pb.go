@@ -107,10 +107,11 @@ type MasterClient interface {
 	// is in the stream. The first message carries the header and no data; the rest carry the
 	// state machine's snapshot stream (fsm.VerifySnapshot reads it), which ends in its checksum.
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error)
-	// Restore replaces the state of a master that holds no Dataset and no file with a backup's
-	// stream: a new install brought back to where a backup left the old one. The stream is checked
-	// whole before anything is replaced. Every worker the backup names is marked lost (the copies
-	// it lists belong to the old install), so workers register again and report what they hold.
+	// Restore replaces the state of a master that holds no file a pod wrote with a backup's stream:
+	// a new install brought back to where a backup left the old one. The stream is checked whole
+	// before anything is replaced. What the new install held (Dataset records, files of blocks
+	// cached from sources) is replaced, and every worker is marked lost (the copies the backup
+	// lists belong to the old install), so workers register again and report what they hold.
 	Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreChunk, RestoreResponse], error)
 }
 
@@ -477,10 +478,11 @@ type MasterServer interface {
 	// is in the stream. The first message carries the header and no data; the rest carry the
 	// state machine's snapshot stream (fsm.VerifySnapshot reads it), which ends in its checksum.
 	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error
-	// Restore replaces the state of a master that holds no Dataset and no file with a backup's
-	// stream: a new install brought back to where a backup left the old one. The stream is checked
-	// whole before anything is replaced. Every worker the backup names is marked lost (the copies
-	// it lists belong to the old install), so workers register again and report what they hold.
+	// Restore replaces the state of a master that holds no file a pod wrote with a backup's stream:
+	// a new install brought back to where a backup left the old one. The stream is checked whole
+	// before anything is replaced. What the new install held (Dataset records, files of blocks
+	// cached from sources) is replaced, and every worker is marked lost (the copies the backup
+	// lists belong to the old install), so workers register again and report what they hold.
 	Restore(grpc.ClientStreamingServer[RestoreChunk, RestoreResponse]) error
 	mustEmbedUnimplementedMasterServer()
 }

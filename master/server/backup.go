@@ -52,6 +52,8 @@ func (s *Server) Restore(stream masterpb.Master_RestoreServer) error {
 		Datasets:          int64(res.Backup.Datasets),
 		Files:             int64(res.Backup.Files),
 		WorkersMarkedLost: res.WorkersMarkedLost,
+		ReplacedDatasets:  int64(res.Replaced.Datasets),
+		ReplacedFiles:     int64(res.Replaced.Files),
 	})
 }
 

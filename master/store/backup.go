@@ -16,7 +16,7 @@ import (
 
 // Errors of Restore.
 var (
-	// ErrNotEmpty refuses a restore into a master that holds Datasets or files: a restore
+	// ErrNotEmpty refuses a restore into a master that holds files pods wrote: a restore
 	// replaces the whole state, and is meant for a new install.
 	ErrNotEmpty = errors.New("the master is not empty")
 	// ErrBadBackup is a stream that is not a whole, intact backup.
@@ -67,12 +67,16 @@ func (s *Store) openLatestSnapshot() (*raft.SnapshotMeta, io.ReadCloser, error) 
 // RestoreResult says what a restore brought back.
 type RestoreResult struct {
 	Backup fsm.SnapshotInfo
+	// Replaced is what the new install held before: Dataset records and files of cached blocks,
+	// which come back as the datasets are used and the workers report their blocks.
+	Replaced fsm.Holdings
 	// WorkersMarkedLost are the backup's workers that were alive in it.
 	WorkersMarkedLost []string
 }
 
-// Restore replaces the state of a leader that holds no Dataset and no file with a backup (a
-// stream Backup gave). The stream is spooled to disk and checked whole first: raft cannot undo a
+// Restore replaces the state of a leader that holds no file a pod wrote with a backup (a stream
+// Backup gave): a new install, whose workers may have reported blocks they cache from sources
+// (they report them again, registering after the restore). The stream is spooled to disk and checked whole first: raft cannot undo a
 // restore that fails half-way. raft replicates the restored state to the followers as a
 // snapshot. The replicas keep their own peer records (the backup's name the old install's
 // replicas: fsm.PrepareRestore), and every worker the backup knows as alive is marked lost: its copies were the
@@ -83,13 +87,14 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) (RestoreResult, error)
 	var res RestoreResult
 	var peers []*masterpb.Peer
 	err := s.Read(ctx, false, func(m *fsm.FSM) error {
-		datasets, files, err := m.Holds()
+		held, err := m.Holds()
 		if err != nil {
 			return err
 		}
-		if datasets+files > 0 {
-			return fmt.Errorf("%w: it holds %d Dataset(s) and %d file(s); a backup is restored into a new install, whose master holds none", ErrNotEmpty, datasets, files)
+		if held.Written > 0 {
+			return fmt.Errorf("%w: it holds %d file(s) written by pods; a backup is restored into a new install before anything is written to it", ErrNotEmpty, held.Written)
 		}
+		res.Replaced = held
 		peers, err = m.Peers()
 		return err
 	})
@@ -130,7 +135,8 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) (RestoreResult, error)
 		return res, fmt.Errorf("restoring a backup of index %d: %w", res.Backup.AppliedIndex, err)
 	}
 	s.log.Info("restored a backup", "backupIndex", res.Backup.AppliedIndex, "bytes", size,
-		"datasets", res.Backup.Datasets, "files", res.Backup.Files, "workers", res.Backup.Workers)
+		"datasets", res.Backup.Datasets, "files", res.Backup.Files, "workers", res.Backup.Workers,
+		"replacedDatasets", res.Replaced.Datasets, "replacedFiles", res.Replaced.Files)
 
 	var workers []*masterpb.Worker
 	if err := s.Read(ctx, false, func(m *fsm.FSM) (err error) {
