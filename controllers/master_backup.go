@@ -95,8 +95,11 @@ func (s MasterBackupSpec) Validate() error {
 }
 
 const (
-	// backupRetryAfterError is how soon a failed scheduled backup, or restore, is tried again.
+	// backupRetryAfterError is how soon a failed scheduled backup is tried again.
 	backupRetryAfterError = time.Minute
+	// restoreRetry is how soon a failed restore is: a new install's master takes a while to
+	// answer (its replicas start, elect, and their names are published).
+	restoreRetry = 10 * time.Second
 	// backupTimeout bounds one backup or restore: a transfer of gigabytes at tens of MB/s.
 	backupTimeout = 30 * time.Minute
 )
@@ -193,11 +196,12 @@ func (r *MasterBackupReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 			// become the latest.
 			log.Error(err, "restoring the master")
 			r.Recorder.Event(cm, corev1.EventTypeWarning, ReasonRestoreFailed, err.Error())
-			return ctrl.Result{RequeueAfter: backupRetryAfterError}, r.record(ctx, cm, map[string]string{
+			return ctrl.Result{RequeueAfter: restoreRetry}, r.record(ctx, cm, map[string]string{
 				datav1alpha1.BackupKeyFailure: "restore: " + err.Error(), datav1alpha1.BackupKeyFailureTime: r.now().UTC().Format(time.RFC3339),
 			}, "")
 		}
-		return ctrl.Result{}, r.record(ctx, cm, map[string]string{datav1alpha1.BackupKeyRestore: note}, "")
+		// Then the schedule, if any, from the next reconcile.
+		return ctrl.Result{Requeue: true}, r.record(ctx, cm, map[string]string{datav1alpha1.BackupKeyRestore: note}, "")
 	}
 
 	due, next := backupDue(cm, r.Spec.Every, r.now())
@@ -397,7 +401,10 @@ func latestBackup(ctx context.Context, store understore.Store) (string, error) {
 	return slices.Max(names), nil
 }
 
-// SetupWithManager reconciles the record ConfigMap: once at start, and whenever it changes.
+// SetupWithManager reconciles the record ConfigMap: once at start, when it is made or deleted,
+// and when its annotations change (a request). Its data is this controller's record: a change
+// there is its own, and the times it keeps say when to look again (RequeueAfter), so that a
+// failure is not tried again at once.
 func (r *MasterBackupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	key := r.key()
 	ours := predicate.NewPredicateFuncs(func(obj client.Object) bool {
@@ -411,6 +418,7 @@ func (r *MasterBackupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("master-backup").
 		WatchesRawSource(source.Channel(start, toKey)).
-		Watches(&corev1.ConfigMap{}, toKey, builder.WithPredicates(ours)).
+		Watches(&corev1.ConfigMap{}, toKey, builder.WithPredicates(ours,
+			predicate.Or(predicate.AnnotationChangedPredicate{}, predicate.GenerationChangedPredicate{}))).
 		Complete(r)
 }

@@ -172,7 +172,7 @@ var _ = Describe("The master's backups", func() {
 		By("no backup to restore from yet: no backup is taken either, which would be the empty master's")
 		restore := reconciler(restoredMaster, func(s *MasterBackupSpec) { s.RestoreFrom, s.Every = RestoreLatest, time.Hour })
 		reconcile(restore)
-		Expect(reconcile(restore)).To(Equal(ctrl.Result{RequeueAfter: time.Minute}))
+		Expect(reconcile(restore)).To(Equal(ctrl.Result{RequeueAfter: 10 * time.Second}))
 		Expect(record().Data[datav1alpha1.BackupKeyFailure]).To(ContainSubstring("restore: there is no backup (strata-master-*.backup) under s3://" + bucket + "/backups/ at http://" + s3.Endpoint + " to restore from"))
 		Expect(nextEvent()).To(HavePrefix("Warning " + ReasonRestoreFailed))
 		Expect(backups()).To(BeEmpty())
@@ -191,7 +191,7 @@ var _ = Describe("The master's backups", func() {
 
 		By("the restore, of the latest")
 		now = now.Add(time.Minute)
-		Expect(reconcile(restore)).To(Equal(ctrl.Result{}))
+		Expect(reconcile(restore)).To(Equal(ctrl.Result{Requeue: true}))
 		note := record().Data[datav1alpha1.BackupKeyRestore]
 		Expect(note).To(HavePrefix("restored from strata-master-20261130T030000Z.backup at 2026-11-30T03:01:00Z: "))
 		Expect(nextEvent()).To(HavePrefix("Normal " + ReasonRestored))
