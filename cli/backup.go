@@ -38,12 +38,16 @@ func (c *CLI) Backup(ctx context.Context) error {
 	c.printf("asked for a backup of the master to %s; waiting for it…\n", cm.Data[datav1alpha1.BackupKeyStore])
 	cm, err := awaitObject(ctx, c, cm, &corev1.ConfigMapList{}, func(cm *corev1.ConfigMap) (bool, error) {
 		return cm.Data[datav1alpha1.BackupKeyHandled] == token, nil
-	}, func(ctx context.Context, _ *corev1.ConfigMap, cause error) error {
+	}, func(ctx context.Context, last *corev1.ConfigMap, cause error) error {
 		if ctx.Err() == nil {
 			return fmt.Errorf("waiting for the backup: %w", cause)
 		}
-		return fmt.Errorf("%w within %s: is the operator running? `kubectl get pods -n %s -l app.kubernetes.io/component=operator`; its events: `kubectl get events -n %s --field-selector involvedObject.name=%s`",
-			errNoAnswer, c.wait(), key.Namespace, key.Namespace, key.Name)
+		why := ""
+		if failure := last.Data[datav1alpha1.BackupKeyFailure]; failure != "" {
+			why = fmt.Sprintf("; the operator's last failure (%s): %s", last.Data[datav1alpha1.BackupKeyFailureTime], failure)
+		}
+		return fmt.Errorf("%w within %s: is the operator running? `kubectl get pods -n %s -l app.kubernetes.io/component=operator`; its events: `kubectl get events -n %s --field-selector involvedObject.name=%s`%s",
+			errNoAnswer, c.wait(), key.Namespace, key.Namespace, key.Name, why)
 	})
 	if err != nil {
 		return err

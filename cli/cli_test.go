@@ -8,6 +8,7 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -110,4 +111,19 @@ func TestABackupWhereNoneIsConfiguredSaysWhatToSet(t *testing.T) {
 	c.StrataNamespace = "strata-system"
 	err := c.Backup(context.Background())
 	g.Expect(err).To(MatchError(ContainSubstring("the master is not backed up: there is no ConfigMap strata-system/strata-master-backups; install Strata with master.backup.uri and master.backup.secretName set")))
+}
+
+func TestABackupTheOperatorDoesNotTakeSaysItsLastFailure(t *testing.T) {
+	g := NewWithT(t)
+	c, _ := fakeCLI(t, interceptor.Funcs{}, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: datav1alpha1.MasterBackupsConfigMap, Namespace: "strata-system"},
+		Data: map[string]string{
+			datav1alpha1.BackupKeyFailure:     "restore: there is no backup under s3://b/p",
+			datav1alpha1.BackupKeyFailureTime: "2026-11-30T02:00:00Z",
+		},
+	})
+	c.StrataNamespace, c.Wait = "strata-system", 100*time.Millisecond // nothing answers here
+	err := c.Backup(context.Background())
+	g.Expect(err).To(MatchError(errNoAnswer))
+	g.Expect(err).To(MatchError(ContainSubstring("the operator's last failure (2026-11-30T02:00:00Z): restore: there is no backup under s3://b/p")))
 }

@@ -22,12 +22,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/understore"
@@ -187,6 +183,13 @@ func (r *MasterBackupReconciler) Reconcile(ctx context.Context, _ ctrl.Request) 
 		return ctrl.Result{}, r.createRecord(ctx)
 	} else if err != nil {
 		return ctrl.Result{}, err
+	}
+	// After a restart of the operator, the gauge says what the record does, not "never".
+	if last, err := time.Parse(time.RFC3339, cm.Data[datav1alpha1.BackupKeyLastTime]); err == nil {
+		r.Metrics.LastSuccess.Set(float64(last.Unix()))
+		if size, err := strconv.ParseInt(cm.Data[datav1alpha1.BackupKeyLastBytes], 10, 64); err == nil {
+			r.Metrics.LastBytes.Set(float64(size))
+		}
 	}
 
 	if r.Spec.RestoreFrom != "" && cm.Data[datav1alpha1.BackupKeyRestore] == "" {
@@ -410,14 +413,10 @@ func (r *MasterBackupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	ours := predicate.NewPredicateFuncs(func(obj client.Object) bool {
 		return obj.GetNamespace() == key.Namespace && obj.GetName() == key.Name
 	})
-	toKey := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{{NamespacedName: key}}
-	})
-	start := make(chan event.GenericEvent, 1)
-	start <- event.GenericEvent{Object: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}}
+	toKey, start := singleton(key, &corev1.ConfigMap{})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("master-backup").
-		WatchesRawSource(source.Channel(start, toKey)).
+		WatchesRawSource(start).
 		Watches(&corev1.ConfigMap{}, toKey, builder.WithPredicates(ours,
 			predicate.Or(predicate.AnnotationChangedPredicate{}, predicate.GenerationChangedPredicate{}))).
 		Complete(r)

@@ -350,6 +350,20 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 	return sts
 }
 
+// singleton is the event handler of a controller that reconciles one object, key, whatever
+// changed (every request names key), and the source that queues a request for it once, when
+// the manager starts (obj, empty, gives the source its type).
+func singleton(key types.NamespacedName, obj client.Object) (handler.EventHandler, source.Source) {
+	toKey := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: key}}
+	})
+	obj.SetNamespace(key.Namespace)
+	obj.SetName(key.Name)
+	start := make(chan event.GenericEvent, 1)
+	start <- event.GenericEvent{Object: obj}
+	return toKey, source.Channel(start, toKey)
+}
+
 // SetupWithManager runs the reconciler once at start and again whenever one of the master's
 // objects changes or disappears.
 func (r *MasterReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -358,14 +372,10 @@ func (r *MasterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return obj.GetNamespace() == r.Spec.Namespace &&
 			(obj.GetName() == r.Spec.Name || obj.GetName() == r.Spec.PeersServiceName())
 	})
-	toKey := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{{NamespacedName: key}}
-	})
-	start := make(chan event.GenericEvent, 1)
-	start <- event.GenericEvent{Object: &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}}
+	toKey, start := singleton(key, &appsv1.StatefulSet{})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("master").
-		WatchesRawSource(source.Channel(start, toKey)).
+		WatchesRawSource(start).
 		Watches(&appsv1.StatefulSet{}, toKey, builder.WithPredicates(ours)).
 		Watches(&corev1.Service{}, toKey, builder.WithPredicates(ours)).
 		Complete(r)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -371,4 +372,61 @@ func BenchmarkHeartbeat(b *testing.B) {
 			b.ReportMetric(float64(leader.Store.AppliedIndex()-before)/float64(b.N), "entries/op")
 		})
 	}
+}
+
+// BenchmarkBackupAndRestore backs up three replicas holding -files files, as the operator does
+// (the leader's snapshot streamed over gRPC, here to a file), and restores each backup into a
+// new three-replica master: the restore is done when raft has replicated it (raft.Restore waits
+// for a follower to take the restored snapshot and the entry after it). One op is one backup
+// and one restore.
+func BenchmarkBackupAndRestore(b *testing.B) {
+	ctx := background(b)
+	_, cl := newCluster(b)
+	preload(ctx, b, cl, "backup", *files)
+	path := filepath.Join(b.TempDir(), "master.backup")
+	var backups, restores time.Duration
+	var size int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		header, stream, err := cl.Backup(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if size, err = io.Copy(f, stream); err != nil || size != header.Size {
+			b.Fatalf("backup: %d of %d bytes: %v", size, header.Size, err)
+		}
+		_ = stream.Close()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+		backups += time.Since(start)
+
+		b.StopTimer()
+		_, fresh := newCluster(b)
+		in, err := os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start = time.Now()
+		resp, err := fresh.Restore(ctx, in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		restores += time.Since(start)
+		_ = in.Close()
+		if resp.Files != int64(*files) {
+			b.Fatalf("restored %d files, want %d", resp.Files, *files)
+		}
+	}
+	b.ReportMetric(float64(*files), "files")
+	b.ReportMetric(float64(size)/float64(*files), "bytes/file")
+	b.ReportMetric(backups.Seconds()/float64(b.N), "s/backup")
+	b.ReportMetric(restores.Seconds()/float64(b.N), "s/restore")
+	b.ReportMetric(float64(size)/1e6/(backups.Seconds()/float64(b.N)), "backup-MB/s")
 }
