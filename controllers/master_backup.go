@@ -382,6 +382,11 @@ func (r *MasterBackupReconciler) restore(ctx context.Context, cm *corev1.ConfigM
 		"replaced what the new install held, %d Dataset record(s) and %d file(s) of cached blocks, which come back as they are used",
 		name, r.now().UTC().Format(time.RFC3339), resp.GetDatasets(), resp.GetFiles(), resp.GetBackupIndex(), len(resp.GetWorkersMarkedLost()),
 		resp.GetReplacedDatasets(), resp.GetReplacedFiles())
+	if resp.GetAlreadyRestored() {
+		// An earlier attempt restored it, and failed before it could say so.
+		msg = fmt.Sprintf("restored from %s (by an earlier attempt, finished at %s): %d Dataset(s), %d file(s), up to Raft index %d; %d worker(s) of the backup marked lost, to register again",
+			name, r.now().UTC().Format(time.RFC3339), resp.GetDatasets(), resp.GetFiles(), resp.GetBackupIndex(), len(resp.GetWorkersMarkedLost()))
+	}
 	logf.FromContext(ctx).Info(msg)
 	r.Recorder.Event(cm, corev1.EventTypeNormal, ReasonRestored, msg)
 	return msg, nil

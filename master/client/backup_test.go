@@ -124,8 +124,19 @@ func TestABackupRestoresIntoANewMaster(t *testing.T) {
 		t.Errorf("a file made after the restore has id %d, the backup's last %v (%v)", f.Id, old0, err)
 	}
 
-	// A master that holds files takes no restore.
-	_, err = fcl.Restore(ctx, bytes.NewReader(backup.Bytes()))
+	// The same backup again, as a caller that did not learn how the first call ended asks: it
+	// is recognised, and the worker that registered since is not marked lost again.
+	again, err := fcl.Restore(ctx, bytes.NewReader(backup.Bytes()))
+	if err != nil || !again.AlreadyRestored || len(again.WorkersMarkedLost) != 0 || again.BackupIndex != header.Index {
+		t.Errorf("the same restore again: %v, %v; want it recognised, no worker marked lost", again, err)
+	}
+	if w, err := fwcl.Heartbeat(ctx, &masterpb.HeartbeatRequest{Worker: worker.WorkerID(), Tiers: tiers}); err != nil || w.Command != masterpb.WorkerCommand_WORKER_COMMAND_NONE {
+		t.Errorf("the worker after the second call: %v, %v; want it alive", w, err)
+	}
+
+	// Another backup: a master that holds files a pod wrote takes none.
+	_, later := takeBackup(t, cl)
+	_, err = fcl.Restore(ctx, bytes.NewReader(later.Bytes()))
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "it holds 21 file(s) written by pods") {
 		t.Errorf("a restore into a master that holds files: %v, want FailedPrecondition naming what it holds", err)
 	}

@@ -22,6 +22,8 @@ const (
 var (
 	keyApplied    = []byte(prefixMeta + "applied")
 	keyNextFileID = []byte(prefixMeta + "next-file-id")
+	// keyRestoredFrom names the backup the state was restored from (SnapshotInfo.ID).
+	keyRestoredFrom = []byte(prefixMeta + "restored-from")
 )
 
 // Limits that keep one command inside one Badger transaction (see MemTableSize). They are

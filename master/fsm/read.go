@@ -329,6 +329,24 @@ func (f *FSM) Workers() ([]*masterpb.Worker, error) {
 	return out, err
 }
 
+// RestoredFrom names the backup the state was restored from (SnapshotInfo.ID), if any.
+func (f *FSM) RestoredFrom() (string, error) {
+	var id string
+	err := f.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(keyRestoredFrom)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		v, err := item.ValueCopy(nil)
+		id = string(v)
+		return err
+	})
+	return id, err
+}
+
 // Holdings are what a state holds, as a restore weighs it.
 type Holdings struct {
 	Datasets int

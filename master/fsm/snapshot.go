@@ -151,7 +151,7 @@ const maxRecord = 256 << 20
 func readSnapshot(r io.Reader, db *badger.DB) error {
 	wb := db.NewWriteBatch()
 	defer wb.Cancel()
-	records, err := scanSnapshot(r, func(key, val []byte) error {
+	records, _, err := scanSnapshot(r, func(key, val []byte) error {
 		if err := wb.Set(key, val); err != nil {
 			return fmt.Errorf("loading %q: %w", key, err)
 		}
@@ -170,8 +170,17 @@ func readSnapshot(r io.Reader, db *badger.DB) error {
 type SnapshotInfo struct {
 	// AppliedIndex and AppliedTerm are those of the last entry the snapshot holds.
 	AppliedIndex, AppliedTerm uint64
-	Records                   int
-	Datasets, Files, Workers  int
+	// Checksum is the stream's CRC-32C.
+	Checksum                 uint32
+	Records                  int
+	Datasets, Files, Workers int
+	// AliveWorkers are the workers the snapshot holds as alive (or being marked lost).
+	AliveWorkers []*masterpb.Worker
+}
+
+// ID names the snapshot: its last entry and its checksum.
+func (i SnapshotInfo) ID() string {
+	return fmt.Sprintf("index %d, term %d, checksum %08x", i.AppliedIndex, i.AppliedTerm, i.Checksum)
 }
 
 // VerifySnapshot reads a snapshot stream to its end, checking its format and checksum without
@@ -184,14 +193,12 @@ func VerifySnapshot(r io.Reader) (SnapshotInfo, error) {
 // inspectSnapshot reads a snapshot stream as VerifySnapshot does, handing each record to fn.
 func inspectSnapshot(r io.Reader, fn func(key, val []byte) error) (SnapshotInfo, error) {
 	var info SnapshotInfo
-	var appliedErr error
-	records, err := scanSnapshot(r, func(key, val []byte) error {
+	records, checksum, err := scanSnapshot(r, func(key, val []byte) error {
 		k := string(key)
 		switch {
 		case k == string(keyApplied):
 			if len(val) != 16 {
-				appliedErr = fmt.Errorf("applied-index record has %d bytes, want 16", len(val))
-				return appliedErr
+				return fmt.Errorf("applied-index record has %d bytes, want 16", len(val))
 			}
 			info.AppliedIndex, info.AppliedTerm = binary.BigEndian.Uint64(val), binary.BigEndian.Uint64(val[8:])
 		case strings.HasPrefix(k, prefixDataset):
@@ -200,10 +207,17 @@ func inspectSnapshot(r io.Reader, fn func(key, val []byte) error) (SnapshotInfo,
 			info.Files++
 		case strings.HasPrefix(k, prefixWorker):
 			info.Workers++
+			w := &masterpb.Worker{}
+			if err := proto.Unmarshal(val, w); err != nil {
+				return fmt.Errorf("decoding %q: %w", key, err)
+			}
+			if w.GetState() == masterpb.WorkerState_WORKER_STATE_ALIVE || w.GetLossPending() {
+				info.AliveWorkers = append(info.AliveWorkers, w)
+			}
 		}
 		return fn(key, val)
 	})
-	info.Records = records
+	info.Records, info.Checksum = records, checksum
 	if err != nil {
 		return info, err
 	}
@@ -214,10 +228,13 @@ func inspectSnapshot(r io.Reader, fn func(key, val []byte) error) (SnapshotInfo,
 }
 
 // PrepareRestore copies a backup (a snapshot stream) to out as the snapshot a new install
-// restores, checking it whole as VerifySnapshot does: the backup's peer records, which give the
+// restores, checking it whole as VerifySnapshot does. The backup's peer records, which give the
 // old install's replicas' addresses, are replaced by peers, those of the install that restores
-// it. (A replica that names a leader by a record of the backup would send clients to the old
-// install's address.) out is only of use if the error is nil.
+// it (a replica that names a leader by a record of the backup would send clients to the old
+// install's address); and the copy records which backup it is (RestoredFrom), in the same
+// snapshot, so that a restore whose outcome its caller could not learn (the leader lost its
+// leadership before the entry after it committed) can be recognised when it is asked again.
+// out is only of use if the error is nil.
 func PrepareRestore(backup io.Reader, out io.Writer, peers []*masterpb.Peer) (SnapshotInfo, error) {
 	sw := newSnapshotWriter(out)
 	for _, p := range peers {
@@ -230,7 +247,7 @@ func PrepareRestore(backup io.Reader, out io.Writer, peers []*masterpb.Peer) (Sn
 		}
 	}
 	info, err := inspectSnapshot(backup, func(key, val []byte) error {
-		if strings.HasPrefix(string(key), prefixPeer) {
+		if strings.HasPrefix(string(key), prefixPeer) || string(key) == string(keyRestoredFrom) {
 			return nil
 		}
 		return sw.record(key, val)
@@ -238,66 +255,69 @@ func PrepareRestore(backup io.Reader, out io.Writer, peers []*masterpb.Peer) (Sn
 	if err != nil {
 		return info, err
 	}
+	if err := sw.record(keyRestoredFrom, []byte(info.ID())); err != nil {
+		return info, err
+	}
 	return info, sw.close()
 }
 
 // scanSnapshot reads a snapshot stream, handing each record to fn, and checks its checksum at
 // the end; it returns the number of records read.
-func scanSnapshot(r io.Reader, fn func(key, val []byte) error) (int, error) {
+func scanSnapshot(r io.Reader, fn func(key, val []byte) error) (int, uint32, error) {
 	cr := &crcReader{r: bufio.NewReaderSize(r, 1<<20), crc: crc32.New(crcTable)}
 	magic := make([]byte, len(snapshotMagic))
 	if err := cr.readFull(magic); err != nil {
-		return 0, fmt.Errorf("reading header: %w", err)
+		return 0, 0, fmt.Errorf("reading header: %w", err)
 	}
 	if string(magic) != snapshotMagic {
-		return 0, errors.New("not a state machine snapshot (bad header)")
+		return 0, 0, errors.New("not a state machine snapshot (bad header)")
 	}
 	records := 0
 	for {
 		klen, err := binary.ReadUvarint(cr)
 		if err != nil {
-			return records, fmt.Errorf("reading record %d: %w", records, err)
+			return records, 0, fmt.Errorf("reading record %d: %w", records, err)
 		}
 		if klen == 0 {
 			break
 		}
 		if klen > maxRecord {
-			return records, fmt.Errorf("record %d: key length %d is corrupt", records, klen)
+			return records, 0, fmt.Errorf("record %d: key length %d is corrupt", records, klen)
 		}
 		key := make([]byte, klen)
 		if err := cr.readFull(key); err != nil {
-			return records, fmt.Errorf("reading key of record %d: %w", records, err)
+			return records, 0, fmt.Errorf("reading key of record %d: %w", records, err)
 		}
 		vlen, err := binary.ReadUvarint(cr)
 		if err != nil {
-			return records, fmt.Errorf("reading value length of %q: %w", key, err)
+			return records, 0, fmt.Errorf("reading value length of %q: %w", key, err)
 		}
 		if vlen > maxRecord {
-			return records, fmt.Errorf("value length %d of %q is corrupt", vlen, key)
+			return records, 0, fmt.Errorf("value length %d of %q is corrupt", vlen, key)
 		}
 		val := make([]byte, vlen)
 		if err := cr.readFull(val); err != nil {
-			return records, fmt.Errorf("reading value of %q: %w", key, err)
+			return records, 0, fmt.Errorf("reading value of %q: %w", key, err)
 		}
 		if err := fn(key, val); err != nil {
-			return records, err
+			return records, 0, err
 		}
 		records++
 	}
 	want := cr.crc.Sum32()
 	var sum [4]byte
 	if _, err := io.ReadFull(cr.r, sum[:]); err != nil {
-		return records, fmt.Errorf("reading checksum: %w", err)
+		return records, 0, fmt.Errorf("reading checksum: %w", err)
 	}
 	if got := binary.BigEndian.Uint32(sum[:]); got != want {
-		return records, fmt.Errorf("checksum mismatch: stream says %08x, content is %08x", got, want)
+		return records, 0, fmt.Errorf("checksum mismatch: stream says %08x, content is %08x", got, want)
 	}
 	// A stream that goes on after its checksum is not one snapshot.
 	switch _, err := cr.r.ReadByte(); {
 	case err == nil:
-		return records, errors.New("the stream goes on after its checksum")
+		return records, 0, errors.New("the stream goes on after its checksum")
 	case !errors.Is(err, io.EOF):
-		return records, fmt.Errorf("reading past the checksum: %w", err)
+		return records, 0, fmt.Errorf("reading past the checksum: %w", err)
 	}
-	return records, nil
+	return records, want, nil
 }

@@ -385,8 +385,12 @@ type RestoreResponse struct {
 	// What the master held before, replaced: Dataset records and files of cached blocks.
 	ReplacedDatasets int64 `protobuf:"varint,5,opt,name=replaced_datasets,json=replacedDatasets,proto3" json:"replaced_datasets,omitempty"`
 	ReplacedFiles    int64 `protobuf:"varint,6,opt,name=replaced_files,json=replacedFiles,proto3" json:"replaced_files,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// already_restored: an earlier call restored this backup, and its caller did not learn it
+	// (the leader lost its leadership before the entry after the restore committed); this call
+	// finished what that one left.
+	AlreadyRestored bool `protobuf:"varint,7,opt,name=already_restored,json=alreadyRestored,proto3" json:"already_restored,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RestoreResponse) Reset() {
@@ -459,6 +463,13 @@ func (x *RestoreResponse) GetReplacedFiles() int64 {
 		return x.ReplacedFiles
 	}
 	return 0
+}
+
+func (x *RestoreResponse) GetAlreadyRestored() bool {
+	if x != nil {
+		return x.AlreadyRestored
+	}
+	return false
 }
 
 // Dataset is a named tree of files rooted at root.
@@ -4715,14 +4726,15 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x19\n" +
 	"\btaken_by\x18\x04 \x01(\tR\atakenBy\"\"\n" +
 	"\fRestoreChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xea\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x95\x02\n" +
 	"\x0fRestoreResponse\x12!\n" +
 	"\fbackup_index\x18\x01 \x01(\x04R\vbackupIndex\x12\x1a\n" +
 	"\bdatasets\x18\x02 \x01(\x03R\bdatasets\x12\x14\n" +
 	"\x05files\x18\x03 \x01(\x03R\x05files\x12.\n" +
 	"\x13workers_marked_lost\x18\x04 \x03(\tR\x11workersMarkedLost\x12+\n" +
 	"\x11replaced_datasets\x18\x05 \x01(\x03R\x10replacedDatasets\x12%\n" +
-	"\x0ereplaced_files\x18\x06 \x01(\x03R\rreplacedFiles\"\xd0\x01\n" +
+	"\x0ereplaced_files\x18\x06 \x01(\x03R\rreplacedFiles\x12)\n" +
+	"\x10already_restored\x18\a \x01(\bR\x0falreadyRestored\"\xd0\x01\n" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\tR\x04root\x12\x16\n" +

@@ -112,6 +112,8 @@ type MasterClient interface {
 	// before anything is replaced. What the new install held (Dataset records, files of blocks
 	// cached from sources) is replaced, and every worker is marked lost (the copies the backup
 	// lists belong to the old install), so workers register again and report what they hold.
+	// Asked again with the same backup after a call whose outcome its caller did not learn, it
+	// finishes that one's job (already_restored).
 	Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreChunk, RestoreResponse], error)
 }
 
@@ -483,6 +485,8 @@ type MasterServer interface {
 	// before anything is replaced. What the new install held (Dataset records, files of blocks
 	// cached from sources) is replaced, and every worker is marked lost (the copies the backup
 	// lists belong to the old install), so workers register again and report what they hold.
+	// Asked again with the same backup after a call whose outcome its caller did not learn, it
+	// finishes that one's job (already_restored).
 	Restore(grpc.ClientStreamingServer[RestoreChunk, RestoreResponse]) error
 	mustEmbedUnimplementedMasterServer()
 }

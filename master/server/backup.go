@@ -54,6 +54,7 @@ func (s *Server) Restore(stream masterpb.Master_RestoreServer) error {
 		WorkersMarkedLost: res.WorkersMarkedLost,
 		ReplacedDatasets:  int64(res.Replaced.Datasets),
 		ReplacedFiles:     int64(res.Replaced.Files),
+		AlreadyRestored:   res.AlreadyRestored,
 	})
 }
 
