@@ -155,10 +155,35 @@ func (fsys *fileSystem) loadFetched(h *handle, n *node, index int64) {
 	}
 }
 
-// loadHeld counts block index of file n, which load h found in the tiers.
+// loadHeld counts block index of file n, which load h found in the tiers, unless h is fetching
+// it: another request of the load for the same block found it stored by that fetch, which
+// counts it as fetched when it returns.
 func (fsys *fileSystem) loadHeld(h *handle, n *node, index int64) {
+	h.mu.Lock()
+	fetching := h.fetching[index] > 0
+	h.mu.Unlock()
+	if fetching {
+		return
+	}
 	if size, first := h.count(fsys, n, index); first {
 		fsys.loads.held.WithLabelValues(fsys.dataset).Add(float64(size))
+	}
+}
+
+// fetch records that h fetches block index, until the function it returns is called.
+func (h *handle) fetch(index int64) (done func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fetching == nil {
+		h.fetching = map[int64]int{}
+	}
+	h.fetching[index]++
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.fetching[index]--; h.fetching[index] == 0 {
+			delete(h.fetching, index)
+		}
 	}
 }
 

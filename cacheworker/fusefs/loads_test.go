@@ -184,3 +184,99 @@ func TestALoadWaitsWhileAPodWaitsForAFetch(t *testing.T) {
 	g.Expect(blocks.fetched()).To(ContainElement(loaded))
 	g.Expect(counter(t, f.reg, "strata_worker_loads_waiting")).To(BeZero())
 }
+
+// storedGate holds a fetch of one block once the cache has stored it, until released (or, so
+// that a kernel that sends no second request meanwhile cannot hang the test, two seconds).
+type storedGate struct {
+	BlockReader
+	mu      sync.Mutex
+	index   int64 // the block whose next fetch is held; -1: none
+	stored  chan struct{}
+	release chan struct{}
+}
+
+// hold holds the next fetch of block index: stored is closed when it is in the tier, and it goes
+// on when release is closed.
+func (b *storedGate) hold(index int64) (stored, release chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.index, b.stored, b.release = index, make(chan struct{}), make(chan struct{})
+	return b.stored, b.release
+}
+
+func (b *storedGate) ReadBlock(ctx context.Context, file, etag string, size, index int64) ([]byte, error) {
+	data, err := b.BlockReader.ReadBlock(ctx, file, etag, size, index)
+	b.mu.Lock()
+	held := index == b.index
+	if held {
+		b.index = -1
+	}
+	stored, release := b.stored, b.release
+	b.mu.Unlock()
+	if held {
+		close(stored)
+		select {
+		case <-release:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return data, err
+}
+
+// Two requests of one load for one block at once (the kernel splits reads): the second finds in
+// the tier the block the first is still fetching. The block is counted once, as the load's
+// fetch, not as one it found held.
+func TestABlockALoadFetchesIsCountedFetchedWhicheverRequestFindsItFirst(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	f := newFixture(t, testDataset())
+	loads, err := NewLoads(f.reg, testLoaderUID)
+	g.Expect(err).NotTo(HaveOccurred())
+	gate := &storedGate{BlockReader: f.cache, index: -1}
+	s := mount(t, f.config(func(c *Config) { c.Local = localBlocks{f.store}; c.Loads = loads; c.Blocks = gate }))
+
+	root, err := unix.Open(s.Dir(), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = unix.Close(root) }()
+	fd, err := func() (int, error) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := unix.Setfsuid(testLoaderUID); err != nil {
+			return -1, err
+		}
+		defer func() { _ = unix.Setfsuid(0) }()
+		return unix.Openat(root, "big.bin", unix.O_RDONLY, 0)
+	}()
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = unix.Close(fd) }()
+	// No read-ahead: each read of a page is a FUSE request of its own.
+	g.Expect(unix.Fadvise(fd, 0, 0, unix.FADV_RANDOM)).To(Succeed())
+
+	// The kernel now and then sends the second read only once the first is answered: each try
+	// takes the next block, until one had both requests at once.
+	concurrent, blocks := false, int64(0)
+	for index := int64(0); index < 5 && !concurrent; index++ {
+		stored, release := gate.hold(index)
+		first := make(chan error, 1)
+		go func() {
+			_, err := unix.Pread(fd, make([]byte, 4096), index*testBlockSize)
+			first <- err
+		}()
+		<-stored
+		// The last page of the block: in another folio than the first.
+		_, err = unix.Pread(fd, make([]byte, 4096), (index+1)*testBlockSize-4096)
+		g.Expect(err).NotTo(HaveOccurred(), "the second request reads the stored block")
+		select {
+		case err := <-first:
+			g.Expect(err).NotTo(HaveOccurred())
+		default:
+			concurrent = true
+			close(release)
+			g.Expect(<-first).To(Succeed())
+		}
+		blocks++
+	}
+	g.Expect(concurrent).To(BeTrue(), "in one of five tries, the second request was answered while the first still fetched")
+	g.Expect(counter(t, f.reg, "strata_worker_load_fetched_bytes_total")).To(BeEquivalentTo(blocks*testBlockSize), "every block, fetched by the load")
+	g.Expect(counter(t, f.reg, "strata_worker_load_held_bytes_total")).To(BeZero(), "none also, or instead, held")
+}

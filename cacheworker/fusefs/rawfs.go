@@ -418,11 +418,13 @@ func (fsys *fileSystem) fail(ctx context.Context, id uint64, index int64, err er
 type handle struct {
 	node uint64
 	// loader: the file was opened by a load (loads.go); counted, the blocks it counted (the
-	// kernel may ask for one block in several requests at once).
-	loader  bool
-	mu      sync.Mutex
-	cur     *blockRef
-	counted map[int64]bool
+	// kernel may ask for one block in several requests at once); fetching, the blocks it is
+	// fetching now.
+	loader   bool
+	mu       sync.Mutex
+	cur      *blockRef
+	counted  map[int64]bool
+	fetching map[int64]int
 }
 
 // blockRef is one block of a file, held by a handle and by the reads using it.
@@ -530,6 +532,7 @@ func (fsys *fileSystem) load(ctx context.Context, h *handle, n *node, index int6
 		if err := fsys.loads.waitForPods(ctx); err != nil {
 			return nil, err
 		}
+		defer h.fetch(index)()
 	} else {
 		defer fsys.loads.podFetch()()
 	}
