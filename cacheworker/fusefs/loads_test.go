@@ -19,10 +19,9 @@ import (
 
 const testLoaderUID = 65400
 
-// loaderRead reads file name of the mount at dir as the loader would: opened by a thread
-// whose file-system user is the loader's (the kernel gives it in the FUSE open), read whole,
-// its pages dropped (as cacheworker/warmup does), so that the next read reaches the worker.
-func loaderRead(dir, name string) ([]byte, error) {
+// openAsLoader opens file name of the mount at dir as the loader does: from a thread whose
+// file-system user is the loader's (the kernel gives it in the FUSE open).
+func openAsLoader(dir, name string) (*os.File, error) {
 	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
@@ -41,7 +40,18 @@ func loaderRead(dir, name string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening %s as the loader: %w", name, err)
 	}
-	return readPastPageCache(os.NewFile(uintptr(fd), name))
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// loaderRead reads file name of the mount at dir as the loader would: opened as the loader,
+// read whole, its pages dropped (as cacheworker/warmup does), so that the next read reaches the
+// worker.
+func loaderRead(dir, name string) ([]byte, error) {
+	f, err := openAsLoader(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	return readPastPageCache(f)
 }
 
 // podRead reads file name of the mount at dir past the page cache, as a new pod would.
@@ -235,20 +245,10 @@ func TestABlockALoadFetchesIsCountedFetchedWhicheverRequestFindsItFirst(t *testi
 	gate := &storedGate{BlockReader: f.cache, index: -1}
 	s := mount(t, f.config(func(c *Config) { c.Local = localBlocks{f.store}; c.Loads = loads; c.Blocks = gate }))
 
-	root, err := unix.Open(s.Dir(), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	file, err := openAsLoader(s.Dir(), "big.bin")
 	g.Expect(err).NotTo(HaveOccurred())
-	defer func() { _ = unix.Close(root) }()
-	fd, err := func() (int, error) {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := unix.Setfsuid(testLoaderUID); err != nil {
-			return -1, err
-		}
-		defer func() { _ = unix.Setfsuid(0) }()
-		return unix.Openat(root, "big.bin", unix.O_RDONLY, 0)
-	}()
-	g.Expect(err).NotTo(HaveOccurred())
-	defer func() { _ = unix.Close(fd) }()
+	defer func() { _ = file.Close() }()
+	fd := int(file.Fd())
 	// No read-ahead: each read of a page is a FUSE request of its own.
 	g.Expect(unix.Fadvise(fd, 0, 0, unix.FADV_RANDOM)).To(Succeed())
 
