@@ -35,6 +35,7 @@ type Master interface {
 	RenameFile(ctx context.Context, from, to string) (*masterpb.File, error)
 	DeleteFile(ctx context.Context, path string) (*masterpb.DeleteFileResponse, error)
 	ListFiles(ctx context.Context, req *masterpb.ListFilesRequest) (*masterpb.ListFilesResponse, error)
+	Lookup(ctx context.Context, req *masterpb.LookupRequest) (*masterpb.ListEntry, error)
 }
 
 // Blocks is the node's tier store.

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -269,6 +270,76 @@ func TestWriteSealAndReadElsewhere(t *testing.T) {
 	g.Expect(got).NotTo(HaveKey("part-00000/features.bin"))
 	_, _, err = a.store.OpenBlock(ctx, id)
 	g.Expect(errors.Is(err, tierstore.ErrNotFound)).To(BeTrue(), "the block is gone from the tier: %v", err)
+}
+
+// countingMaster counts the reads of files and folders an output mount makes at the master.
+type countingMaster struct {
+	outputfs.Master
+	reads atomic.Int64
+}
+
+func (m *countingMaster) GetFile(ctx context.Context, req *masterpb.GetFileRequest) (*masterpb.File, error) {
+	m.reads.Add(1)
+	return m.Master.GetFile(ctx, req)
+}
+
+func (m *countingMaster) ListFiles(ctx context.Context, req *masterpb.ListFilesRequest) (*masterpb.ListFilesResponse, error) {
+	m.reads.Add(1)
+	return m.Master.ListFiles(ctx, req)
+}
+
+func (m *countingMaster) Lookup(ctx context.Context, req *masterpb.LookupRequest) (*masterpb.ListEntry, error) {
+	m.reads.Add(1)
+	return m.Master.Lookup(ctx, req)
+}
+
+// TestANameIsLookedUpAtTheMasterOnce: every file a writer creates is looked up first, and a
+// name this node does not know may be a file or a folder another node sealed, so the lookup
+// asks the master; it must ask once (a second read doubled the cost of a new small file), and
+// still find either.
+func TestANameIsLookedUpAtTheMasterOnce(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	a := startWorker(t, master, "pool/node-a", 64<<20)
+	b := startWorker(t, master, "pool/node-b", 64<<20)
+	counted := &countingMaster{Master: master}
+	mntA := mountOutputIn(t, master, a, blockSize, filepath.Join(t.TempDir(), "staging"), testr.New(t),
+		func(c *outputfs.Config) { c.Master = counted })
+	mntB := mountOutput(t, master, b)
+	g.Expect(os.MkdirAll(filepath.Join(mntB.Dir(), "made/on-b"), 0o755)).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(mntB.Dir(), "made/on-b/rows"), []byte("rows"), 0o644)).To(Succeed())
+
+	for _, tc := range []struct {
+		rel  string
+		want string // "missing", "dir" or the file's bytes
+	}{
+		{"missing", "missing"},
+		{"made", "dir"},
+		{"made/on-b", "dir"},
+		{"made/on-b/rows", "rows"},
+	} {
+		before := counted.reads.Load()
+		st, err := os.Stat(filepath.Join(mntA.Dir(), tc.rel))
+		g.Expect(counted.reads.Load()-before).To(Equal(int64(1)), "reads at the master to look up %s", tc.rel)
+		switch tc.want {
+		case "missing":
+			g.Expect(errors.Is(err, os.ErrNotExist)).To(BeTrue(), "%s: %v", tc.rel, err)
+		case "dir":
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(st.IsDir()).To(BeTrue(), "%s is the folder node b made", tc.rel)
+		default:
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(os.ReadFile(filepath.Join(mntA.Dir(), tc.rel))).To(Equal([]byte(tc.want)))
+		}
+	}
+
+	t.Log("a new file costs one read at the master before it is written")
+	before := counted.reads.Load()
+	f, err := os.Create(filepath.Join(mntA.Dir(), "new"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(counted.reads.Load() - before).To(Equal(int64(1)))
+	g.Expect(f.Close()).To(Succeed())
 }
 
 func tokenOf(ctx context.Context, t *testing.T, master *client.Client, rel string) string {

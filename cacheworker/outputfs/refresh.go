@@ -17,24 +17,25 @@ import (
 // again, under a new token, by the recomputation. Reads of the master here may be stale
 // (a stale answer costs a retry by the reader, never wrong bytes: blocks are named by token).
 
-// fetch adds name to d if the master has a file or a folder of that path.
+// fetch adds name to d if the master has a file or a folder of that path. It asks once: a
+// name no node made (every file a writer creates is looked up first) costs one read.
 func (o *output) fetch(ctx context.Context, t *tree, d *node, name string) *node {
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
 	p := o.masterPath(path.Join(t.rel(d), name))
-	f, err := o.cfg.Master.GetFile(mctx, &masterpb.GetFileRequest{Path: p, StaleOk: true})
-	if err == nil {
-		return o.addFile(t, d, name, f)
-	}
-	if status.Code(err) != codes.NotFound {
-		o.log.Info("cannot ask the master for a file sealed elsewhere; it stays hidden for now", "file", p, "error", err.Error())
+	entry, err := o.cfg.Master.Lookup(mctx, &masterpb.LookupRequest{Path: p, StaleOk: true})
+	switch {
+	case status.Code(err) == codes.NotFound:
 		return nil
-	}
-	resp, err := o.cfg.Master.ListFiles(mctx, &masterpb.ListFilesRequest{Dir: p, Limit: 1, StaleOk: true})
-	if err != nil || len(resp.GetEntries()) == 0 {
+	case err != nil:
+		o.log.Info("cannot ask the master for a file or folder made elsewhere; it stays hidden for now", "path", p, "error", err.Error())
 		return nil
+	case entry.GetDir():
+		return o.addDir(t, d, name, time.Now())
+	case entry.GetFile() != nil:
+		return o.addFile(t, d, name, entry.GetFile())
 	}
-	return o.addDir(t, d, name, time.Now())
+	return nil
 }
 
 // refreshDir adds to d what the master lists in it and d lacks.

@@ -389,6 +389,12 @@ func (c *Client) DeleteFile(ctx context.Context, path string) (*masterpb.DeleteF
 	return resp, err
 }
 
+// Lookup says what a path names: a file, a directory, or neither (NotFound).
+func (c *Client) Lookup(ctx context.Context, req *masterpb.LookupRequest) (*masterpb.ListEntry, error) {
+	entry, _, err := call(ctx, c, "Lookup", req, masterpb.MasterClient.Lookup)
+	return entry, err
+}
+
 // ListFiles lists one page of a directory.
 func (c *Client) ListFiles(ctx context.Context, req *masterpb.ListFilesRequest) (*masterpb.ListFilesResponse, error) {
 	resp, _, err := call(ctx, c, "ListFiles", req, masterpb.MasterClient.ListFiles)

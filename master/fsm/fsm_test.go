@@ -593,6 +593,49 @@ func TestListFiles(t *testing.T) {
 	}
 }
 
+func TestLookupNamesAFileAFolderOrNothing(t *testing.T) {
+	h := newHarness(t)
+	for _, p := range []string{"/d/a.txt", "/d/b/x", "/d/c/z/w"} {
+		h.must(create(p))
+	}
+	tests := map[string]struct {
+		path    string
+		want    string // "file", "dir" or the error kind's text
+		wantErr error
+	}{
+		"a file":                                 {path: "/d/a.txt", want: "file"},
+		"a folder holding a file":                {path: "/d/b", want: "dir"},
+		"a folder holding only a folder":         {path: "/d/c", want: "dir"},
+		"the top folder":                         {path: "/d", want: "dir"},
+		"nothing":                                {path: "/d/nope", wantErr: ErrNotFound},
+		"a prefix of a file's name is not a dir": {path: "/d/a", wantErr: ErrNotFound},
+		"below a file":                           {path: "/d/a.txt/x", wantErr: ErrNotFound},
+		"the root is no file":                    {path: "/", wantErr: ErrInvalid},
+		"a relative path":                        {path: "d/a.txt", wantErr: ErrInvalid},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			entry, err := h.fsm.Lookup(tc.path)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("Lookup(%q) = %v, %v; want %v", tc.path, entry, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Lookup(%q): %v", tc.path, err)
+			}
+			got := "file"
+			if entry.GetDir() {
+				got = "dir"
+			}
+			if got != tc.want || entry.GetPath() != tc.path || (got == "file") != (entry.GetFile().GetPath() == tc.path) {
+				t.Errorf("Lookup(%q) = %v, want a %s", tc.path, entry, tc.want)
+			}
+		})
+	}
+}
+
 func TestMarkWorkerLostRecordsWhatIsLeft(t *testing.T) {
 	h := newHarness(t)
 	h.must(worker("w1"))

@@ -52,6 +52,40 @@ func (f *FSM) Exists(p string) (bool, error) {
 	return ok, err
 }
 
+// Lookup says what p names: the file there, or a directory entry when files lie below p
+// (directories exist only as the paths of the files in them), or ErrNotFound. It answers in one
+// read what GetFile and a one-entry ListFiles would answer in two.
+func (f *FSM) Lookup(p string) (*masterpb.ListEntry, error) {
+	if err := validPath(p); err != nil {
+		return nil, err
+	}
+	var entry *masterpb.ListEntry
+	err := f.db.View(func(txn *badger.Txn) error {
+		file, err := getFile(txn, p)
+		if err == nil {
+			entry = &masterpb.ListEntry{Path: p, File: file}
+			return nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = dirPrefix(p)
+		opts.PrefetchValues = false
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		if it.Rewind(); !it.Valid() {
+			return notFound("file or directory %s", p)
+		}
+		entry = &masterpb.ListEntry{Path: p, Dir: true}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return entry, nil
+}
+
 // ListFiles lists dir: its direct children (files and subdirectories) or, when recursive, every
 // file below it, in path order, starting after startAfter, at most limit entries. next is the
 // startAfter of the following page, empty at the end.

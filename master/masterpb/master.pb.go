@@ -1495,6 +1495,58 @@ func (x *GetFileRequest) GetStaleOk() bool {
 	return false
 }
 
+type LookupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	StaleOk       bool                   `protobuf:"varint,2,opt,name=stale_ok,json=staleOk,proto3" json:"stale_ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupRequest) Reset() {
+	*x = LookupRequest{}
+	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupRequest) ProtoMessage() {}
+
+func (x *LookupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
+func (*LookupRequest) Descriptor() ([]byte, []int) {
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *LookupRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetStaleOk() bool {
+	if x != nil {
+		return x.StaleOk
+	}
+	return false
+}
+
 type ExistsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -1505,7 +1557,7 @@ type ExistsRequest struct {
 
 func (x *ExistsRequest) Reset() {
 	*x = ExistsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	mi := &file_master_masterpb_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1569,7 @@ func (x *ExistsRequest) String() string {
 func (*ExistsRequest) ProtoMessage() {}
 
 func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[17]
+	mi := &file_master_masterpb_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1582,7 @@ func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsRequest.ProtoReflect.Descriptor instead.
 func (*ExistsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{17}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExistsRequest) GetPath() string {
@@ -1556,7 +1608,7 @@ type ExistsResponse struct {
 
 func (x *ExistsResponse) Reset() {
 	*x = ExistsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[18]
+	mi := &file_master_masterpb_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1620,7 @@ func (x *ExistsResponse) String() string {
 func (*ExistsResponse) ProtoMessage() {}
 
 func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[18]
+	mi := &file_master_masterpb_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1633,7 @@ func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsResponse.ProtoReflect.Descriptor instead.
 func (*ExistsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{18}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExistsResponse) GetExists() bool {
@@ -1601,7 +1653,7 @@ type RenameFileRequest struct {
 
 func (x *RenameFileRequest) Reset() {
 	*x = RenameFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[19]
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1665,7 @@ func (x *RenameFileRequest) String() string {
 func (*RenameFileRequest) ProtoMessage() {}
 
 func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[19]
+	mi := &file_master_masterpb_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1678,7 @@ func (x *RenameFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameFileRequest.ProtoReflect.Descriptor instead.
 func (*RenameFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{19}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RenameFileRequest) GetFrom() string {
@@ -1652,7 +1704,7 @@ type DeleteFileRequest struct {
 
 func (x *DeleteFileRequest) Reset() {
 	*x = DeleteFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1716,7 @@ func (x *DeleteFileRequest) String() string {
 func (*DeleteFileRequest) ProtoMessage() {}
 
 func (x *DeleteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[20]
+	mi := &file_master_masterpb_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1729,7 @@ func (x *DeleteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteFileRequest.ProtoReflect.Descriptor instead.
 func (*DeleteFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{20}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteFileRequest) GetPath() string {
@@ -1696,7 +1748,7 @@ type DeleteFileResponse struct {
 
 func (x *DeleteFileResponse) Reset() {
 	*x = DeleteFileResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1760,7 @@ func (x *DeleteFileResponse) String() string {
 func (*DeleteFileResponse) ProtoMessage() {}
 
 func (x *DeleteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[21]
+	mi := &file_master_masterpb_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1773,7 @@ func (x *DeleteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteFileResponse.ProtoReflect.Descriptor instead.
 func (*DeleteFileResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{21}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteFileResponse) GetBlocksDeleted() uint64 {
@@ -1748,7 +1800,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1812,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[22]
+	mi := &file_master_masterpb_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1825,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{22}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListFilesRequest) GetDir() string {
@@ -1823,7 +1875,7 @@ type ListEntry struct {
 
 func (x *ListEntry) Reset() {
 	*x = ListEntry{}
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1887,7 @@ func (x *ListEntry) String() string {
 func (*ListEntry) ProtoMessage() {}
 
 func (x *ListEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[23]
+	mi := &file_master_masterpb_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1900,7 @@ func (x *ListEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntry.ProtoReflect.Descriptor instead.
 func (*ListEntry) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{23}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListEntry) GetPath() string {
@@ -1883,7 +1935,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +1947,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[24]
+	mi := &file_master_masterpb_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +1960,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{24}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListFilesResponse) GetEntries() []*ListEntry {
@@ -1941,7 +1993,7 @@ type CheckpointFileRequest struct {
 
 func (x *CheckpointFileRequest) Reset() {
 	*x = CheckpointFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2005,7 @@ func (x *CheckpointFileRequest) String() string {
 func (*CheckpointFileRequest) ProtoMessage() {}
 
 func (x *CheckpointFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[25]
+	mi := &file_master_masterpb_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2018,7 @@ func (x *CheckpointFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointFileRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{25}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CheckpointFileRequest) GetPath() string {
@@ -2021,7 +2073,7 @@ type SealFileRequest struct {
 
 func (x *SealFileRequest) Reset() {
 	*x = SealFileRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2085,7 @@ func (x *SealFileRequest) String() string {
 func (*SealFileRequest) ProtoMessage() {}
 
 func (x *SealFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[26]
+	mi := &file_master_masterpb_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2098,7 @@ func (x *SealFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealFileRequest.ProtoReflect.Descriptor instead.
 func (*SealFileRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{26}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SealFileRequest) GetPath() string {
@@ -2101,7 +2153,7 @@ type RecordAccessRequest struct {
 
 func (x *RecordAccessRequest) Reset() {
 	*x = RecordAccessRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2165,7 @@ func (x *RecordAccessRequest) String() string {
 func (*RecordAccessRequest) ProtoMessage() {}
 
 func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[27]
+	mi := &file_master_masterpb_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2178,7 @@ func (x *RecordAccessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordAccessRequest.ProtoReflect.Descriptor instead.
 func (*RecordAccessRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{27}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RecordAccessRequest) GetPath() string {
@@ -2154,7 +2206,7 @@ type RegisterDatasetRequest struct {
 
 func (x *RegisterDatasetRequest) Reset() {
 	*x = RegisterDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2218,7 @@ func (x *RegisterDatasetRequest) String() string {
 func (*RegisterDatasetRequest) ProtoMessage() {}
 
 func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[28]
+	mi := &file_master_masterpb_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2231,7 @@ func (x *RegisterDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatasetRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{28}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegisterDatasetRequest) GetName() string {
@@ -2213,7 +2265,7 @@ type GetDatasetRequest struct {
 
 func (x *GetDatasetRequest) Reset() {
 	*x = GetDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2225,7 +2277,7 @@ func (x *GetDatasetRequest) String() string {
 func (*GetDatasetRequest) ProtoMessage() {}
 
 func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[29]
+	mi := &file_master_masterpb_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2238,7 +2290,7 @@ func (x *GetDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{29}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetDatasetRequest) GetName() string {
@@ -2264,7 +2316,7 @@ type DeleteDatasetRequest struct {
 
 func (x *DeleteDatasetRequest) Reset() {
 	*x = DeleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2328,7 @@ func (x *DeleteDatasetRequest) String() string {
 func (*DeleteDatasetRequest) ProtoMessage() {}
 
 func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[30]
+	mi := &file_master_masterpb_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2341,7 @@ func (x *DeleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{30}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteDatasetRequest) GetName() string {
@@ -2308,7 +2360,7 @@ type CompleteDatasetRequest struct {
 
 func (x *CompleteDatasetRequest) Reset() {
 	*x = CompleteDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2372,7 @@ func (x *CompleteDatasetRequest) String() string {
 func (*CompleteDatasetRequest) ProtoMessage() {}
 
 func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[31]
+	mi := &file_master_masterpb_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2385,7 @@ func (x *CompleteDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteDatasetRequest.ProtoReflect.Descriptor instead.
 func (*CompleteDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{31}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CompleteDatasetRequest) GetName() string {
@@ -2352,7 +2404,7 @@ type ReopenDatasetRequest struct {
 
 func (x *ReopenDatasetRequest) Reset() {
 	*x = ReopenDatasetRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2416,7 @@ func (x *ReopenDatasetRequest) String() string {
 func (*ReopenDatasetRequest) ProtoMessage() {}
 
 func (x *ReopenDatasetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[32]
+	mi := &file_master_masterpb_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2429,7 @@ func (x *ReopenDatasetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReopenDatasetRequest.ProtoReflect.Descriptor instead.
 func (*ReopenDatasetRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{32}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReopenDatasetRequest) GetName() string {
@@ -2399,7 +2451,7 @@ type SetDatasetRecoveryRequest struct {
 
 func (x *SetDatasetRecoveryRequest) Reset() {
 	*x = SetDatasetRecoveryRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2463,7 @@ func (x *SetDatasetRecoveryRequest) String() string {
 func (*SetDatasetRecoveryRequest) ProtoMessage() {}
 
 func (x *SetDatasetRecoveryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[33]
+	mi := &file_master_masterpb_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2476,7 @@ func (x *SetDatasetRecoveryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDatasetRecoveryRequest.ProtoReflect.Descriptor instead.
 func (*SetDatasetRecoveryRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{33}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetDatasetRecoveryRequest) GetName() string {
@@ -2457,7 +2509,7 @@ type DeleteDatasetResponse struct {
 
 func (x *DeleteDatasetResponse) Reset() {
 	*x = DeleteDatasetResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2521,7 @@ func (x *DeleteDatasetResponse) String() string {
 func (*DeleteDatasetResponse) ProtoMessage() {}
 
 func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[34]
+	mi := &file_master_masterpb_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2534,7 @@ func (x *DeleteDatasetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{34}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteDatasetResponse) GetFilesDeleted() uint64 {
@@ -2504,7 +2556,7 @@ type GetDatasetUsageRequest struct {
 
 func (x *GetDatasetUsageRequest) Reset() {
 	*x = GetDatasetUsageRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +2568,7 @@ func (x *GetDatasetUsageRequest) String() string {
 func (*GetDatasetUsageRequest) ProtoMessage() {}
 
 func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[35]
+	mi := &file_master_masterpb_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2529,7 +2581,7 @@ func (x *GetDatasetUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDatasetUsageRequest.ProtoReflect.Descriptor instead.
 func (*GetDatasetUsageRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{35}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetDatasetUsageRequest) GetName() string {
@@ -2595,7 +2647,7 @@ type DatasetUsage struct {
 
 func (x *DatasetUsage) Reset() {
 	*x = DatasetUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2607,7 +2659,7 @@ func (x *DatasetUsage) String() string {
 func (*DatasetUsage) ProtoMessage() {}
 
 func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[36]
+	mi := &file_master_masterpb_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2620,7 +2672,7 @@ func (x *DatasetUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetUsage.ProtoReflect.Descriptor instead.
 func (*DatasetUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{36}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DatasetUsage) GetName() string {
@@ -2726,7 +2778,7 @@ type AttemptUsage struct {
 
 func (x *AttemptUsage) Reset() {
 	*x = AttemptUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2790,7 @@ func (x *AttemptUsage) String() string {
 func (*AttemptUsage) ProtoMessage() {}
 
 func (x *AttemptUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[37]
+	mi := &file_master_masterpb_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2803,7 @@ func (x *AttemptUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptUsage.ProtoReflect.Descriptor instead.
 func (*AttemptUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{37}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AttemptUsage) GetAttempt() string {
@@ -2787,7 +2839,7 @@ type SettleAttemptRequest struct {
 
 func (x *SettleAttemptRequest) Reset() {
 	*x = SettleAttemptRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2851,7 @@ func (x *SettleAttemptRequest) String() string {
 func (*SettleAttemptRequest) ProtoMessage() {}
 
 func (x *SettleAttemptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[38]
+	mi := &file_master_masterpb_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2864,7 @@ func (x *SettleAttemptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptRequest.ProtoReflect.Descriptor instead.
 func (*SettleAttemptRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{38}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SettleAttemptRequest) GetDataset() string {
@@ -2846,7 +2898,7 @@ type SettleAttemptResponse struct {
 
 func (x *SettleAttemptResponse) Reset() {
 	*x = SettleAttemptResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2858,7 +2910,7 @@ func (x *SettleAttemptResponse) String() string {
 func (*SettleAttemptResponse) ProtoMessage() {}
 
 func (x *SettleAttemptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[39]
+	mi := &file_master_masterpb_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2871,7 +2923,7 @@ func (x *SettleAttemptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptResponse.ProtoReflect.Descriptor instead.
 func (*SettleAttemptResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{39}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SettleAttemptResponse) GetFiles() uint64 {
@@ -2895,7 +2947,7 @@ type SettleAttemptStep struct {
 
 func (x *SettleAttemptStep) Reset() {
 	*x = SettleAttemptStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +2959,7 @@ func (x *SettleAttemptStep) String() string {
 func (*SettleAttemptStep) ProtoMessage() {}
 
 func (x *SettleAttemptStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[40]
+	mi := &file_master_masterpb_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +2972,7 @@ func (x *SettleAttemptStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptStep.ProtoReflect.Descriptor instead.
 func (*SettleAttemptStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{40}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SettleAttemptStep) GetDataset() string {
@@ -2961,7 +3013,7 @@ type SettleAttemptStepResult struct {
 
 func (x *SettleAttemptStepResult) Reset() {
 	*x = SettleAttemptStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3025,7 @@ func (x *SettleAttemptStepResult) String() string {
 func (*SettleAttemptStepResult) ProtoMessage() {}
 
 func (x *SettleAttemptStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[41]
+	mi := &file_master_masterpb_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3038,7 @@ func (x *SettleAttemptStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleAttemptStepResult.ProtoReflect.Descriptor instead.
 func (*SettleAttemptStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{41}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SettleAttemptStepResult) GetFiles() uint64 {
@@ -3013,7 +3065,7 @@ type NodeUsage struct {
 
 func (x *NodeUsage) Reset() {
 	*x = NodeUsage{}
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3077,7 @@ func (x *NodeUsage) String() string {
 func (*NodeUsage) ProtoMessage() {}
 
 func (x *NodeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[42]
+	mi := &file_master_masterpb_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3090,7 @@ func (x *NodeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
 func (*NodeUsage) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{42}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *NodeUsage) GetNode() string {
@@ -3070,7 +3122,7 @@ type CommitBlockRequest struct {
 
 func (x *CommitBlockRequest) Reset() {
 	*x = CommitBlockRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3134,7 @@ func (x *CommitBlockRequest) String() string {
 func (*CommitBlockRequest) ProtoMessage() {}
 
 func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[43]
+	mi := &file_master_masterpb_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3147,7 @@ func (x *CommitBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitBlockRequest.ProtoReflect.Descriptor instead.
 func (*CommitBlockRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{43}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CommitBlockRequest) GetBlockId() uint64 {
@@ -3157,7 +3209,7 @@ type RemoveBlockCopyRequest struct {
 
 func (x *RemoveBlockCopyRequest) Reset() {
 	*x = RemoveBlockCopyRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3169,7 +3221,7 @@ func (x *RemoveBlockCopyRequest) String() string {
 func (*RemoveBlockCopyRequest) ProtoMessage() {}
 
 func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[44]
+	mi := &file_master_masterpb_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3182,7 +3234,7 @@ func (x *RemoveBlockCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveBlockCopyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveBlockCopyRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{44}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveBlockCopyRequest) GetBlockId() uint64 {
@@ -3212,7 +3264,7 @@ type GetBlockLocationsRequest struct {
 
 func (x *GetBlockLocationsRequest) Reset() {
 	*x = GetBlockLocationsRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3224,7 +3276,7 @@ func (x *GetBlockLocationsRequest) String() string {
 func (*GetBlockLocationsRequest) ProtoMessage() {}
 
 func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[45]
+	mi := &file_master_masterpb_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3237,7 +3289,7 @@ func (x *GetBlockLocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{45}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetBlockLocationsRequest) GetPath() string {
@@ -3270,7 +3322,7 @@ type GetBlockLocationsResponse struct {
 
 func (x *GetBlockLocationsResponse) Reset() {
 	*x = GetBlockLocationsResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3334,7 @@ func (x *GetBlockLocationsResponse) String() string {
 func (*GetBlockLocationsResponse) ProtoMessage() {}
 
 func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[46]
+	mi := &file_master_masterpb_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3347,7 @@ func (x *GetBlockLocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockLocationsResponse.ProtoReflect.Descriptor instead.
 func (*GetBlockLocationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{46}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetBlockLocationsResponse) GetBlocks() []*Block {
@@ -3317,7 +3369,7 @@ type RegisterWorkerRequest struct {
 
 func (x *RegisterWorkerRequest) Reset() {
 	*x = RegisterWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3329,7 +3381,7 @@ func (x *RegisterWorkerRequest) String() string {
 func (*RegisterWorkerRequest) ProtoMessage() {}
 
 func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[47]
+	mi := &file_master_masterpb_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3342,7 +3394,7 @@ func (x *RegisterWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterWorkerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{47}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegisterWorkerRequest) GetId() string {
@@ -3383,7 +3435,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3395,7 +3447,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[48]
+	mi := &file_master_masterpb_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3408,7 +3460,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{48}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *HeartbeatRequest) GetWorker() string {
@@ -3434,7 +3486,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3498,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[49]
+	mi := &file_master_masterpb_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3511,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{49}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *HeartbeatResponse) GetCommand() WorkerCommand {
@@ -3479,7 +3531,7 @@ type MarkWorkerLostRequest struct {
 
 func (x *MarkWorkerLostRequest) Reset() {
 	*x = MarkWorkerLostRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +3543,7 @@ func (x *MarkWorkerLostRequest) String() string {
 func (*MarkWorkerLostRequest) ProtoMessage() {}
 
 func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[50]
+	mi := &file_master_masterpb_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +3556,7 @@ func (x *MarkWorkerLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostRequest.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{50}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MarkWorkerLostRequest) GetWorker() string {
@@ -3530,7 +3582,7 @@ type ForgetWorkerRequest struct {
 
 func (x *ForgetWorkerRequest) Reset() {
 	*x = ForgetWorkerRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3542,7 +3594,7 @@ func (x *ForgetWorkerRequest) String() string {
 func (*ForgetWorkerRequest) ProtoMessage() {}
 
 func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[51]
+	mi := &file_master_masterpb_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3555,7 +3607,7 @@ func (x *ForgetWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerRequest.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{51}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ForgetWorkerRequest) GetWorker() string {
@@ -3575,7 +3627,7 @@ type ForgetWorkerResponse struct {
 
 func (x *ForgetWorkerResponse) Reset() {
 	*x = ForgetWorkerResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3639,7 @@ func (x *ForgetWorkerResponse) String() string {
 func (*ForgetWorkerResponse) ProtoMessage() {}
 
 func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[52]
+	mi := &file_master_masterpb_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3652,7 @@ func (x *ForgetWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetWorkerResponse.ProtoReflect.Descriptor instead.
 func (*ForgetWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{52}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ForgetWorkerResponse) GetForgotten() bool {
@@ -3624,7 +3676,7 @@ type MarkWorkerLostResponse struct {
 
 func (x *MarkWorkerLostResponse) Reset() {
 	*x = MarkWorkerLostResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3636,7 +3688,7 @@ func (x *MarkWorkerLostResponse) String() string {
 func (*MarkWorkerLostResponse) ProtoMessage() {}
 
 func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[53]
+	mi := &file_master_masterpb_master_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3649,7 +3701,7 @@ func (x *MarkWorkerLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostResponse.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{53}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MarkWorkerLostResponse) GetBlocksLost() uint64 {
@@ -3689,7 +3741,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3701,7 +3753,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[54]
+	mi := &file_master_masterpb_master_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3714,7 +3766,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{54}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListWorkersRequest) GetStaleOk() bool {
@@ -3733,7 +3785,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[55]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +3797,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[55]
+	mi := &file_master_masterpb_master_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +3810,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{55}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*Worker {
@@ -3779,7 +3831,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[56]
+	mi := &file_master_masterpb_master_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3791,7 +3843,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[56]
+	mi := &file_master_masterpb_master_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3804,7 +3856,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{56}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *JoinRequest) GetRaftId() string {
@@ -3836,7 +3888,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[57]
+	mi := &file_master_masterpb_master_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3848,7 +3900,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[57]
+	mi := &file_master_masterpb_master_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3861,7 +3913,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{57}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{58}
 }
 
 type LeaderRequest struct {
@@ -3872,7 +3924,7 @@ type LeaderRequest struct {
 
 func (x *LeaderRequest) Reset() {
 	*x = LeaderRequest{}
-	mi := &file_master_masterpb_master_proto_msgTypes[58]
+	mi := &file_master_masterpb_master_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3884,7 +3936,7 @@ func (x *LeaderRequest) String() string {
 func (*LeaderRequest) ProtoMessage() {}
 
 func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[58]
+	mi := &file_master_masterpb_master_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3897,7 +3949,7 @@ func (x *LeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderRequest.ProtoReflect.Descriptor instead.
 func (*LeaderRequest) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{58}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{59}
 }
 
 type LeaderResponse struct {
@@ -3919,7 +3971,7 @@ type LeaderResponse struct {
 
 func (x *LeaderResponse) Reset() {
 	*x = LeaderResponse{}
-	mi := &file_master_masterpb_master_proto_msgTypes[59]
+	mi := &file_master_masterpb_master_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +3983,7 @@ func (x *LeaderResponse) String() string {
 func (*LeaderResponse) ProtoMessage() {}
 
 func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[59]
+	mi := &file_master_masterpb_master_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +3996,7 @@ func (x *LeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderResponse.ProtoReflect.Descriptor instead.
 func (*LeaderResponse) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{59}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LeaderResponse) GetLeaderId() string {
@@ -4049,7 +4101,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_master_masterpb_master_proto_msgTypes[60]
+	mi := &file_master_masterpb_master_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4061,7 +4113,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[60]
+	mi := &file_master_masterpb_master_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4074,7 +4126,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{60}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -4415,7 +4467,7 @@ type DeleteDatasetStep struct {
 
 func (x *DeleteDatasetStep) Reset() {
 	*x = DeleteDatasetStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[61]
+	mi := &file_master_masterpb_master_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4427,7 +4479,7 @@ func (x *DeleteDatasetStep) String() string {
 func (*DeleteDatasetStep) ProtoMessage() {}
 
 func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[61]
+	mi := &file_master_masterpb_master_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4440,7 +4492,7 @@ func (x *DeleteDatasetStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStep.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{61}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DeleteDatasetStep) GetName() string {
@@ -4467,7 +4519,7 @@ type DeleteDatasetStepResult struct {
 
 func (x *DeleteDatasetStepResult) Reset() {
 	*x = DeleteDatasetStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[62]
+	mi := &file_master_masterpb_master_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4531,7 @@ func (x *DeleteDatasetStepResult) String() string {
 func (*DeleteDatasetStepResult) ProtoMessage() {}
 
 func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[62]
+	mi := &file_master_masterpb_master_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4544,7 @@ func (x *DeleteDatasetStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDatasetStepResult.ProtoReflect.Descriptor instead.
 func (*DeleteDatasetStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{62}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DeleteDatasetStepResult) GetFilesDeleted() uint64 {
@@ -4522,7 +4574,7 @@ type MarkWorkerLostStep struct {
 
 func (x *MarkWorkerLostStep) Reset() {
 	*x = MarkWorkerLostStep{}
-	mi := &file_master_masterpb_master_proto_msgTypes[63]
+	mi := &file_master_masterpb_master_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4534,7 +4586,7 @@ func (x *MarkWorkerLostStep) String() string {
 func (*MarkWorkerLostStep) ProtoMessage() {}
 
 func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[63]
+	mi := &file_master_masterpb_master_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4547,7 +4599,7 @@ func (x *MarkWorkerLostStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStep.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStep) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{63}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MarkWorkerLostStep) GetWorker() string {
@@ -4581,7 +4633,7 @@ type MarkWorkerLostStepResult struct {
 
 func (x *MarkWorkerLostStepResult) Reset() {
 	*x = MarkWorkerLostStepResult{}
-	mi := &file_master_masterpb_master_proto_msgTypes[64]
+	mi := &file_master_masterpb_master_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4593,7 +4645,7 @@ func (x *MarkWorkerLostStepResult) String() string {
 func (*MarkWorkerLostStepResult) ProtoMessage() {}
 
 func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[64]
+	mi := &file_master_masterpb_master_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4606,7 +4658,7 @@ func (x *MarkWorkerLostStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkWorkerLostStepResult.ProtoReflect.Descriptor instead.
 func (*MarkWorkerLostStepResult) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{64}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *MarkWorkerLostStepResult) GetCounts() *MarkWorkerLostResponse {
@@ -4632,7 +4684,7 @@ type SetPeer struct {
 
 func (x *SetPeer) Reset() {
 	*x = SetPeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[65]
+	mi := &file_master_masterpb_master_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4644,7 +4696,7 @@ func (x *SetPeer) String() string {
 func (*SetPeer) ProtoMessage() {}
 
 func (x *SetPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[65]
+	mi := &file_master_masterpb_master_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4657,7 +4709,7 @@ func (x *SetPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPeer.ProtoReflect.Descriptor instead.
 func (*SetPeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{65}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SetPeer) GetPeer() *Peer {
@@ -4676,7 +4728,7 @@ type RemovePeer struct {
 
 func (x *RemovePeer) Reset() {
 	*x = RemovePeer{}
-	mi := &file_master_masterpb_master_proto_msgTypes[66]
+	mi := &file_master_masterpb_master_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4688,7 +4740,7 @@ func (x *RemovePeer) String() string {
 func (*RemovePeer) ProtoMessage() {}
 
 func (x *RemovePeer) ProtoReflect() protoreflect.Message {
-	mi := &file_master_masterpb_master_proto_msgTypes[66]
+	mi := &file_master_masterpb_master_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4701,7 +4753,7 @@ func (x *RemovePeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeer.ProtoReflect.Descriptor instead.
 func (*RemovePeer) Descriptor() ([]byte, []int) {
-	return file_master_masterpb_master_proto_rawDescGZIP(), []int{66}
+	return file_master_masterpb_master_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RemovePeer) GetRaftId() string {
@@ -4818,6 +4870,9 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\aattempt\x18\x06 \x01(\tR\aattempt\x12\x18\n" +
 	"\awritten\x18\a \x01(\bR\awritten\"?\n" +
 	"\x0eGetFileRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x19\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\">\n" +
+	"\rLookupRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x19\n" +
 	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\">\n" +
 	"\rExistsRequest\x12\x12\n" +
@@ -5044,7 +5099,7 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\x11WORKER_STATE_LOST\x10\x02*E\n" +
 	"\rWorkerCommand\x12\x17\n" +
 	"\x13WORKER_COMMAND_NONE\x10\x00\x12\x1b\n" +
-	"\x17WORKER_COMMAND_REGISTER\x10\x012\xa6\x13\n" +
+	"\x17WORKER_COMMAND_REGISTER\x10\x012\xee\x13\n" +
 	"\x06Master\x12I\n" +
 	"\n" +
 	"CreateFile\x12#.strata.master.v1.CreateFileRequest\x1a\x16.strata.master.v1.File\x12C\n" +
@@ -5054,7 +5109,8 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"RenameFile\x12#.strata.master.v1.RenameFileRequest\x1a\x16.strata.master.v1.File\x12W\n" +
 	"\n" +
 	"DeleteFile\x12#.strata.master.v1.DeleteFileRequest\x1a$.strata.master.v1.DeleteFileResponse\x12T\n" +
-	"\tListFiles\x12\".strata.master.v1.ListFilesRequest\x1a#.strata.master.v1.ListFilesResponse\x12Q\n" +
+	"\tListFiles\x12\".strata.master.v1.ListFilesRequest\x1a#.strata.master.v1.ListFilesResponse\x12F\n" +
+	"\x06Lookup\x12\x1f.strata.master.v1.LookupRequest\x1a\x1b.strata.master.v1.ListEntry\x12Q\n" +
 	"\x0eCheckpointFile\x12'.strata.master.v1.CheckpointFileRequest\x1a\x16.strata.master.v1.File\x12E\n" +
 	"\bSealFile\x12!.strata.master.v1.SealFileRequest\x1a\x16.strata.master.v1.File\x12M\n" +
 	"\fRecordAccess\x12%.strata.master.v1.RecordAccessRequest\x1a\x16.strata.master.v1.File\x12V\n" +
@@ -5093,7 +5149,7 @@ func file_master_masterpb_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_masterpb_master_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_master_masterpb_master_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_master_masterpb_master_proto_goTypes = []any{
 	(CheckpointState)(0),              // 0: strata.master.v1.CheckpointState
 	(WorkerState)(0),                  // 1: strata.master.v1.WorkerState
@@ -5115,56 +5171,57 @@ var file_master_masterpb_master_proto_goTypes = []any{
 	(*Peer)(nil),                      // 17: strata.master.v1.Peer
 	(*CreateFileRequest)(nil),         // 18: strata.master.v1.CreateFileRequest
 	(*GetFileRequest)(nil),            // 19: strata.master.v1.GetFileRequest
-	(*ExistsRequest)(nil),             // 20: strata.master.v1.ExistsRequest
-	(*ExistsResponse)(nil),            // 21: strata.master.v1.ExistsResponse
-	(*RenameFileRequest)(nil),         // 22: strata.master.v1.RenameFileRequest
-	(*DeleteFileRequest)(nil),         // 23: strata.master.v1.DeleteFileRequest
-	(*DeleteFileResponse)(nil),        // 24: strata.master.v1.DeleteFileResponse
-	(*ListFilesRequest)(nil),          // 25: strata.master.v1.ListFilesRequest
-	(*ListEntry)(nil),                 // 26: strata.master.v1.ListEntry
-	(*ListFilesResponse)(nil),         // 27: strata.master.v1.ListFilesResponse
-	(*CheckpointFileRequest)(nil),     // 28: strata.master.v1.CheckpointFileRequest
-	(*SealFileRequest)(nil),           // 29: strata.master.v1.SealFileRequest
-	(*RecordAccessRequest)(nil),       // 30: strata.master.v1.RecordAccessRequest
-	(*RegisterDatasetRequest)(nil),    // 31: strata.master.v1.RegisterDatasetRequest
-	(*GetDatasetRequest)(nil),         // 32: strata.master.v1.GetDatasetRequest
-	(*DeleteDatasetRequest)(nil),      // 33: strata.master.v1.DeleteDatasetRequest
-	(*CompleteDatasetRequest)(nil),    // 34: strata.master.v1.CompleteDatasetRequest
-	(*ReopenDatasetRequest)(nil),      // 35: strata.master.v1.ReopenDatasetRequest
-	(*SetDatasetRecoveryRequest)(nil), // 36: strata.master.v1.SetDatasetRecoveryRequest
-	(*DeleteDatasetResponse)(nil),     // 37: strata.master.v1.DeleteDatasetResponse
-	(*GetDatasetUsageRequest)(nil),    // 38: strata.master.v1.GetDatasetUsageRequest
-	(*DatasetUsage)(nil),              // 39: strata.master.v1.DatasetUsage
-	(*AttemptUsage)(nil),              // 40: strata.master.v1.AttemptUsage
-	(*SettleAttemptRequest)(nil),      // 41: strata.master.v1.SettleAttemptRequest
-	(*SettleAttemptResponse)(nil),     // 42: strata.master.v1.SettleAttemptResponse
-	(*SettleAttemptStep)(nil),         // 43: strata.master.v1.SettleAttemptStep
-	(*SettleAttemptStepResult)(nil),   // 44: strata.master.v1.SettleAttemptStepResult
-	(*NodeUsage)(nil),                 // 45: strata.master.v1.NodeUsage
-	(*CommitBlockRequest)(nil),        // 46: strata.master.v1.CommitBlockRequest
-	(*RemoveBlockCopyRequest)(nil),    // 47: strata.master.v1.RemoveBlockCopyRequest
-	(*GetBlockLocationsRequest)(nil),  // 48: strata.master.v1.GetBlockLocationsRequest
-	(*GetBlockLocationsResponse)(nil), // 49: strata.master.v1.GetBlockLocationsResponse
-	(*RegisterWorkerRequest)(nil),     // 50: strata.master.v1.RegisterWorkerRequest
-	(*HeartbeatRequest)(nil),          // 51: strata.master.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 52: strata.master.v1.HeartbeatResponse
-	(*MarkWorkerLostRequest)(nil),     // 53: strata.master.v1.MarkWorkerLostRequest
-	(*ForgetWorkerRequest)(nil),       // 54: strata.master.v1.ForgetWorkerRequest
-	(*ForgetWorkerResponse)(nil),      // 55: strata.master.v1.ForgetWorkerResponse
-	(*MarkWorkerLostResponse)(nil),    // 56: strata.master.v1.MarkWorkerLostResponse
-	(*ListWorkersRequest)(nil),        // 57: strata.master.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 58: strata.master.v1.ListWorkersResponse
-	(*JoinRequest)(nil),               // 59: strata.master.v1.JoinRequest
-	(*JoinResponse)(nil),              // 60: strata.master.v1.JoinResponse
-	(*LeaderRequest)(nil),             // 61: strata.master.v1.LeaderRequest
-	(*LeaderResponse)(nil),            // 62: strata.master.v1.LeaderResponse
-	(*Command)(nil),                   // 63: strata.master.v1.Command
-	(*DeleteDatasetStep)(nil),         // 64: strata.master.v1.DeleteDatasetStep
-	(*DeleteDatasetStepResult)(nil),   // 65: strata.master.v1.DeleteDatasetStepResult
-	(*MarkWorkerLostStep)(nil),        // 66: strata.master.v1.MarkWorkerLostStep
-	(*MarkWorkerLostStepResult)(nil),  // 67: strata.master.v1.MarkWorkerLostStepResult
-	(*SetPeer)(nil),                   // 68: strata.master.v1.SetPeer
-	(*RemovePeer)(nil),                // 69: strata.master.v1.RemovePeer
+	(*LookupRequest)(nil),             // 20: strata.master.v1.LookupRequest
+	(*ExistsRequest)(nil),             // 21: strata.master.v1.ExistsRequest
+	(*ExistsResponse)(nil),            // 22: strata.master.v1.ExistsResponse
+	(*RenameFileRequest)(nil),         // 23: strata.master.v1.RenameFileRequest
+	(*DeleteFileRequest)(nil),         // 24: strata.master.v1.DeleteFileRequest
+	(*DeleteFileResponse)(nil),        // 25: strata.master.v1.DeleteFileResponse
+	(*ListFilesRequest)(nil),          // 26: strata.master.v1.ListFilesRequest
+	(*ListEntry)(nil),                 // 27: strata.master.v1.ListEntry
+	(*ListFilesResponse)(nil),         // 28: strata.master.v1.ListFilesResponse
+	(*CheckpointFileRequest)(nil),     // 29: strata.master.v1.CheckpointFileRequest
+	(*SealFileRequest)(nil),           // 30: strata.master.v1.SealFileRequest
+	(*RecordAccessRequest)(nil),       // 31: strata.master.v1.RecordAccessRequest
+	(*RegisterDatasetRequest)(nil),    // 32: strata.master.v1.RegisterDatasetRequest
+	(*GetDatasetRequest)(nil),         // 33: strata.master.v1.GetDatasetRequest
+	(*DeleteDatasetRequest)(nil),      // 34: strata.master.v1.DeleteDatasetRequest
+	(*CompleteDatasetRequest)(nil),    // 35: strata.master.v1.CompleteDatasetRequest
+	(*ReopenDatasetRequest)(nil),      // 36: strata.master.v1.ReopenDatasetRequest
+	(*SetDatasetRecoveryRequest)(nil), // 37: strata.master.v1.SetDatasetRecoveryRequest
+	(*DeleteDatasetResponse)(nil),     // 38: strata.master.v1.DeleteDatasetResponse
+	(*GetDatasetUsageRequest)(nil),    // 39: strata.master.v1.GetDatasetUsageRequest
+	(*DatasetUsage)(nil),              // 40: strata.master.v1.DatasetUsage
+	(*AttemptUsage)(nil),              // 41: strata.master.v1.AttemptUsage
+	(*SettleAttemptRequest)(nil),      // 42: strata.master.v1.SettleAttemptRequest
+	(*SettleAttemptResponse)(nil),     // 43: strata.master.v1.SettleAttemptResponse
+	(*SettleAttemptStep)(nil),         // 44: strata.master.v1.SettleAttemptStep
+	(*SettleAttemptStepResult)(nil),   // 45: strata.master.v1.SettleAttemptStepResult
+	(*NodeUsage)(nil),                 // 46: strata.master.v1.NodeUsage
+	(*CommitBlockRequest)(nil),        // 47: strata.master.v1.CommitBlockRequest
+	(*RemoveBlockCopyRequest)(nil),    // 48: strata.master.v1.RemoveBlockCopyRequest
+	(*GetBlockLocationsRequest)(nil),  // 49: strata.master.v1.GetBlockLocationsRequest
+	(*GetBlockLocationsResponse)(nil), // 50: strata.master.v1.GetBlockLocationsResponse
+	(*RegisterWorkerRequest)(nil),     // 51: strata.master.v1.RegisterWorkerRequest
+	(*HeartbeatRequest)(nil),          // 52: strata.master.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 53: strata.master.v1.HeartbeatResponse
+	(*MarkWorkerLostRequest)(nil),     // 54: strata.master.v1.MarkWorkerLostRequest
+	(*ForgetWorkerRequest)(nil),       // 55: strata.master.v1.ForgetWorkerRequest
+	(*ForgetWorkerResponse)(nil),      // 56: strata.master.v1.ForgetWorkerResponse
+	(*MarkWorkerLostResponse)(nil),    // 57: strata.master.v1.MarkWorkerLostResponse
+	(*ListWorkersRequest)(nil),        // 58: strata.master.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 59: strata.master.v1.ListWorkersResponse
+	(*JoinRequest)(nil),               // 60: strata.master.v1.JoinRequest
+	(*JoinResponse)(nil),              // 61: strata.master.v1.JoinResponse
+	(*LeaderRequest)(nil),             // 62: strata.master.v1.LeaderRequest
+	(*LeaderResponse)(nil),            // 63: strata.master.v1.LeaderResponse
+	(*Command)(nil),                   // 64: strata.master.v1.Command
+	(*DeleteDatasetStep)(nil),         // 65: strata.master.v1.DeleteDatasetStep
+	(*DeleteDatasetStepResult)(nil),   // 66: strata.master.v1.DeleteDatasetStepResult
+	(*MarkWorkerLostStep)(nil),        // 67: strata.master.v1.MarkWorkerLostStep
+	(*MarkWorkerLostStepResult)(nil),  // 68: strata.master.v1.MarkWorkerLostStepResult
+	(*SetPeer)(nil),                   // 69: strata.master.v1.SetPeer
+	(*RemovePeer)(nil),                // 70: strata.master.v1.RemovePeer
 }
 var file_master_masterpb_master_proto_depIdxs = []int32{
 	5,  // 0: strata.master.v1.BackupChunk.header:type_name -> strata.master.v1.BackupHeader
@@ -5176,13 +5233,13 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	15, // 6: strata.master.v1.Worker.tiers:type_name -> strata.master.v1.TierUsage
 	1,  // 7: strata.master.v1.Worker.state:type_name -> strata.master.v1.WorkerState
 	11, // 8: strata.master.v1.ListEntry.file:type_name -> strata.master.v1.File
-	26, // 9: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
+	27, // 9: strata.master.v1.ListFilesResponse.entries:type_name -> strata.master.v1.ListEntry
 	0,  // 10: strata.master.v1.CheckpointFileRequest.state:type_name -> strata.master.v1.CheckpointState
-	46, // 11: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
+	47, // 11: strata.master.v1.SealFileRequest.blocks:type_name -> strata.master.v1.CommitBlockRequest
 	9,  // 12: strata.master.v1.SetDatasetRecoveryRequest.recovery:type_name -> strata.master.v1.DatasetRecovery
 	15, // 13: strata.master.v1.DatasetUsage.tiers:type_name -> strata.master.v1.TierUsage
-	45, // 14: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
-	40, // 15: strata.master.v1.DatasetUsage.attempts:type_name -> strata.master.v1.AttemptUsage
+	46, // 14: strata.master.v1.DatasetUsage.nodes:type_name -> strata.master.v1.NodeUsage
+	41, // 15: strata.master.v1.DatasetUsage.attempts:type_name -> strata.master.v1.AttemptUsage
 	14, // 16: strata.master.v1.GetBlockLocationsResponse.blocks:type_name -> strata.master.v1.Block
 	15, // 17: strata.master.v1.RegisterWorkerRequest.tiers:type_name -> strata.master.v1.TierUsage
 	15, // 18: strata.master.v1.HeartbeatRequest.tiers:type_name -> strata.master.v1.TierUsage
@@ -5190,87 +5247,89 @@ var file_master_masterpb_master_proto_depIdxs = []int32{
 	16, // 20: strata.master.v1.ListWorkersResponse.workers:type_name -> strata.master.v1.Worker
 	17, // 21: strata.master.v1.LeaderResponse.peers:type_name -> strata.master.v1.Peer
 	18, // 22: strata.master.v1.Command.create_file:type_name -> strata.master.v1.CreateFileRequest
-	22, // 23: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
-	23, // 24: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
-	31, // 25: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
-	64, // 26: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
-	46, // 27: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
-	50, // 28: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
-	51, // 29: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
-	66, // 30: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
-	28, // 31: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
-	30, // 32: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
-	68, // 33: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
-	69, // 34: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
-	47, // 35: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
-	34, // 36: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
-	54, // 37: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
-	29, // 38: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
-	35, // 39: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
-	36, // 40: strata.master.v1.Command.set_dataset_recovery:type_name -> strata.master.v1.SetDatasetRecoveryRequest
-	43, // 41: strata.master.v1.Command.settle_attempt:type_name -> strata.master.v1.SettleAttemptStep
-	56, // 42: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
+	23, // 23: strata.master.v1.Command.rename_file:type_name -> strata.master.v1.RenameFileRequest
+	24, // 24: strata.master.v1.Command.delete_file:type_name -> strata.master.v1.DeleteFileRequest
+	32, // 25: strata.master.v1.Command.register_dataset:type_name -> strata.master.v1.RegisterDatasetRequest
+	65, // 26: strata.master.v1.Command.delete_dataset:type_name -> strata.master.v1.DeleteDatasetStep
+	47, // 27: strata.master.v1.Command.commit_block:type_name -> strata.master.v1.CommitBlockRequest
+	51, // 28: strata.master.v1.Command.register_worker:type_name -> strata.master.v1.RegisterWorkerRequest
+	52, // 29: strata.master.v1.Command.heartbeat:type_name -> strata.master.v1.HeartbeatRequest
+	67, // 30: strata.master.v1.Command.mark_worker_lost:type_name -> strata.master.v1.MarkWorkerLostStep
+	29, // 31: strata.master.v1.Command.checkpoint_file:type_name -> strata.master.v1.CheckpointFileRequest
+	31, // 32: strata.master.v1.Command.record_access:type_name -> strata.master.v1.RecordAccessRequest
+	69, // 33: strata.master.v1.Command.set_peer:type_name -> strata.master.v1.SetPeer
+	70, // 34: strata.master.v1.Command.remove_peer:type_name -> strata.master.v1.RemovePeer
+	48, // 35: strata.master.v1.Command.remove_block_copy:type_name -> strata.master.v1.RemoveBlockCopyRequest
+	35, // 36: strata.master.v1.Command.complete_dataset:type_name -> strata.master.v1.CompleteDatasetRequest
+	55, // 37: strata.master.v1.Command.forget_worker:type_name -> strata.master.v1.ForgetWorkerRequest
+	30, // 38: strata.master.v1.Command.seal_file:type_name -> strata.master.v1.SealFileRequest
+	36, // 39: strata.master.v1.Command.reopen_dataset:type_name -> strata.master.v1.ReopenDatasetRequest
+	37, // 40: strata.master.v1.Command.set_dataset_recovery:type_name -> strata.master.v1.SetDatasetRecoveryRequest
+	44, // 41: strata.master.v1.Command.settle_attempt:type_name -> strata.master.v1.SettleAttemptStep
+	57, // 42: strata.master.v1.MarkWorkerLostStepResult.counts:type_name -> strata.master.v1.MarkWorkerLostResponse
 	17, // 43: strata.master.v1.SetPeer.peer:type_name -> strata.master.v1.Peer
 	18, // 44: strata.master.v1.Master.CreateFile:input_type -> strata.master.v1.CreateFileRequest
 	19, // 45: strata.master.v1.Master.GetFile:input_type -> strata.master.v1.GetFileRequest
-	20, // 46: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
-	22, // 47: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
-	23, // 48: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
-	25, // 49: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
-	28, // 50: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
-	29, // 51: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
-	30, // 52: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
-	31, // 53: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
-	32, // 54: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
-	33, // 55: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
-	34, // 56: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
-	35, // 57: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
-	38, // 58: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
-	36, // 59: strata.master.v1.Master.SetDatasetRecovery:input_type -> strata.master.v1.SetDatasetRecoveryRequest
-	41, // 60: strata.master.v1.Master.SettleAttempt:input_type -> strata.master.v1.SettleAttemptRequest
-	46, // 61: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
-	48, // 62: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
-	47, // 63: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
-	50, // 64: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
-	51, // 65: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
-	53, // 66: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
-	54, // 67: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
-	57, // 68: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
-	59, // 69: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
-	61, // 70: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
-	3,  // 71: strata.master.v1.Master.Backup:input_type -> strata.master.v1.BackupRequest
-	6,  // 72: strata.master.v1.Master.Restore:input_type -> strata.master.v1.RestoreChunk
-	11, // 73: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
-	11, // 74: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
-	21, // 75: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
-	11, // 76: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
-	24, // 77: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
-	27, // 78: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
-	11, // 79: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
-	11, // 80: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
-	11, // 81: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
-	8,  // 82: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
-	8,  // 83: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
-	37, // 84: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
-	8,  // 85: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
-	8,  // 86: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
-	39, // 87: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
-	8,  // 88: strata.master.v1.Master.SetDatasetRecovery:output_type -> strata.master.v1.Dataset
-	42, // 89: strata.master.v1.Master.SettleAttempt:output_type -> strata.master.v1.SettleAttemptResponse
-	14, // 90: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
-	49, // 91: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
-	14, // 92: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
-	16, // 93: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
-	52, // 94: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
-	56, // 95: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
-	55, // 96: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
-	58, // 97: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
-	60, // 98: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
-	62, // 99: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
-	4,  // 100: strata.master.v1.Master.Backup:output_type -> strata.master.v1.BackupChunk
-	7,  // 101: strata.master.v1.Master.Restore:output_type -> strata.master.v1.RestoreResponse
-	73, // [73:102] is the sub-list for method output_type
-	44, // [44:73] is the sub-list for method input_type
+	21, // 46: strata.master.v1.Master.Exists:input_type -> strata.master.v1.ExistsRequest
+	23, // 47: strata.master.v1.Master.RenameFile:input_type -> strata.master.v1.RenameFileRequest
+	24, // 48: strata.master.v1.Master.DeleteFile:input_type -> strata.master.v1.DeleteFileRequest
+	26, // 49: strata.master.v1.Master.ListFiles:input_type -> strata.master.v1.ListFilesRequest
+	20, // 50: strata.master.v1.Master.Lookup:input_type -> strata.master.v1.LookupRequest
+	29, // 51: strata.master.v1.Master.CheckpointFile:input_type -> strata.master.v1.CheckpointFileRequest
+	30, // 52: strata.master.v1.Master.SealFile:input_type -> strata.master.v1.SealFileRequest
+	31, // 53: strata.master.v1.Master.RecordAccess:input_type -> strata.master.v1.RecordAccessRequest
+	32, // 54: strata.master.v1.Master.RegisterDataset:input_type -> strata.master.v1.RegisterDatasetRequest
+	33, // 55: strata.master.v1.Master.GetDataset:input_type -> strata.master.v1.GetDatasetRequest
+	34, // 56: strata.master.v1.Master.DeleteDataset:input_type -> strata.master.v1.DeleteDatasetRequest
+	35, // 57: strata.master.v1.Master.CompleteDataset:input_type -> strata.master.v1.CompleteDatasetRequest
+	36, // 58: strata.master.v1.Master.ReopenDataset:input_type -> strata.master.v1.ReopenDatasetRequest
+	39, // 59: strata.master.v1.Master.GetDatasetUsage:input_type -> strata.master.v1.GetDatasetUsageRequest
+	37, // 60: strata.master.v1.Master.SetDatasetRecovery:input_type -> strata.master.v1.SetDatasetRecoveryRequest
+	42, // 61: strata.master.v1.Master.SettleAttempt:input_type -> strata.master.v1.SettleAttemptRequest
+	47, // 62: strata.master.v1.Master.CommitBlock:input_type -> strata.master.v1.CommitBlockRequest
+	49, // 63: strata.master.v1.Master.GetBlockLocations:input_type -> strata.master.v1.GetBlockLocationsRequest
+	48, // 64: strata.master.v1.Master.RemoveBlockCopy:input_type -> strata.master.v1.RemoveBlockCopyRequest
+	51, // 65: strata.master.v1.Master.RegisterWorker:input_type -> strata.master.v1.RegisterWorkerRequest
+	52, // 66: strata.master.v1.Master.Heartbeat:input_type -> strata.master.v1.HeartbeatRequest
+	54, // 67: strata.master.v1.Master.MarkWorkerLost:input_type -> strata.master.v1.MarkWorkerLostRequest
+	55, // 68: strata.master.v1.Master.ForgetWorker:input_type -> strata.master.v1.ForgetWorkerRequest
+	58, // 69: strata.master.v1.Master.ListWorkers:input_type -> strata.master.v1.ListWorkersRequest
+	60, // 70: strata.master.v1.Master.Join:input_type -> strata.master.v1.JoinRequest
+	62, // 71: strata.master.v1.Master.Leader:input_type -> strata.master.v1.LeaderRequest
+	3,  // 72: strata.master.v1.Master.Backup:input_type -> strata.master.v1.BackupRequest
+	6,  // 73: strata.master.v1.Master.Restore:input_type -> strata.master.v1.RestoreChunk
+	11, // 74: strata.master.v1.Master.CreateFile:output_type -> strata.master.v1.File
+	11, // 75: strata.master.v1.Master.GetFile:output_type -> strata.master.v1.File
+	22, // 76: strata.master.v1.Master.Exists:output_type -> strata.master.v1.ExistsResponse
+	11, // 77: strata.master.v1.Master.RenameFile:output_type -> strata.master.v1.File
+	25, // 78: strata.master.v1.Master.DeleteFile:output_type -> strata.master.v1.DeleteFileResponse
+	28, // 79: strata.master.v1.Master.ListFiles:output_type -> strata.master.v1.ListFilesResponse
+	27, // 80: strata.master.v1.Master.Lookup:output_type -> strata.master.v1.ListEntry
+	11, // 81: strata.master.v1.Master.CheckpointFile:output_type -> strata.master.v1.File
+	11, // 82: strata.master.v1.Master.SealFile:output_type -> strata.master.v1.File
+	11, // 83: strata.master.v1.Master.RecordAccess:output_type -> strata.master.v1.File
+	8,  // 84: strata.master.v1.Master.RegisterDataset:output_type -> strata.master.v1.Dataset
+	8,  // 85: strata.master.v1.Master.GetDataset:output_type -> strata.master.v1.Dataset
+	38, // 86: strata.master.v1.Master.DeleteDataset:output_type -> strata.master.v1.DeleteDatasetResponse
+	8,  // 87: strata.master.v1.Master.CompleteDataset:output_type -> strata.master.v1.Dataset
+	8,  // 88: strata.master.v1.Master.ReopenDataset:output_type -> strata.master.v1.Dataset
+	40, // 89: strata.master.v1.Master.GetDatasetUsage:output_type -> strata.master.v1.DatasetUsage
+	8,  // 90: strata.master.v1.Master.SetDatasetRecovery:output_type -> strata.master.v1.Dataset
+	43, // 91: strata.master.v1.Master.SettleAttempt:output_type -> strata.master.v1.SettleAttemptResponse
+	14, // 92: strata.master.v1.Master.CommitBlock:output_type -> strata.master.v1.Block
+	50, // 93: strata.master.v1.Master.GetBlockLocations:output_type -> strata.master.v1.GetBlockLocationsResponse
+	14, // 94: strata.master.v1.Master.RemoveBlockCopy:output_type -> strata.master.v1.Block
+	16, // 95: strata.master.v1.Master.RegisterWorker:output_type -> strata.master.v1.Worker
+	53, // 96: strata.master.v1.Master.Heartbeat:output_type -> strata.master.v1.HeartbeatResponse
+	57, // 97: strata.master.v1.Master.MarkWorkerLost:output_type -> strata.master.v1.MarkWorkerLostResponse
+	56, // 98: strata.master.v1.Master.ForgetWorker:output_type -> strata.master.v1.ForgetWorkerResponse
+	59, // 99: strata.master.v1.Master.ListWorkers:output_type -> strata.master.v1.ListWorkersResponse
+	61, // 100: strata.master.v1.Master.Join:output_type -> strata.master.v1.JoinResponse
+	63, // 101: strata.master.v1.Master.Leader:output_type -> strata.master.v1.LeaderResponse
+	4,  // 102: strata.master.v1.Master.Backup:output_type -> strata.master.v1.BackupChunk
+	7,  // 103: strata.master.v1.Master.Restore:output_type -> strata.master.v1.RestoreResponse
+	74, // [74:104] is the sub-list for method output_type
+	44, // [44:74] is the sub-list for method input_type
 	44, // [44:44] is the sub-list for extension type_name
 	44, // [44:44] is the sub-list for extension extendee
 	0,  // [0:44] is the sub-list for field type_name
@@ -5281,7 +5340,7 @@ func file_master_masterpb_master_proto_init() {
 	if File_master_masterpb_master_proto != nil {
 		return
 	}
-	file_master_masterpb_master_proto_msgTypes[60].OneofWrappers = []any{
+	file_master_masterpb_master_proto_msgTypes[61].OneofWrappers = []any{
 		(*Command_CreateFile)(nil),
 		(*Command_RenameFile)(nil),
 		(*Command_DeleteFile)(nil),
@@ -5309,7 +5368,7 @@ func file_master_masterpb_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_masterpb_master_proto_rawDesc), len(file_master_masterpb_master_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   67,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	Master_RenameFile_FullMethodName         = "/strata.master.v1.Master/RenameFile"
 	Master_DeleteFile_FullMethodName         = "/strata.master.v1.Master/DeleteFile"
 	Master_ListFiles_FullMethodName          = "/strata.master.v1.Master/ListFiles"
+	Master_Lookup_FullMethodName             = "/strata.master.v1.Master/Lookup"
 	Master_CheckpointFile_FullMethodName     = "/strata.master.v1.Master/CheckpointFile"
 	Master_SealFile_FullMethodName           = "/strata.master.v1.Master/SealFile"
 	Master_RecordAccess_FullMethodName       = "/strata.master.v1.Master/RecordAccess"
@@ -69,6 +70,9 @@ type MasterClient interface {
 	RenameFile(ctx context.Context, in *RenameFileRequest, opts ...grpc.CallOption) (*File, error)
 	DeleteFile(ctx context.Context, in *DeleteFileRequest, opts ...grpc.CallOption) (*DeleteFileResponse, error)
 	ListFiles(ctx context.Context, in *ListFilesRequest, opts ...grpc.CallOption) (*ListFilesResponse, error)
+	// Lookup answers what a path names, in one read: the file there, or a directory entry when
+	// files lie below it (directories are implicit), or NOT_FOUND when neither.
+	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*ListEntry, error)
 	CheckpointFile(ctx context.Context, in *CheckpointFileRequest, opts ...grpc.CallOption) (*File, error)
 	// SealFile creates a file with all its blocks committed, in one command: readers see it
 	// whole or not at all. A retry with the same client token returns the file it made.
@@ -179,6 +183,16 @@ func (c *masterClient) ListFiles(ctx context.Context, in *ListFilesRequest, opts
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListFilesResponse)
 	err := c.cc.Invoke(ctx, Master_ListFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*ListEntry, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEntry)
+	err := c.cc.Invoke(ctx, Master_Lookup_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -442,6 +456,9 @@ type MasterServer interface {
 	RenameFile(context.Context, *RenameFileRequest) (*File, error)
 	DeleteFile(context.Context, *DeleteFileRequest) (*DeleteFileResponse, error)
 	ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error)
+	// Lookup answers what a path names, in one read: the file there, or a directory entry when
+	// files lie below it (directories are implicit), or NOT_FOUND when neither.
+	Lookup(context.Context, *LookupRequest) (*ListEntry, error)
 	CheckpointFile(context.Context, *CheckpointFileRequest) (*File, error)
 	// SealFile creates a file with all its blocks committed, in one command: readers see it
 	// whole or not at all. A retry with the same client token returns the file it made.
@@ -515,6 +532,9 @@ func (UnimplementedMasterServer) DeleteFile(context.Context, *DeleteFileRequest)
 }
 func (UnimplementedMasterServer) ListFiles(context.Context, *ListFilesRequest) (*ListFilesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListFiles not implemented")
+}
+func (UnimplementedMasterServer) Lookup(context.Context, *LookupRequest) (*ListEntry, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Lookup not implemented")
 }
 func (UnimplementedMasterServer) CheckpointFile(context.Context, *CheckpointFileRequest) (*File, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CheckpointFile not implemented")
@@ -710,6 +730,24 @@ func _Master_ListFiles_Handler(srv interface{}, ctx context.Context, dec func(in
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MasterServer).ListFiles(ctx, req.(*ListFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_Lookup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LookupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).Lookup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_Lookup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).Lookup(ctx, req.(*LookupRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1140,6 +1178,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListFiles",
 			Handler:    _Master_ListFiles_Handler,
+		},
+		{
+			MethodName: "Lookup",
+			Handler:    _Master_Lookup_Handler,
 		},
 		{
 			MethodName: "CheckpointFile",

@@ -30,6 +30,7 @@ var Policy = authz.Policy{
 	masterpb.Master_RenameFile_FullMethodName:         authz.Allow(worker),
 	masterpb.Master_DeleteFile_FullMethodName:         authz.Allow(worker, operator),
 	masterpb.Master_ListFiles_FullMethodName:          authz.Allow(worker, operator),
+	masterpb.Master_Lookup_FullMethodName:             authz.Allow(worker, operator),
 	masterpb.Master_CheckpointFile_FullMethodName:     authz.Allow(worker),
 	masterpb.Master_SealFile_FullMethodName:           authz.Allow(worker),
 	masterpb.Master_RecordAccess_FullMethodName:       authz.Allow(worker),

@@ -119,6 +119,16 @@ func (s *Server) ListFiles(ctx context.Context, req *masterpb.ListFilesRequest) 
 	return resp, nil
 }
 
+// Lookup says what a path names: a file, a directory, or neither (NotFound).
+func (s *Server) Lookup(ctx context.Context, req *masterpb.LookupRequest) (*masterpb.ListEntry, error) {
+	var entry *masterpb.ListEntry
+	err := s.read(ctx, req.StaleOk, func(m *fsm.FSM) (err error) {
+		entry, err = m.Lookup(req.Path)
+		return err
+	})
+	return entry, err
+}
+
 // CheckpointFile records a file's checkpoint state.
 func (s *Server) CheckpointFile(ctx context.Context, req *masterpb.CheckpointFileRequest) (*masterpb.File, error) {
 	if err := required("path", req.Path); err != nil {
