@@ -146,7 +146,8 @@ func BlockID(sourceID, file, etag string, index int64) string {
 // the under-store (in parallel ranges), stored in the top tier and returned. Concurrent misses
 // on one block fetch it once. The last block of a file is shorter than BlockSize; a block past
 // the end fails with ErrOutOfRange; a file that is not version etag any more fails with
-// understore.ErrChanged. The caller owns the returned slice.
+// understore.ErrChanged. The returned slice is shared with the other readers of the block and
+// with the write of it into the tier: the caller must not modify it.
 func (c *Cache) ReadBlock(ctx context.Context, file, etag string, size, index int64) ([]byte, error) {
 	if index < 0 {
 		return nil, fmt.Errorf("block %d of %s: %w", index, file, ErrOutOfRange)

@@ -1,10 +1,8 @@
 package cache
 
 import (
-	"bytes"
 	"context"
 	"sync"
-	"sync/atomic"
 )
 
 // flight makes concurrent misses on one block fetch it once. Unlike a plain singleflight, the
@@ -19,16 +17,16 @@ type flight struct {
 	calls map[string]*call
 }
 
+// call is one fetch and the callers waiting for it. Every caller gets the same slice, which
+// the store may still be reading: nobody writes to a fetched block (Cache.ReadBlock says so),
+// and a copy per caller cost as much CPU as storing the block (an 8 MiB copy for each reader
+// of a cold block, and one for each prefetch, which only wants the block stored).
 type call struct {
 	done    chan struct{}
 	data    []byte
 	err     error
 	waiters int
 	cancel  context.CancelFunc
-	// given is set once the data has been handed to a caller; later callers get copies, so
-	// that every caller owns the slice it gets. While the data is being stored, every caller
-	// gets a copy, since the store is still reading the original.
-	given atomic.Bool
 }
 
 // fetchFunc fetches a block. If it returns a non-nil store, the flight hands data to the
@@ -62,9 +60,6 @@ func (f *flight) do(ctx context.Context, key string, fn fetchFunc) ([]byte, erro
 			defer cancel()
 			data, store, err := fn(fctx)
 			c.data, c.err = data, err
-			if store != nil {
-				c.given.Store(true)
-			}
 			close(c.done)
 			if store != nil {
 				store(fctx)
@@ -115,8 +110,5 @@ func (c *call) result() ([]byte, error) {
 	if c.err != nil {
 		return nil, c.err
 	}
-	if c.given.CompareAndSwap(false, true) {
-		return c.data, nil
-	}
-	return bytes.Clone(c.data), nil
+	return c.data, nil
 }
