@@ -19,6 +19,11 @@ const (
 	// MaxRead is the largest read or write request the kernel is asked to send (go-fuse caps
 	// it at what the kernel allows): fewer, larger requests for sequential readers and writers.
 	MaxRead = 1 << 20
+	// MaxReadRequest is the largest READ the kernel is asked for (the mount's max_read): a page
+	// short of MaxRead, so that an answer and its header fit a pipe of MaxRead bytes (the
+	// largest a worker without CAP_SYS_RESOURCE may make, by default) and can be spliced.
+	// Writes stay MaxRead.
+	MaxReadRequest = MaxRead - 4096
 	// bufferSize holds the largest request, a header and a MaxRead write (the kernel
 	// refuses reads into a buffer smaller than that, or than 8 KiB), and the largest reply,
 	// a header and a MaxRead read.
@@ -46,12 +51,28 @@ type Conn struct {
 	init   []byte
 	agreed fuse.InitOut
 
+	// splice answers the READs the file system finds in files (nil: none are).
+	splice *splicer
+
 	// wg counts the reader and the requests being answered.
 	wg sync.WaitGroup
 	// buffers recycles request and reply buffers, of bufferSize bytes.
 	buffers sync.Pool
 	mu      sync.Mutex
 	ended   bool // the kernel ended the connection (every mount of it is gone)
+}
+
+// newConn serves fsys on the /dev/fuse descriptor file. READs that fsys finds in files
+// (RangeReader) are spliced, unless this host cannot make pipes large enough for them; they
+// are then answered the ordinary way, which works everywhere.
+func newConn(file *os.File, fsys fuse.RawFileSystem, protocol *fuse.MountOptions, lg logr.Logger) *Conn {
+	c := &Conn{file: file, ps: fuse.NewProtocolServer(fsys, protocol), log: lg}
+	s, err := newSplicer(file, fsys)
+	if err != nil {
+		lg.Info("reads are answered by copying, not spliced", "reason", err.Error())
+	}
+	c.splice = s
+	return c
 }
 
 // Init is the kernel's INIT request of this connection, for a process taking it over.
@@ -187,6 +208,16 @@ func (c *Conn) loop() {
 // answer answers the request in (n bytes of it) and gives the buffer back.
 func (c *Conn) answer(in *[]byte, n int) {
 	defer c.wg.Done()
+	if c.splice != nil {
+		answered, err := c.splice.answer((*in)[:n])
+		if err != nil {
+			c.log.Error(err, "answering a READ from a file; answering it the ordinary way")
+		}
+		if answered {
+			c.buffers.Put(in)
+			return
+		}
+	}
 	out := c.buffer()
 	defer func() { c.buffers.Put(in); c.buffers.Put(out) }()
 	w, st := c.ps.HandleRequest([][]byte{(*in)[:n]}, [][]byte{*out})
@@ -250,7 +281,12 @@ func (c *Conn) CloseBacking(id int32) syscall.Errno {
 }
 
 // Close closes this process's descriptor of the connection.
-func (c *Conn) Close() error { return c.file.Close() }
+func (c *Conn) Close() error {
+	if c.splice != nil {
+		c.splice.close()
+	}
+	return c.file.Close()
+}
 
 // RequestContext is a context for answering a request that ends when the kernel interrupts it
 // (cancel, which go-fuse closes on FUSE_INTERRUPT; nil for none). Call stop when answered.

@@ -1,7 +1,9 @@
 package fusefs
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -52,10 +54,16 @@ func BenchmarkReadThroughTheMount(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = s.Unmount(context.Background()) }()
+	readDroppedEachLoop(b, filepath.Join(dir, "big.bin"), fileSize)
+}
+
+// readDroppedEachLoop reads the file at p, of size bytes, whole on every iteration of b, its
+// pages dropped from the page cache first, so that every byte is a FUSE read.
+func readDroppedEachLoop(b *testing.B, p string, size int64) {
 	buf := make([]byte, 1<<20)
-	b.SetBytes(fileSize)
+	b.SetBytes(size)
 	for b.Loop() {
-		f, err := os.Open(filepath.Join(dir, "big.bin"))
+		f, err := os.Open(p)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -63,7 +71,7 @@ func BenchmarkReadThroughTheMount(b *testing.B) {
 			b.Fatal(err)
 		}
 		n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{f}, buf)
-		if err != nil || n != fileSize {
+		if err != nil || n != size {
 			b.Fatalf("read %d bytes: %v", n, err)
 		}
 		_ = f.Close()
@@ -88,7 +96,6 @@ func BenchmarkColdReadFromMinIO(b *testing.B) {
 		b.Fatal(err)
 	}
 	buf := make([]byte, 1<<20)
-	i := 0
 	for _, run := range []struct {
 		mode    string
 		latency time.Duration
@@ -105,7 +112,6 @@ func BenchmarkColdReadFromMinIO(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/latency %s", mode, run.latency), func(b *testing.B) {
 			b.SetBytes(size)
 			for b.Loop() {
-				i++
 				b.StopTimer()
 				root := b.TempDir()
 				store, err := tierstore.Open(context.Background(), tierstore.Config{IndexDir: filepath.Join(root, "index"),
@@ -117,7 +123,7 @@ func BenchmarkColdReadFromMinIO(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c, err := cache.New(cache.Config{Store: store, Source: source, SourceID: fmt.Sprint("id", i), BlockSize: bs, Metrics: cm})
+				c, err := cache.New(cache.Config{Store: store, Source: source, SourceID: sourceID, BlockSize: bs, Metrics: cm})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -129,7 +135,9 @@ func BenchmarkColdReadFromMinIO(b *testing.B) {
 				if err := os.Mkdir(dir, 0o755); err != nil {
 					b.Fatal(err)
 				}
-				s, err := Mount(context.Background(), dir, Config{Objects: objects, Blocks: blocks, BlockSize: bs})
+				// Blocks already stored (the prefetched ones) are read from their files, as the
+				// mounter wires a mount.
+				s, err := Mount(context.Background(), dir, Config{Objects: objects, Blocks: blocks, Local: localBlocks{store}, BlockSize: bs})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -234,5 +242,46 @@ func BenchmarkMountAMillionObjects(b *testing.B) {
 			b.Fatal(err)
 		}
 		runtime.KeepAlive(s)
+	}
+}
+
+// BenchmarkReadLocalBlocksThroughTheMount reads a 256 MiB file of four 64 MiB blocks held in a
+// MEM tier (on /dev/shm), its pages dropped first so that every byte is a FUSE read answered
+// from the blocks' files (as #21's hot-seq-dropped through a worker's mount): spliced from the
+// files into the FUSE device, and copied through the worker, alternating in one run.
+//
+//	go test -run '^$' -bench ReadLocalBlocksThroughTheMount -benchtime 10x ./cacheworker/fusefs/
+func BenchmarkReadLocalBlocksThroughTheMount(b *testing.B) {
+	const bs, size = 64 << 20, 256 << 20
+	root := fusetest.MemoryFolder(b)
+	store, err := tierstore.Open(context.Background(), tierstore.Config{IndexDir: filepath.Join(root, "index"),
+		Tiers: []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(root, "mem")}, Quota: 1 << 30}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = store.Close() })
+	data := randomBytes(size, 3)
+	for i := range int64(size / bs) {
+		id := cache.BlockID(sourceID, "big.bin", "", i)
+		if _, err := store.Put(context.Background(), id, bytes.NewReader(data[i*bs:(i+1)*bs]), bs, tierstore.PutOptions{Clean: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, mode := range []string{"spliced", "copied", "spliced", "copied"} {
+		b.Run(mode, func(b *testing.B) {
+			dir := filepath.Join(b.TempDir(), "mnt")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			s, err := Mount(context.Background(), dir, Config{
+				Objects: fakeLister{{Path: "big.bin", Size: size}}, Blocks: failingBlocks{errors.New("every block is local")},
+				Local: localBlocks{store}, BlockSize: bs, DisableSplice: mode == "copied",
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = s.Unmount(context.Background()) }()
+			readDroppedEachLoop(b, filepath.Join(dir, "big.bin"), size)
+		})
 	}
 }

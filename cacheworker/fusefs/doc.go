@@ -54,6 +54,12 @@
 // far smaller than a block, opens or fetches each block once; and one that moves on to the
 // next block (or starts at the first) has the block after prefetched (Prefetcher), so that
 // its fetch overlaps the reads of this one. Reads past the end are short.
+// A read whose every block a local tier holds is answered by splicing (ReadRanges, and
+// fuseconn's splice.go): the kernel moves references to the blocks' pages into a pipe and
+// copies them once into the request, where a pread and a reply copy them twice through the
+// worker. Mounts ask for reads of at most fuseconn.MaxReadRequest, a page short of 1 MiB, so
+// that an answer fits a pipe of the size any process may make; reads of a mount an older
+// worker made (1 MiB), and reads of blocks not local, are answered by Read.
 // Failures are EIO (ENOENT for an object gone from the under-store, EINTR for an interrupted
 // reader), logged once per file and block.
 //

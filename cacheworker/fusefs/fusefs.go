@@ -58,6 +58,9 @@ type Config struct {
 	// DisablePassthrough keeps every read going through the worker, even where the kernel
 	// could read a local block itself.
 	DisablePassthrough bool
+	// DisableSplice answers reads of local blocks by copying them through the worker rather
+	// than splicing their files into the FUSE device (benchmarks compare the two).
+	DisableSplice bool
 	// Name is shown as the mount's source in /proc/mounts, such as strata:namespace/name.
 	Name string
 	// Metrics receives the counts; nil counts nowhere.
@@ -126,7 +129,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	// ro: the kernel refuses every change before it reaches us.
-	conn, err := fuseconn.Mount(fuseconn.Spec{Dir: dir, Source: name, ReadOnly: true, Protocol: protocolOptions(cfg, lg)}, fsys, lg)
+	conn, err := fuseconn.Mount(fuseconn.Spec{Dir: dir, Source: name, ReadOnly: true, Protocol: protocolOptions(cfg, lg)}, served(fsys, cfg), lg)
 	if err != nil {
 		_ = fsys.opens.close()
 		return nil, err
@@ -225,6 +228,15 @@ func (s *Server) Unmount(ctx context.Context) error {
 // Abort ends the file system's connection with the kernel, through fusectl: every mount of it
 // then fails with ENOTCONN. It is for a worker that shuts down with mounts it cannot unmount.
 func (s *Server) Abort() error { return fuseconn.AbortConnection(s.connID, s.dir) }
+
+// served is what the connection serves: fsys, without its reads from files when the
+// configuration turns splicing off.
+func served(fsys *fileSystem, cfg Config) fuse.RawFileSystem {
+	if cfg.DisableSplice {
+		return struct{ fuse.RawFileSystem }{fsys}
+	}
+	return fsys
+}
 
 // protocolOptions are the options of go-fuse's protocol server, the same for a mount and for a
 // takeover, since the replayed INIT must negotiate what the first did.

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -215,12 +216,15 @@ func TestASecondReadIsServedWithoutTheUnderStore(t *testing.T) {
 	t.Run("with local block files, reads open the tier's files and fetch nothing", func(t *testing.T) {
 		g := NewWithT(t)
 		hits := counter(t, f.reg, "strata_worker_cache_hits_total")
+		spliced := counter(t, f.reg, "strata_worker_fuse_spliced_reads_total")
 		local := mount(t, f.config(func(c *Config) { c.Local = localBlocks{f.store} }))
 		got, err := os.ReadFile(filepath.Join(local.Dir(), "big.bin"))
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(sum(got)).To(Equal(sum(want)))
 		g.Expect(counter(t, f.reg, "strata_worker_under_store_fetches_total")).To(Equal(fetches))
 		g.Expect(counter(t, f.reg, "strata_worker_cache_hits_total")).To(Equal(hits), "read from the block files, not copied out of the cache")
+		g.Expect(counter(t, f.reg, "strata_worker_fuse_spliced_reads_total")-spliced).To(BeNumerically(">", 0),
+			"reads of local blocks are spliced from their files into the FUSE device")
 	})
 }
 
@@ -281,6 +285,33 @@ type failingBlocks struct{ err error }
 
 func (b failingBlocks) ReadBlock(context.Context, string, string, int64, int64) ([]byte, error) {
 	return nil, b.err
+}
+
+// shortBlocks holds every block as a local file of a few bytes: a tier's file that is not
+// the block it should be.
+type shortBlocks struct{ dir string }
+
+func (b shortBlocks) OpenBlock(_ context.Context, file, _ string, index int64) (*os.File, error) {
+	p := filepath.Join(b.dir, fmt.Sprintf("%x-%d", sha256.Sum256([]byte(file)), index))
+	if err := os.WriteFile(p, []byte("short"), 0o600); err != nil {
+		return nil, err
+	}
+	return os.Open(p)
+}
+
+// TestALocalBlockFileCutShortIsEIO: a read is spliced from a block's file only once the file
+// has every byte the answer needs; a file that ends early leaves the read to Read, which fails
+// it with EIO rather than answer short bytes. (Its own fixture: the reads have the cache read
+// ahead, which would cache blocks that other tests need uncached.)
+func TestALocalBlockFileCutShortIsEIO(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	f := newFixture(t, testDataset())
+	s := mount(t, f.config(func(c *Config) { c.Local = shortBlocks{t.TempDir()} }))
+	_, err := os.ReadFile(filepath.Join(s.Dir(), "big.bin"))
+	g.Expect(err).To(MatchError(syscall.EIO))
+	g.Expect(counter(t, f.reg, "strata_worker_fuse_spliced_reads_total")).To(BeZero(), "nothing spliced from a short file")
+	g.Expect(counter(t, f.reg, "strata_worker_fuse_read_errors_total")).To(BeNumerically(">", 0))
 }
 
 func TestReadFailuresBecomeErrnos(t *testing.T) {

@@ -128,7 +128,7 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 		_ = opensFile.Close()
 		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)
 	}
-	conn, err := fuseconn.Adopt(h.FUSE, fsys, protocolOptions(cfg, lg), st.Init, st.Agreed, lg.WithValues("dir", st.Dir))
+	conn, err := fuseconn.Adopt(h.FUSE, served(fsys, cfg), protocolOptions(cfg, lg), st.Init, st.Agreed, lg.WithValues("dir", st.Dir))
 	if err != nil {
 		_ = fsys.opens.close()
 		return nil, fmt.Errorf("taking over the FUSE mount at %s: %w", st.Dir, err)

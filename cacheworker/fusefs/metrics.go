@@ -18,6 +18,7 @@ type Metrics struct {
 	reads            prometheus.Counter
 	readBytes        prometheus.Counter
 	readErrors       prometheus.Counter
+	splicedReads     prometheus.Counter
 	passthroughOpens prometheus.Counter
 	mounts           prometheus.Gauge
 	takeovers        prometheus.Counter
@@ -26,7 +27,7 @@ type Metrics struct {
 // NewMetrics registers the FUSE metrics on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := newMetrics()
-	for _, c := range []prometheus.Collector{m.reads, m.readBytes, m.readErrors, m.passthroughOpens, m.mounts, m.takeovers} {
+	for _, c := range []prometheus.Collector{m.reads, m.readBytes, m.readErrors, m.splicedReads, m.passthroughOpens, m.mounts, m.takeovers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering FUSE metrics: %w", err)
 		}
@@ -43,6 +44,8 @@ func newMetrics() *Metrics {
 			Help: "Bytes the FUSE file systems returned to readers."}),
 		readErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "fuse_read_errors_total",
 			Help: "Read requests of the FUSE file systems that failed (EIO, ENOENT or EINTR)."}),
+		splicedReads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "fuse_spliced_reads_total",
+			Help: "Read requests answered by splicing a block's file of a local tier into the FUSE device, without copying through the worker."}),
 		passthroughOpens: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "fuse_passthrough_opens_total",
 			Help: "Opens of files the kernel reads straight from their block in a local tier (FUSE passthrough)."}),
 		mounts: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Subsystem: subsystem, Name: "fuse_mounts",

@@ -362,6 +362,56 @@ func (fsys *fileSystem) Read(cancel <-chan struct{}, in *fuse.ReadIn, dest []byt
 	return fuse.ReadResultData(dest[:done]), fuse.OK
 }
 
+// ReadRanges implements fuseconn.RangeReader: a read of blocks that local tiers hold is
+// answered from the blocks' files, spliced by the connection. A read that needs a block no
+// local tier holds (being fetched, or fetched already into memory) is left to Read.
+func (fsys *fileSystem) ReadRanges(in *fuse.ReadIn) ([]fuseconn.FileRange, func(bool), bool) {
+	n := fsys.node(in.NodeId)
+	if n == nil || n.dir || fsys.local == nil {
+		return nil, nil, false
+	}
+	off := int64(in.Offset)
+	end := min(off+int64(in.Size), n.size)
+	if off >= end {
+		return nil, nil, false
+	}
+	h := fsys.handle(in.Fh, in.NodeId)
+	bs := fsys.blockSize
+	var ranges []fuseconn.FileRange
+	var held []*blockRef
+	release := func() {
+		for _, b := range held {
+			h.put(b)
+		}
+	}
+	for pos := off; pos < end; {
+		index := pos / bs
+		start := index * bs
+		b, err := h.blockFrom(context.Background(), fsys, n, index, true)
+		if err != nil {
+			release()
+			return nil, nil, false
+		}
+		held = append(held, b)
+		if b.file == nil {
+			release()
+			return nil, nil, false
+		}
+		k := min(end, start+bs) - pos
+		ranges = append(ranges, fuseconn.FileRange{File: b.file, Off: pos - start, Len: int(k)})
+		pos += k
+	}
+	done := func(sent bool) {
+		release()
+		if sent {
+			fsys.m.reads.Inc()
+			fsys.m.splicedReads.Inc()
+			fsys.m.readBytes.Add(float64(end - off))
+		}
+	}
+	return ranges, done, true
+}
+
 // handle returns the state of open fh, making it if the open was made by an earlier process
 // (or was passed through, and is read by the worker after all, as when the kernel reads it
 // for an mmap made before passthrough began).
@@ -375,6 +425,9 @@ func (fsys *fileSystem) handle(fh, id uint64) *handle {
 	}
 	return h
 }
+
+// errNotLocal: the block is in no local tier (ReadRange then leaves the read to Read).
+var errNotLocal = errors.New("the block is not in a local tier")
 
 // errChanged means a block is shorter than the listing said: the object changed in the
 // under-store after the Dataset was mounted. (A store that names versions says so first, with
@@ -460,6 +513,12 @@ func (b *blockRef) readAt(p []byte, off, want int64) error {
 // one. A load does not read ahead: its fetches would not wait for the pods' (and a block
 // fetched ahead would not be counted as the load's).
 func (h *handle) block(ctx context.Context, fsys *fileSystem, n *node, index int64) (*blockRef, error) {
+	return h.blockFrom(ctx, fsys, n, index, false)
+}
+
+// blockFrom is block; localOnly fails with errNotLocal rather than fetch a block no local
+// tier holds.
+func (h *handle) blockFrom(ctx context.Context, fsys *fileSystem, n *node, index int64, localOnly bool) (*blockRef, error) {
 	h.mu.Lock()
 	c := h.cur
 	if c != nil && c.index == index {
@@ -472,7 +531,7 @@ func (h *handle) block(ctx context.Context, fsys *fileSystem, n *node, index int
 		p.Prefetch(n.path, n.etag, n.size, index+1)
 	}
 
-	b, err := fsys.load(ctx, h, n, index)
+	b, err := fsys.load(ctx, h, n, index, localOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -514,7 +573,7 @@ func (h *handle) release() {
 // load opens block index of the file of handle h (node n) from its local copy if a tier holds
 // it, and otherwise reads it through the cache, which fetches it from a peer or the under-store
 // and stores it. A load's fetch waits until no pod waits for one, and is counted (loads.go).
-func (fsys *fileSystem) load(ctx context.Context, h *handle, n *node, index int64) (*blockRef, error) {
+func (fsys *fileSystem) load(ctx context.Context, h *handle, n *node, index int64, localOnly bool) (*blockRef, error) {
 	key := blockKey{h.node, index}
 	if fsys.local != nil {
 		// Any failure here (not held, moved away, unreadable) leaves it to the cache, which
@@ -527,6 +586,9 @@ func (fsys *fileSystem) load(ctx context.Context, h *handle, n *node, index int6
 			}
 			return &blockRef{index: index, file: file}, nil
 		}
+	}
+	if localOnly {
+		return nil, errNotLocal
 	}
 	if h.loader {
 		if err := fsys.loads.waitForPods(ctx); err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/replication"
 	"github.com/strata-cache/strata/internal/fusetest"
-	"github.com/strata-cache/strata/internal/testenv"
 	"github.com/strata-cache/strata/master/mastertest"
 )
 
@@ -26,7 +25,7 @@ import (
 //
 //	go test -run '^$' -bench WritingAnOutput -benchtime 10x ./cacheworker/outputfs/
 func BenchmarkWritingAnOutput(b *testing.B) {
-	base := memoryFolder(b)
+	base := fusetest.MemoryFolder(b)
 	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()
 	w := startWorkerIn(b, master, "pool/node-a", 2<<30, filepath.Join(base, "worker"))
 	mnt := mountOutputIn(b, master, w, 8<<20, filepath.Join(base, "staging"), logr.Discard())
@@ -77,7 +76,7 @@ func BenchmarkWritingAnOutput(b *testing.B) {
 //
 //	go test -run '^$' -bench WritingAReplicatedOutput -benchtime 5x ./cacheworker/outputfs/
 func BenchmarkWritingAReplicatedOutput(b *testing.B) {
-	base := memoryFolder(b)
+	base := fusetest.MemoryFolder(b)
 	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()
 	writer := startWorkerIn(b, master, "pool/node-a", 2<<30, filepath.Join(base, "writer"))
 	other := startWorkerIn(b, master, "pool/node-b", 2<<30, filepath.Join(base, "other"))
@@ -145,16 +144,4 @@ func BenchmarkWritingAReplicatedOutput(b *testing.B) {
 			}
 		})
 	}
-}
-
-// memoryFolder is a folder on /dev/shm for a benchmark's tiers, staging and mount (FUSE is
-// required), removed at its end.
-func memoryFolder(b *testing.B) string {
-	fusetest.Require(b)
-	base, err := os.MkdirTemp("/dev/shm", "strata-bench-")
-	if err != nil {
-		testenv.Lacking(b, fmt.Sprint("needs /dev/shm: ", err))
-	}
-	b.Cleanup(func() { _ = os.RemoveAll(base) })
-	return base
 }

@@ -36,6 +36,19 @@ func Require(tb testing.TB) {
 	}
 }
 
+// MemoryFolder is a folder on /dev/shm for a benchmark's tiers, staging and mounts (FUSE is
+// required), removed at its end: the tiers of a node's memory, as a worker's MEM tier is.
+func MemoryFolder(tb testing.TB) string {
+	tb.Helper()
+	Require(tb)
+	base, err := os.MkdirTemp("/dev/shm", "strata-bench-")
+	if err != nil {
+		testenv.Lacking(tb, fmt.Sprint("needs /dev/shm: ", err))
+	}
+	tb.Cleanup(func() { _ = os.RemoveAll(base) })
+	return base
+}
+
 // ReadRest reads r to its end in the background and sends what it read, once: how a test holds
 // a read open across something that stops the file system for a while. A read error fails the
 // test, naming across what it was read.
