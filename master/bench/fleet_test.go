@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -51,6 +52,7 @@ func BenchmarkFleet(b *testing.B) {
 	ctx := background(b)
 	authority := pkitest.New(b)
 	c := mastertest.New(b, 3, mastertest.Options{GRPC: true, Transport: mastertest.TCP, Tune: productionConfig, TLS: authority})
+	heapEmpty := heapInUse()
 	preload(ctx, b, c.ClientAs(pki.Worker("fleet", "preloader")), "files", *files) // workers create files
 
 	if err := c.WaitConverged(ctx); err != nil {
@@ -62,6 +64,18 @@ func BenchmarkFleet(b *testing.B) {
 		if err := n.Store.Snapshot(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+	// What the files cost each replica, in memory and on disk (the Raft log cut by the snapshot
+	// above, the state machine and the snapshots kept).
+	heapLoaded := heapInUse()
+	var disk int64
+	for _, n := range c.Nodes {
+		disk += dirSize(b, n.Dir)
+	}
+	if *files > 0 {
+		perReplica := float64(3 * *files)
+		b.Logf("%d files: %.0f B of Go heap and %.0f B of disk per file and replica",
+			*files, float64(int64(heapLoaded)-int64(heapEmpty))/perReplica, float64(disk)/perReplica)
 	}
 	leader, err := c.Leader(ctx)
 	if err != nil {
@@ -123,6 +137,28 @@ func BenchmarkFleet(b *testing.B) {
 	extra := steady.cpu.Seconds() - idleShare*seconds
 	b.ReportMetric(1e6*extra/float64(beats), "cpu-µs/heartbeat")
 	b.ReportMetric(float64(int64(heapAfter)-int64(heapBefore))/float64(*fleetWorkers), "heap-bytes/worker")
+}
+
+// dirSize is the bytes the files under dir take on disk (sparse files count what they hold).
+func dirSize(b *testing.B, dir string) int64 {
+	var size int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			size += st.Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatalf("measuring %s: %v", dir, err)
+	}
+	return size
 }
 
 var (
