@@ -38,6 +38,8 @@ type BlockStore interface {
 	OpenBlock(ctx context.Context, id string) (*os.File, tierstore.BlockInfo, error)
 	Delete(ctx context.Context, id string) error
 	Blocks() []tierstore.BlockInfo
+	// Adopt stores a file written into an output mount's staging folder as a block.
+	Adopt(ctx context.Context, id, path string, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
 }
 
 // Outputs is what serving output Datasets (written by pods) takes besides the tier store.

@@ -7,15 +7,17 @@
 //
 // A file is created, written (at any offsets, by any number of handles, while it is open for
 // writing) and sealed when its writer closes it: the close that leaves no other handle open for
-// writing. Until then its bytes live in a staging file of the mount (Config.StagingDir, which the
-// worker puts on the top tier's file system, tmpfs for MEM), and only this node sees the file.
-// Sealing makes it part of the Dataset, whole or not at all for other nodes:
+// writing. Until then its bytes live in staging files of the mount, one per block of the file
+// (Config.StagingDir, which the worker puts on the top tier's file system, tmpfs for MEM), and
+// only this node sees the file. Sealing makes it part of the Dataset, whole or not at all for
+// other nodes:
 //
-//   - the staged bytes are cut into blocks named "<token>-<index>" (the token is the file
-//     version's 128 random bits) and stored in the tier store, unclean (they exist nowhere else,
-//     so the store never drops them without persisting them first); the staged range of each
-//     block is freed (a hole punched in the staging file) as soon as the block is stored, so
-//     sealing never needs much more memory than the file itself;
+//   - each block's staging file becomes a block named "<token>-<index>" (the token is the file
+//     version's 128 random bits) in the tier store, unclean (its bytes exist nowhere else, so
+//     the store never drops it without persisting it first): the store links the staging file
+//     into the tier's folder (tierstore.Store.Adopt), so that sealing copies no byte and needs
+//     no memory beyond the file's own (a store whose folder is on another file system copies
+//     it); the staging files go once the seal succeeded;
 //   - a file of at most 64 blocks (maxSealBlocks) is then published with all its blocks, this
 //     worker as their location, in one master command (SealFile, the token as its client
 //     token, so that a retry finds the file it made);
@@ -58,7 +60,7 @@
 // the outputs of Lineages, which recompute them), its reads, and opens once the master forgot
 // it, wait for the new version, up to the wait the master gives (a CachePolicy's
 // recovery.readWait), and fail with EIO when the recovery fails or the wait runs out (recovery.go);
-// otherwise they fail with EIO at once. An unsealed file reads back from its staging file.
+// otherwise they fail with EIO at once. An unsealed file reads back from its staging files.
 //
 // # Complete Datasets
 //
@@ -80,7 +82,7 @@
 // that the kernel's ids name the same nodes in the next process. The tree is rebuilt from a
 // journal (journal.go): every change the kernel is told of is appended to a memfd, handed over
 // with the connection, before it is answered. Bytes are not journaled: a file being written
-// keeps them in its staging file, which outlives the process in the top tier's folder, and its
+// keeps them in its staging files, which outlive the process in the top tier's folder, and its
 // size and mtime are read from there. Handles carry nothing a new process needs but whether
 // they may write (a bit of the handle's number); each reader's cached block is made afresh.
 //

@@ -25,7 +25,7 @@ import (
 // before the kernel is answered, to a memfd the CSI node plugin holds with the connection. A
 // process taking the mount over replays it. It is kept small by recording state, not bytes:
 // what is written is in the staging files, which outlive the process in the top tier's
-// folder, and a staged file's size and mtime are read from it.
+// folder, and a staged file's size and mtime are read from them.
 //
 // Each record is a 4-byte little-endian length and that much JSON. A process killed while
 // appending leaves a torn last record, which replay drops: that change was never answered,
@@ -90,6 +90,10 @@ type mountRecord struct {
 	Agreed fuse.InitOut
 	// StagingDir is where the files being written are staged.
 	StagingDir string
+	// BlockSize is the size of the blocks the mount's files are staged and sealed in, kept for
+	// the mount's life (a TierPool's new block size applies to new mounts); 0 in the journal
+	// of a version that staged each file whole, in one staging file.
+	BlockSize int64 `json:",omitempty"`
 	// Starts counts the processes that served the mount before this journal's first record.
 	Starts int `json:",omitempty"`
 }

@@ -41,6 +41,7 @@ type Master interface {
 // Blocks is the node's tier store.
 type Blocks interface {
 	Put(ctx context.Context, id string, r io.Reader, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
+	Adopt(ctx context.Context, id, path string, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
 	OpenBlock(ctx context.Context, id string) (*os.File, tierstore.BlockInfo, error)
 	Delete(ctx context.Context, id string) error
 }
@@ -83,8 +84,9 @@ type Config struct {
 	Checkpoints Checkpoints
 	// BlockSize is the TierPool's block size: sealed files are cut into blocks of this size.
 	BlockSize int64
-	// StagingDir holds the files being written, one staging file each. Put it on the top tier's
-	// file system (tmpfs for MEM), so that writes go to memory. Mount empties it.
+	// StagingDir holds the files being written, a staging file per block. Put it on the top
+	// tier's file system (tmpfs for MEM), so that writes go to memory and a seal links the
+	// files into the tier instead of copying them. Mount empties it.
 	StagingDir string
 	// Name is shown as the mount's source in /proc/mounts, such as strata:namespace/name.
 	Name string
@@ -165,7 +167,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		_ = j.close()
 		return nil, fmt.Errorf("serving output Dataset %s at %s: %w", cfg.Dataset, dir, err)
 	}
-	mount := mountRecord{Dir: dir, Source: cfg.Name, Init: conn.Init(), Agreed: conn.Agreed(), StagingDir: cfg.StagingDir}
+	mount := mountRecord{Dir: dir, Source: cfg.Name, Init: conn.Init(), Agreed: conn.Agreed(), StagingDir: cfg.StagingDir, BlockSize: cfg.BlockSize}
 	if fsys.t, err = newTree(j, mount, nodeState{Mode: rootMode, MtimeNs: time.Now().UnixNano()}); err != nil {
 		return fail(err)
 	}
@@ -209,9 +211,15 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 	if filepath.Clean(cfg.StagingDir) != filepath.Clean(mount.StagingDir) {
 		return fail(fmt.Errorf("its files are staged in %s, not %s", mount.StagingDir, cfg.StagingDir))
 	}
+	if mount.BlockSize > 0 && mount.BlockSize != cfg.BlockSize {
+		// Its files are staged, and were sealed, in blocks of the size it was mounted with.
+		cfg.Log.Info("the output mount keeps the block size it was mounted with", "blockSize", mount.BlockSize, "poolBlockSize", cfg.BlockSize)
+		cfg.BlockSize = mount.BlockSize
+	}
+	j.mount.BlockSize = cfg.BlockSize // an older version's journal said nothing: its files are cut now
 	o := &output{cfg: cfg, log: cfg.Log}
 	fsys := newFileSystem(o)
-	if fsys.t, err = replay(j, records, cfg.StagingDir); err != nil {
+	if fsys.t, err = replay(j, records, cfg.StagingDir, cfg.BlockSize); err != nil {
 		return fail(err)
 	}
 	o.dropUnknownStaged(fsys.t)
@@ -402,18 +410,21 @@ func resetStaging(dir string, log logr.Logger) error {
 
 // dropUnknownStaged removes the staging files of a taken-over mount that no file of its tree
 // names: made by a create that was killed before it was recorded, and that the kernel sends
-// again.
+// again, or left half made by a restore that was killed (stagedFile.restore).
 func (o *output) dropUnknownStaged(t *tree) {
-	keep := t.stagedFiles()
+	keep := t.stagedTokens()
 	entries, err := os.ReadDir(o.cfg.StagingDir)
 	if err != nil {
 		o.log.Error(err, "listing the staging folder", "stagingDir", o.cfg.StagingDir)
 		return
 	}
-	for _, e := range entries {
-		if !keep[e.Name()] {
-			if err := os.Remove(filepath.Join(o.cfg.StagingDir, e.Name())); err != nil {
-				o.log.Error(err, "removing a staging file no file names", "name", e.Name())
+	for token, names := range stagingNames(entries) {
+		for _, name := range names {
+			if keep[token] && isBlockStagingName(token, name) {
+				continue
+			}
+			if err := os.Remove(filepath.Join(o.cfg.StagingDir, name)); err != nil {
+				o.log.Error(err, "removing a staging file no file names", "name", name)
 			}
 		}
 	}
@@ -430,7 +441,7 @@ func (fsys *fileSystem) closeStaged() {
 	for _, n := range nodes {
 		n.mu.Lock()
 		if n.staged != nil {
-			_ = n.staged.Close()
+			n.staged.close()
 		}
 		n.mu.Unlock()
 	}

@@ -474,3 +474,45 @@ func TestCompleteDatasetIsReadOnly(t *testing.T) {
 		WithTimeout(10 * time.Second).Should(Succeed())
 	g.Expect(masterFiles(ctx, master)).To(HaveKeyWithValue("again.txt", int64(10)))
 }
+
+// TestASealHandsTheStagedBytesToTheTierWithoutCopyingThem writes a file of several blocks and
+// closes it: each block the tier store holds afterwards is the very file its bytes were staged
+// in (one inode; the seal linked it, copying nothing), and the staging folder is empty.
+func TestASealHandsTheStagedBytesToTheTierWithoutCopyingThem(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	ctx := context.Background()
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorker(t, master, "pool/node-a", 64<<20)
+	staging := filepath.Join(t.TempDir(), "staging")
+	mnt := mountOutputIn(t, master, w, blockSize, staging, testr.New(t))
+
+	data := randomBytes(2*blockSize+100, 3)
+	f, err := os.Create(filepath.Join(mnt.Dir(), "three-blocks.bin"))
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = f.Write(data)
+	g.Expect(err).NotTo(HaveOccurred())
+	staged := map[string]os.FileInfo{}
+	entries, err := os.ReadDir(staging)
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, e := range entries {
+		fi, err := os.Stat(filepath.Join(staging, e.Name()))
+		g.Expect(err).NotTo(HaveOccurred())
+		staged[e.Name()] = fi
+	}
+	g.Expect(staged).To(HaveLen(3), "a staging file per block")
+	g.Expect(f.Close()).To(Succeed())
+
+	token := tokenOf(ctx, t, master, "three-blocks.bin")
+	for index := range int64(3) {
+		id := outputfs.BlockID(token, index)
+		b, _, err := w.store.OpenBlock(ctx, id)
+		g.Expect(err).NotTo(HaveOccurred())
+		fi, err := b.Stat()
+		g.Expect(b.Close()).To(Succeed())
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(os.SameFile(fi, staged[id])).To(BeTrue(), "block %d is the file it was staged in", index)
+	}
+	g.Expect(os.ReadDir(staging)).To(BeEmpty(), "the staging files are gone with the seal")
+	g.Expect(os.ReadFile(filepath.Join(mnt.Dir(), "three-blocks.bin"))).To(Equal(data))
+}

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -189,7 +187,7 @@ func (fsys *fileSystem) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse
 			return fuse.EPERM
 		}
 		if err := n.staged.Truncate(int64(size)); err != nil {
-			return fuse.ToStatus(err)
+			return fsys.failed(err, "truncating a file", n.name)
 		}
 		n.size = int64(size)
 		st.MtimeNs = time.Now().UnixNano()
@@ -421,7 +419,7 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 	}
 	if truncate && n.size != 0 {
 		if err := n.staged.Truncate(0); err != nil {
-			return fuse.ToStatus(err)
+			return fsys.failed(err, "truncating a file", n.name)
 		}
 		n.size = 0
 	}
@@ -846,22 +844,20 @@ func errnoOf(err error) syscall.Errno {
 }
 
 // dropStaged closes and removes a staging file.
-func (o *output) dropStaged(f *os.File) {
-	p := f.Name()
-	_ = f.Close()
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		o.log.Error(err, "removing a staging file", "path", p)
+func (o *output) dropStaged(f *stagedFile) {
+	if err := f.remove(); err != nil {
+		o.log.Error(err, "removing the staging files of a file", "token", f.token)
 	}
 }
 
-// newStaged makes a new file version: its token, 128 random bits in hex, and its staging file.
-func (o *output) newStaged() (string, *os.File, error) {
+// newStaged makes a new file version: its token, 128 random bits in hex, and its staging.
+func (o *output) newStaged() (string, *stagedFile, error) {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
 		return "", nil, fmt.Errorf("making a file token: %w", err)
 	}
 	token := hex.EncodeToString(b)
-	staged, err := os.OpenFile(filepath.Join(o.cfg.StagingDir, token), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	staged, err := createStaged(o.cfg.StagingDir, token, o.cfg.BlockSize)
 	if err != nil {
 		return "", nil, err
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"syscall"
 	"time"
@@ -81,11 +80,11 @@ const maxSealBlocks = 64
 // seal publishes the size bytes of staged as the file rel, whose token is token, written by
 // attempt (masterpb.File.attempt; empty when not known). A file an earlier process staged
 // (inherited) may be published already, or have some blocks stored.
-func (o *output) seal(ctx context.Context, rel, token, attempt string, staged *os.File, size int64, inherited bool) (err error) {
+func (o *output) seal(ctx context.Context, rel, token, attempt string, staged *stagedFile, size int64, inherited bool) (err error) {
 	final := o.masterPath(rel)
 	mctx, cancel := o.masterContext(ctx)
 	defer cancel()
-	var stored []int64 // offsets of the blocks stored, whose staged bytes are freed
+	var stored []int64 // indexes of the blocks stored
 	sealing := ""      // the file being assembled at the master, for a large file
 	defer func() {
 		if err != nil {
@@ -155,30 +154,25 @@ func (o *output) writeThrough(ctx context.Context, final, token string, size int
 	return nil
 }
 
-// storeBlocks cuts the size bytes of staged into blocks, stores each in the tier store, hands
-// it to stored (which reports it), and frees its staged bytes; stored gets the offset of each
-// block stored.
-func (o *output) storeBlocks(ctx context.Context, final, token string, staged *os.File, size int64, offsets *[]int64,
+// storeBlocks stores the size bytes of staged in the tier store, block by block, and hands
+// each to stored (which reports it); stored gets the index of each block stored. The staging
+// files stay until the seal succeeded (see stagedFile).
+func (o *output) storeBlocks(ctx context.Context, final, token string, staged *stagedFile, size int64, indexes *[]int64,
 	stored func(info tierstore.BlockInfo, off int64) error,
 ) error {
 	bs := o.cfg.BlockSize
 	for off, index := int64(0), int64(0); off < size; off, index = off+bs, index+1 {
-		length := min(bs, size-off)
 		origin, err := proto.Marshal(&workerpb.BlockOrigin{Path: final, Dataset: o.cfg.Dataset, Root: o.cfg.Root, Index: index, Offset: off, FileToken: token})
 		if err != nil {
 			return fmt.Errorf("encoding the origin of block %d: %w", index, err)
 		}
-		info, err := o.storeBlock(ctx, BlockID(token, index), staged, off, length, origin)
+		info, err := o.storeBlock(ctx, BlockID(token, index), staged, index, min(bs, size-off), origin)
 		if err != nil {
 			return fmt.Errorf("storing block %d: %w", index, err)
 		}
-		*offsets = append(*offsets, off)
+		*indexes = append(*indexes, index)
 		if err := stored(info, off); err != nil {
 			return err
-		}
-		// The block holds these bytes now; free them in the staging file.
-		if err := unix.Fallocate(int(staged.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length); err != nil {
-			return fmt.Errorf("freeing the staged bytes of block %d: %w", index, err)
 		}
 	}
 	return nil
@@ -203,21 +197,37 @@ func (o *output) sealAtOnce(ctx context.Context, req *masterpb.SealFileRequest) 
 	return nil
 }
 
-// storeBlock stores the length staged bytes at off as block id, unless a seal that a killed
-// process began stored it already (and freed those staged bytes), or a failed seal could not
-// put its bytes back and kept it.
-func (o *output) storeBlock(ctx context.Context, id string, staged *os.File, off, length int64, origin []byte) (tierstore.BlockInfo, error) {
+// storeBlock stores the length bytes of block index of staged as block id: its staging file
+// becomes the block (Blocks.Adopt links it; nothing is copied), unless a seal that a killed
+// process began stored that very file already. A stored block of other bytes (copied by a
+// store that could not link, or kept by a failed seal that could not remove it) is replaced.
+func (o *output) storeBlock(ctx context.Context, id string, staged *stagedFile, index, length int64, origin []byte) (tierstore.BlockInfo, error) {
+	path, err := staged.blockFile(index, length)
+	if err != nil {
+		return tierstore.BlockInfo{}, err
+	}
 	if f, info, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
+		same := sameFile(f, path)
 		_ = f.Close()
-		if info.Size == length {
+		if same && info.Size == length {
 			return info, nil
 		}
 		if err := o.cfg.Store.Delete(ctx, id); err != nil {
-			return tierstore.BlockInfo{}, fmt.Errorf("replacing a partial block: %w", err)
+			return tierstore.BlockInfo{}, fmt.Errorf("replacing a stale copy of the block: %w", err)
 		}
 	}
 	// Unclean: this is the only copy, so the store persists it before it ever drops it.
-	return o.cfg.Store.Put(ctx, id, io.NewSectionReader(staged, off, length), length, tierstore.PutOptions{Origin: origin})
+	return o.cfg.Store.Adopt(ctx, id, path, length, tierstore.PutOptions{Origin: origin})
+}
+
+// sameFile says whether f is the file at path.
+func sameFile(f *os.File, path string) bool {
+	a, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	b, err := os.Stat(path)
+	return err == nil && os.SameFile(a, b)
 }
 
 // createSealing creates the file being sealed at the master. A Dataset the master forgot (to
@@ -235,20 +245,23 @@ func (o *output) createSealing(ctx context.Context, sealing, token, attempt stri
 	return err
 }
 
-// undoSeal puts back the staged bytes of the blocks stored by a failed seal, then forgets the
-// blocks and the half-made file: the file is unsealed again, its bytes where they were.
-func (o *output) undoSeal(sealing, token string, staged *os.File, stored []int64) {
+// undoSeal forgets the blocks stored by a failed seal and the half-made file: the file is
+// unsealed again, its bytes where they were (its staging files, which the blocks were linked
+// from).
+func (o *output) undoSeal(sealing, token string, staged *stagedFile, stored []int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.cfg.MasterTimeout)
 	defer cancel()
-	for i, off := range stored {
-		id := BlockID(token, int64(i))
-		if err := o.restoreBlock(ctx, id, staged, off); err != nil {
-			// Keep the block: it is the only copy of these bytes.
-			o.log.Error(err, "putting back the staged bytes of a block; the block is kept", "block", id)
-			return
+	for _, index := range stored {
+		id := BlockID(token, index)
+		err := o.cfg.Store.Delete(ctx, id)
+		if err == nil || errors.Is(err, tierstore.ErrNotFound) {
+			continue
 		}
-		if err := o.cfg.Store.Delete(ctx, id); err != nil && !errors.Is(err, tierstore.ErrNotFound) {
-			o.log.Error(err, "removing a block of a failed seal", "block", id)
+		o.log.Error(err, "removing a block of a failed seal; it stays in the tier until the file is sealed again", "block", id)
+		// The staging file may be the kept block itself: give the staged bytes a file of their
+		// own, so that the writes that follow never change the stored block.
+		if err := staged.restore(index); err != nil {
+			o.log.Error(err, "copying the staged bytes of a kept block", "block", id)
 		}
 	}
 	if sealing == "" {
@@ -257,19 +270,6 @@ func (o *output) undoSeal(sealing, token string, staged *os.File, stored []int64
 	if _, err := o.cfg.Master.DeleteFile(ctx, sealing); err != nil && status.Code(err) != codes.NotFound {
 		o.log.Error(err, "removing a half-sealed file at the master; readers never see it", "path", sealing)
 	}
-}
-
-// restoreBlock copies block id back into staged at off.
-func (o *output) restoreBlock(ctx context.Context, id string, staged *os.File, off int64) error {
-	f, info, err := o.cfg.Store.OpenBlock(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = f.Close() }()
-	if _, err := io.Copy(io.NewOffsetWriter(staged, off), io.LimitReader(f, info.Size)); err != nil {
-		return fmt.Errorf("copying block %s back: %w", id, err)
-	}
-	return nil
 }
 
 // deleteSealed removes a sealed file from the master, then its blocks from the local tier.

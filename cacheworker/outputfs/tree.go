@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,7 +38,7 @@ type node struct {
 	mu    sync.Mutex
 	state nodeState
 	// staged holds a file's bytes until it is sealed; nil once sealed or discarded.
-	staged *os.File
+	staged *stagedFile
 	// size is a file's size: the sealed size, or the staging file's.
 	size int64
 	// inherited: an earlier process staged this file, and may have begun sealing it.
@@ -101,7 +100,7 @@ func (t *tree) relLocked(n *node) string {
 
 // add makes a node named name in dir, with state st, unless dir has that name already: then
 // it returns the node there and false. request is the FUSE request making it, or 0.
-func (t *tree) add(dir *node, name string, isDir bool, st nodeState, staged *os.File, request uint64) (*node, bool, error) {
+func (t *tree) add(dir *node, name string, isDir bool, st nodeState, staged *stagedFile, request uint64) (*node, bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if existing := dir.children[name]; existing != nil {
@@ -217,7 +216,7 @@ func newTree(j *journal, mount mountRecord, root nodeState) (*tree, error) {
 
 // replay rebuilds a tree from the records of an earlier process, reopening the staging files
 // of the files still being written.
-func replay(j *journal, records []record, stagingDir string) (*tree, error) {
+func replay(j *journal, records []record, stagingDir string, blockSize int64) (*tree, error) {
 	// The requests the records name are those readJournal found: the journal's inherited.
 	t := &tree{nodes: map[uint64]*node{}, nextID: rootID + 1, j: j, done: j.inherited}
 	for i, r := range records[1:] {
@@ -272,9 +271,14 @@ func replay(j *journal, records []record, stagingDir string) (*tree, error) {
 	if t.nodes[rootID] == nil {
 		return nil, errors.New("the output mount's journal has no root")
 	}
+	entries, err := os.ReadDir(stagingDir)
+	if err != nil {
+		return nil, fmt.Errorf("listing the staging folder: %w", err)
+	}
+	staging := stagingNames(entries)
 	for _, n := range t.nodes {
 		n.sealed.Store(n.state.Sealed)
-		if err := t.reopen(n, stagingDir); err != nil {
+		if err := t.reopen(n, stagingDir, blockSize, staging); err != nil {
 			return nil, err
 		}
 	}
@@ -282,8 +286,9 @@ func replay(j *journal, records []record, stagingDir string) (*tree, error) {
 }
 
 // reopen gives a replayed file its bytes: a sealed file's size is recorded; a staged one's
-// bytes, size and mtime are its staging file's, unless nobody will ever seal it.
-func (t *tree) reopen(n *node, stagingDir string) error {
+// bytes, size and mtime are its staging files', unless nobody will ever seal it. staging is the
+// staging folder's names by token (stagingNames).
+func (t *tree) reopen(n *node, stagingDir string, blockSize int64, staging map[string][]string) error {
 	switch {
 	case n.dir:
 		return nil
@@ -293,31 +298,27 @@ func (t *tree) reopen(n *node, stagingDir string) error {
 	case n.parent == 0 && n.state.Writers == 0:
 		return nil // removed, and no writer left to close it: discarded
 	}
-	f, err := os.OpenFile(filepath.Join(stagingDir, n.state.Token), os.O_RDWR, 0)
-	if errors.Is(err, os.ErrNotExist) && n.state.Unlinked {
+	names := staging[n.state.Token]
+	if len(names) == 0 && n.state.Unlinked {
 		return nil
 	}
+	staged, mtime, err := openStaged(stagingDir, n.state.Token, blockSize, names)
 	if err != nil {
 		return fmt.Errorf("reopening the staged bytes of %s: %w", n.name, err)
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		_ = f.Close()
-		return fmt.Errorf("reopening the staged bytes of %s: %w", n.name, err)
-	}
-	n.staged, n.size, n.inherited = f, fi.Size(), true
-	n.state.MtimeNs = fi.ModTime().UnixNano()
+	n.staged, n.size, n.inherited = staged, staged.Size(), true
+	n.state.MtimeNs = mtime.UnixNano()
 	return nil
 }
 
-// stagedFiles is the names of the staging files the tree still needs.
-func (t *tree) stagedFiles() map[string]bool {
+// stagedTokens is the tokens of the files whose staging files the tree still needs.
+func (t *tree) stagedTokens() map[string]bool {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	keep := map[string]bool{}
 	for _, n := range t.nodes {
 		if n.staged != nil {
-			keep[filepath.Base(n.staged.Name())] = true
+			keep[n.staged.token] = true
 		}
 	}
 	return keep

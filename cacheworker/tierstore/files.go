@@ -7,7 +7,9 @@ import (
 	"hash"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -66,6 +68,85 @@ func writeFile(ctx context.Context, dirPath, id string, r io.Reader, size int64,
 		}
 	}
 	return sum, nil
+}
+
+// errOtherFileSystem: a file cannot be linked into a directory of another file system.
+var errOtherFileSystem = errors.New("on another file system")
+
+// sameFileSystem is those of dirs on the file system of the file at path, into which it can be
+// linked.
+func sameFileSystem(dirs []*dir, path string) []*dir {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil // Adopt's open says why
+	}
+	var same []*dir
+	for _, d := range dirs {
+		var ds unix.Stat_t
+		if unix.Stat(d.path, &ds) == nil && ds.Dev == st.Dev {
+			same = append(same, d)
+		}
+	}
+	return same
+}
+
+// linkFile makes the file at src, of size bytes, block id in dirPath without copying it: a hard
+// link, under a temporary name renamed over the final one, as writeFile does. It reads the
+// file once for its CRC-32C, which it returns. If durable, the file and the directory are
+// synced as writeFile syncs them. It fails with errOtherFileSystem when src is not on dirPath's
+// file system, and the caller copies instead.
+func linkFile(ctx context.Context, dirPath, id, src string, size int64, durable bool) (sum uint32, err error) {
+	f, err := openBlock(src)
+	if err != nil {
+		return 0, fmt.Errorf("opening %s to store it as block %s: %w", src, id, err)
+	}
+	defer func() { _ = f.Close() }() // read only; the sync below is what matters
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("storing %s as block %s: %w", src, id, err)
+	case !fi.Mode().IsRegular():
+		return 0, fmt.Errorf("storing %s as block %s: not a regular file", src, id)
+	case fi.Size() != size:
+		return 0, fmt.Errorf("storing %s as block %s: it has %d bytes, %d were declared", src, id, fi.Size(), size)
+	}
+	sum, err = checksumFile(ctx, f, size)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s to store it as block %s: %w", src, id, err)
+	}
+	if durable {
+		if err := f.Sync(); err != nil {
+			return 0, fmt.Errorf("syncing %s to store it as block %s: %w", src, id, err)
+		}
+	}
+	tmp := filepath.Join(dirPath, fmt.Sprintf("%s%s-link-%d", blockindex.TempPrefix, id, time.Now().UnixNano()))
+	if err := os.Link(src, tmp); err != nil {
+		if errors.Is(err, syscall.EXDEV) {
+			return 0, errOtherFileSystem
+		}
+		return 0, fmt.Errorf("linking %s into %s as block %s: %w", src, dirPath, id, err)
+	}
+	if err := os.Rename(tmp, blockindex.BlockPath(dirPath, id)); err != nil {
+		_ = os.Remove(tmp)
+		return 0, fmt.Errorf("renaming block %s into place in %s: %w", id, dirPath, err)
+	}
+	if durable {
+		if err := syncDir(dirPath); err != nil {
+			return 0, err
+		}
+	}
+	return sum, nil
+}
+
+// checksumFile is the CRC-32C of the size bytes of f. (Through a mapping of the file instead
+// of copies out of it, the CPU it takes was the same: mapping the pages costs what copying them
+// does.)
+func checksumFile(ctx context.Context, f *os.File, size int64) (uint32, error) {
+	h := blockindex.NewHash()
+	if _, err := io.CopyBuffer(h, ctxReader{ctx, f}, make([]byte, min(copyBufferSize, size+1))); err != nil {
+		return 0, err
+	}
+	return h.Sum32(), nil
 }
 
 func atLeast(n, size int64) string {

@@ -22,6 +22,38 @@ const lookupAttempts = 4
 // tier would pass its high watermark. It fails with ErrExists if the id is stored or being
 // stored, and with a *TierFullError (ErrTierFull) if no room can be made without losing data.
 func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opts PutOptions) (BlockInfo, error) {
+	return s.store(ctx, id, size, opts, nil, func(d *dir, durable bool) (uint32, error) {
+		return writeFile(ctx, d.path, id, r, size, nil, durable)
+	})
+}
+
+// Adopt stores the size bytes of the file at path as block id in the top tier, as Put does,
+// without copying them when it can: a file on the file system of the top tier's directory
+// becomes the block by a hard link (see linkFile); another is copied. path is left in place
+// either way, for the caller to remove once Adopt returned, so that a process killed in
+// between still has the bytes where they were. The caller must not change the file while it
+// is stored: the block and path may be the same file.
+func (s *Store) Adopt(ctx context.Context, id, path string, size int64, opts PutOptions) (BlockInfo, error) {
+	return s.store(ctx, id, size, opts, sameFileSystem(s.tiers[0].dirs, path), func(d *dir, durable bool) (uint32, error) {
+		sum, err := linkFile(ctx, d.path, id, path, size, durable)
+		if !errors.Is(err, errOtherFileSystem) {
+			return sum, err
+		}
+		f, err := openBlock(path)
+		if err != nil {
+			return 0, fmt.Errorf("storing block %s: %w", id, err)
+		}
+		defer func() { _ = f.Close() }() // read only
+		return writeFile(ctx, d.path, id, f, size, nil, durable)
+	})
+}
+
+// store stores block id of size bytes in the top tier with write, which puts the block's file
+// in a directory of that tier (one of dirs, when there are any) and returns its checksum; see
+// Put.
+func (s *Store) store(ctx context.Context, id string, size int64, opts PutOptions, dirs []*dir,
+	write func(d *dir, durable bool) (uint32, error),
+) (BlockInfo, error) {
 	if err := blockindex.ValidateID(id); err != nil {
 		return BlockInfo{}, fmt.Errorf("storing block: %w", err)
 	}
@@ -51,10 +83,10 @@ func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opt
 	if err := s.reserve(ctx, top, size, dataset); err != nil {
 		return BlockInfo{}, fmt.Errorf("storing block %s: %w", id, err)
 	}
-	d := s.pickDir(top, size)
+	d := s.pickDirOf(top, size, dirs)
 	// A block that exists nowhere else is synced, unless its directory is in memory.
 	durable := !opts.Clean && !d.volatile
-	sum, err := writeFile(ctx, d.path, id, r, size, nil, durable)
+	sum, err := write(d, durable)
 	if err != nil {
 		s.release(top, d, size)
 		return BlockInfo{}, err

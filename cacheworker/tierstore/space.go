@@ -123,10 +123,19 @@ func (s *Store) release(t *tier, d *dir, n int64) {
 // pickDir chooses the emptiest directory of t for n bytes and counts them there at once, so
 // that concurrent writers spread over the directories too.
 func (s *Store) pickDir(t *tier, n int64) *dir {
+	return s.pickDirOf(t, n, t.dirs)
+}
+
+// pickDirOf is pickDir among some of t's directories: the emptiest of dirs, or of all when
+// dirs is empty.
+func (s *Store) pickDirOf(t *tier, n int64, dirs []*dir) *dir {
+	if len(dirs) == 0 {
+		dirs = t.dirs
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	best := t.dirs[0]
-	for _, d := range t.dirs[1:] {
+	best := dirs[0]
+	for _, d := range dirs[1:] {
 		if d.used < best.used {
 			best = d
 		}

@@ -389,10 +389,29 @@ func (c *Client) DeleteFile(ctx context.Context, path string) (*masterpb.DeleteF
 	return resp, err
 }
 
-// Lookup says what a path names: a file, a directory, or neither (NotFound).
+// Lookup says what a path names: a file, a directory, or neither (NotFound). A master older
+// than Lookup answers Unimplemented (a rolling upgrade that reached the workers first); the
+// two reads it does answer, GetFile and a one-entry ListFiles, then say the same.
 func (c *Client) Lookup(ctx context.Context, req *masterpb.LookupRequest) (*masterpb.ListEntry, error) {
 	entry, _, err := call(ctx, c, "Lookup", req, masterpb.MasterClient.Lookup)
-	return entry, err
+	if status.Code(err) != codes.Unimplemented {
+		return entry, err
+	}
+	f, err := c.GetFile(ctx, &masterpb.GetFileRequest{Path: req.GetPath(), StaleOk: req.GetStaleOk()})
+	if status.Code(err) != codes.NotFound {
+		if err != nil {
+			return nil, err
+		}
+		return &masterpb.ListEntry{Path: req.GetPath(), File: f}, nil
+	}
+	resp, err := c.ListFiles(ctx, &masterpb.ListFilesRequest{Dir: req.GetPath(), Limit: 1, StaleOk: req.GetStaleOk()})
+	switch {
+	case err != nil:
+		return nil, err
+	case len(resp.GetEntries()) == 0:
+		return nil, status.Errorf(codes.NotFound, "file or directory %s not found", req.GetPath())
+	}
+	return &masterpb.ListEntry{Path: req.GetPath(), Dir: true}, nil
 }
 
 // ListFiles lists one page of a directory.

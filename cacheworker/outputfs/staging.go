@@ -1,0 +1,297 @@
+package outputfs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// stagedFile holds the bytes of a file being written: a staging file per block of the file,
+// named "<token>-<index>" in the mount's staging folder, so that the seal hands each block's
+// file to the tier store (tierstore.Store.Adopt links it in) instead of copying its bytes.
+// Block 0's file always exists, so that an empty file is found again after a takeover; a
+// block nobody wrote has no file, and a block file shorter than the block ends in zeros up to
+// the file's size. The staging files of a file being sealed stay until the seal succeeded:
+// they name the same bytes as the blocks stored from them, at no cost, and tell a seal that
+// a killed process began which bytes are the file's (see output.storeBlock).
+//
+// Its methods are called with the node's mu held.
+type stagedFile struct {
+	dir, token string
+	blockSize  int64
+	size       int64
+	files      map[int64]*os.File // by block index: the blocks' files, opened as first written
+}
+
+// createStaged makes the staging of a new, empty file.
+func createStaged(dir, token string, blockSize int64) (*stagedFile, error) {
+	s := &stagedFile{dir: dir, token: token, blockSize: blockSize, files: map[int64]*os.File{}}
+	f, err := os.OpenFile(s.blockPath(0), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating a staging file: %w", err)
+	}
+	s.files[0] = f
+	return s, nil
+}
+
+// stagingNames groups the names in a staging folder by the token they stage.
+func stagingNames(entries []fs.DirEntry) map[string][]string {
+	byToken := map[string][]string{}
+	for _, e := range entries {
+		token, _, _ := strings.Cut(e.Name(), "-")
+		byToken[token] = append(byToken[token], e.Name())
+	}
+	return byToken
+}
+
+// openStaged opens again the staging of token that an earlier process left, given the names
+// the staging folder holds for it (stagingNames). A file staged whole by an older version,
+// one staging file named by its token, is cut into block files first. It also returns the
+// newest modification time of the files.
+func openStaged(dir, token string, blockSize int64, names []string) (*stagedFile, time.Time, error) {
+	s := &stagedFile{dir: dir, token: token, blockSize: blockSize, files: map[int64]*os.File{}}
+	var mtime time.Time
+	fail := func(err error) (*stagedFile, time.Time, error) {
+		s.close()
+		return nil, time.Time{}, err
+	}
+	for _, name := range names {
+		if name == token {
+			return s.convertWhole(names)
+		}
+	}
+	for _, name := range names {
+		if !isBlockStagingName(token, name) {
+			continue // not one of ours: dropUnknownStaged removes it
+		}
+		index, _ := strconv.ParseInt(strings.TrimPrefix(name, token+"-"), 10, 64)
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR, 0)
+		if err != nil {
+			return fail(fmt.Errorf("opening the staging file %s: %w", name, err))
+		}
+		s.files[index] = f
+		fi, err := f.Stat()
+		if err != nil {
+			return fail(fmt.Errorf("opening the staging file %s: %w", name, err))
+		}
+		s.size = max(s.size, index*blockSize+fi.Size())
+		if fi.ModTime().After(mtime) {
+			mtime = fi.ModTime()
+		}
+	}
+	if s.files[0] == nil {
+		return fail(fmt.Errorf("the staging file %s is missing", filepath.Base(s.blockPath(0))))
+	}
+	return s, mtime, nil
+}
+
+// convertWhole cuts a file staged whole (by an older version, as one file named by its token)
+// into block files, replacing any that an earlier conversion, killed, left.
+func (s *stagedFile) convertWhole(names []string) (*stagedFile, time.Time, error) {
+	for _, name := range names {
+		if name != s.token {
+			if err := os.Remove(filepath.Join(s.dir, name)); err != nil {
+				return nil, time.Time{}, fmt.Errorf("removing %s to convert the staging of %s again: %w", name, s.token, err)
+			}
+		}
+	}
+	whole, err := os.Open(filepath.Join(s.dir, s.token))
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("opening the staging file %s: %w", s.token, err)
+	}
+	defer func() { _ = whole.Close() }() // read only
+	fi, err := whole.Stat()
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("opening the staging file %s: %w", s.token, err)
+	}
+	if _, err := s.file(0); err != nil {
+		return nil, time.Time{}, err
+	}
+	for off := int64(0); off < fi.Size(); off += s.blockSize {
+		f, err := s.file(off / s.blockSize)
+		if err != nil {
+			s.close()
+			return nil, time.Time{}, err
+		}
+		if _, err := io.Copy(f, io.NewSectionReader(whole, off, min(s.blockSize, fi.Size()-off))); err != nil {
+			s.close()
+			return nil, time.Time{}, fmt.Errorf("converting the staging file %s: %w", s.token, err)
+		}
+	}
+	s.size = fi.Size()
+	if err := os.Remove(whole.Name()); err != nil {
+		s.close()
+		return nil, time.Time{}, fmt.Errorf("removing the converted staging file %s: %w", s.token, err)
+	}
+	return s, fi.ModTime(), nil
+}
+
+// isBlockStagingName says whether name is the staging file of a block of token.
+func isBlockStagingName(token, name string) bool {
+	index, err := strconv.ParseInt(strings.TrimPrefix(name, token+"-"), 10, 64)
+	return strings.HasPrefix(name, token+"-") && err == nil && index >= 0
+}
+
+func (s *stagedFile) blockPath(index int64) string {
+	return filepath.Join(s.dir, s.token+"-"+strconv.FormatInt(index, 10))
+}
+
+// file returns the open file of block index, made empty if it has none.
+func (s *stagedFile) file(index int64) (*os.File, error) {
+	if f := s.files[index]; f != nil {
+		return f, nil
+	}
+	f, err := os.OpenFile(s.blockPath(index), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating a staging file: %w", err)
+	}
+	s.files[index] = f
+	return f, nil
+}
+
+// WriteAt writes p at off, across as many block files as it spans.
+func (s *stagedFile) WriteAt(p []byte, off int64) (int, error) {
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		index := pos / s.blockSize
+		k := int(min(int64(len(p)-done), (index+1)*s.blockSize-pos))
+		f, err := s.file(index)
+		if err != nil {
+			return done, err
+		}
+		w, err := f.WriteAt(p[done:done+k], pos-index*s.blockSize)
+		done += w
+		s.size = max(s.size, off+int64(done))
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// ReadAt reads into p from off, up to the file's size: io.EOF when it ends before p is full.
+func (s *stagedFile) ReadAt(p []byte, off int64) (int, error) {
+	if off >= s.size {
+		return 0, io.EOF
+	}
+	end := min(off+int64(len(p)), s.size)
+	for pos := off; pos < end; {
+		index := pos / s.blockSize
+		k := min(end, (index+1)*s.blockSize) - pos
+		dest := p[pos-off : pos-off+k]
+		got := 0
+		if f := s.files[index]; f != nil {
+			var err error
+			got, err = f.ReadAt(dest, pos-index*s.blockSize)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return int(pos - off), err
+			}
+		}
+		clear(dest[got:]) // past the block file's end, or no file: never written
+		pos += k
+	}
+	if n := int(end - off); n < len(p) {
+		return n, io.EOF
+	}
+	return len(p), nil
+}
+
+// Truncate sets the file's size: block files past it go, the last one is cut or extended.
+func (s *stagedFile) Truncate(size int64) error {
+	last := max(size-1, 0) / s.blockSize
+	for index, f := range s.files {
+		if index > last {
+			_ = f.Close()
+			if err := os.Remove(f.Name()); err != nil {
+				return fmt.Errorf("truncating a staged file: %w", err)
+			}
+			delete(s.files, index)
+		}
+	}
+	// The last block's file always has the file's end, so that a takeover finds the size.
+	f, err := s.file(last)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size - last*s.blockSize); err != nil {
+		return fmt.Errorf("truncating a staged file: %w", err)
+	}
+	s.size = size
+	return nil
+}
+
+// Size is the file's size.
+func (s *stagedFile) Size() int64 { return s.size }
+
+// blockFile gives the path of block index's file with exactly length bytes, for the seal: a
+// block nobody wrote gets a file of zeros (a hole), a short one is extended with zeros.
+func (s *stagedFile) blockFile(index, length int64) (string, error) {
+	f, err := s.file(index)
+	if err != nil {
+		return "", err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("sizing the staging file of block %d: %w", index, err)
+	}
+	if fi.Size() != length {
+		if err := f.Truncate(length); err != nil {
+			return "", fmt.Errorf("sizing the staging file of block %d: %w", index, err)
+		}
+	}
+	return f.Name(), nil
+}
+
+// restore gives block index's staged bytes a file of their own, a copy, in place of the one
+// the tier store may share (see undoSeal).
+func (s *stagedFile) restore(index int64) error {
+	old := s.files[index]
+	if old == nil {
+		return nil // never written: nothing shared
+	}
+	tmp := s.blockPath(index) + ".restore"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		_, err = io.Copy(f, io.NewSectionReader(old, 0, s.blockSize))
+		if err == nil {
+			err = os.Rename(tmp, s.blockPath(index))
+		}
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("copying the staged bytes of block %d: %w", index, err)
+	}
+	_ = old.Close()
+	s.files[index] = f
+	return nil
+}
+
+// close closes the block files; they stay for the process taking over.
+func (s *stagedFile) close() {
+	for _, f := range s.files {
+		_ = f.Close()
+	}
+}
+
+// remove closes and removes the block files.
+func (s *stagedFile) remove() error {
+	var errs []error
+	for index, f := range s.files {
+		_ = f.Close()
+		if err := os.Remove(f.Name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		delete(s.files, index)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,154 @@
+package outputfs
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	. "github.com/onsi/gomega"
+)
+
+// TestAStagedFileReadsBackWhatWasWrittenAcrossItsBlockFiles writes, truncates and reads a
+// staged file of 10-byte blocks beside a plain byte slice doing the same, and opens it again
+// from its files as a process taking over does.
+func TestAStagedFileReadsBackWhatWasWrittenAcrossItsBlockFiles(t *testing.T) {
+	type step struct {
+		write    []byte
+		at       int64
+		truncate int64 // when write is nil
+	}
+	cases := map[string][]step{
+		"one block":                        {{write: []byte("hello"), at: 0}},
+		"across three blocks":              {{write: []byte("abcdefghijklmnopqrstuvwxyz"), at: 3}},
+		"a hole of a whole block is zeros": {{write: []byte("x"), at: 0}, {write: []byte("yz"), at: 25}},
+		"overwrites":                       {{write: bytes.Repeat([]byte("a"), 30), at: 0}, {write: []byte("BBBB"), at: 8}},
+		"truncated into a block":           {{write: bytes.Repeat([]byte("a"), 30), at: 0}, {truncate: 14}},
+		"truncated to nothing":             {{write: bytes.Repeat([]byte("a"), 30), at: 0}, {truncate: 0}},
+		"extended by truncate past a hole": {{write: []byte("abc"), at: 0}, {truncate: 27}},
+		"shrunk onto a hole, then written": {{write: []byte("a"), at: 0}, {write: []byte("b"), at: 35}, {truncate: 15}, {write: []byte("c"), at: 16}},
+	}
+	for name, steps := range cases {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			dir := t.TempDir()
+			s, err := createStaged(dir, "0a1b", 10)
+			g.Expect(err).NotTo(HaveOccurred())
+			var want []byte
+			for _, st := range steps {
+				if st.write == nil {
+					g.Expect(s.Truncate(st.truncate)).To(Succeed())
+					want = resized(want, st.truncate)
+					continue
+				}
+				n, err := s.WriteAt(st.write, st.at)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(n).To(Equal(len(st.write)))
+				want = resized(want, max(int64(len(want)), st.at+int64(len(st.write))))
+				copy(want[st.at:], st.write)
+			}
+			g.Expect(readAll(t, s)).To(Equal(want))
+			s.close()
+
+			names, err := os.ReadDir(dir)
+			g.Expect(err).NotTo(HaveOccurred())
+			again, _, err := openStaged(dir, "0a1b", 10, stagingNames(names)["0a1b"])
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(again.Size()).To(BeEquivalentTo(len(want)), "the size is found again from the files")
+			g.Expect(readAll(t, again)).To(Equal(want))
+			g.Expect(again.remove()).To(Succeed())
+			g.Expect(os.ReadDir(dir)).To(BeEmpty())
+		})
+	}
+}
+
+// TestAFileStagedWholeByAnOlderVersionIsCutIntoBlocks: a worker of an earlier version kept a
+// file being written in one staging file named by its token; the process taking over its mount
+// cuts it into block files, and a conversion that was killed half way is done again.
+func TestAFileStagedWholeByAnOlderVersionIsCutIntoBlocks(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	data := []byte("the quick brown fox jumps")
+	g.Expect(os.WriteFile(filepath.Join(dir, "77aa"), data, 0o600)).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(dir, "77aa-1"), []byte("half"), 0o600)).To(Succeed()) // a killed conversion
+
+	names, err := os.ReadDir(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	s, _, err := openStaged(dir, "77aa", 10, stagingNames(names)["77aa"])
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(readAll(t, s)).To(Equal(data))
+	s.close()
+	names, err = os.ReadDir(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(stagingNames(names)["77aa"]).To(ConsistOf("77aa-0", "77aa-1", "77aa-2"))
+}
+
+// TestAMissingFirstBlockFileIsAnError: block 0's file always exists, so a staging folder
+// without it lost the file.
+func TestAMissingFirstBlockFileIsAnError(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	g.Expect(os.WriteFile(filepath.Join(dir, "99cc-1"), []byte("x"), 0o600)).To(Succeed())
+	_, _, err := openStaged(dir, "99cc", 10, []string{"99cc-1"})
+	g.Expect(err).To(MatchError(ContainSubstring("the staging file 99cc-0 is missing")))
+}
+
+func resized(b []byte, size int64) []byte {
+	if size <= int64(len(b)) {
+		return b[:size]
+	}
+	return append(b, make([]byte, size-int64(len(b)))...)
+}
+
+func readAll(t *testing.T, s *stagedFile) []byte {
+	t.Helper()
+	buf := make([]byte, s.Size()+7)
+	n, err := s.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	if n != int(s.Size()) {
+		t.Fatalf("read %d bytes of %d", n, s.Size())
+	}
+	// And in small pieces at odd offsets, across the block files.
+	var pieces []byte
+	for off := int64(0); off < s.Size(); off += 3 {
+		p := make([]byte, 3)
+		k, err := s.ReadAt(p, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		pieces = append(pieces, p[:k]...)
+	}
+	if !bytes.Equal(pieces, buf[:n]) {
+		t.Fatalf("read in pieces %q, whole %q", pieces, buf[:n])
+	}
+	return buf[:n]
+}
+
+// TestARestoredBlockNoLongerSharesItsFile: after a failed seal whose stored block could not be
+// removed, the staged bytes get a file of their own, so that writes that follow leave the kept
+// block as it was.
+func TestARestoredBlockNoLongerSharesItsFile(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	s, err := createStaged(dir, "5e5e", 10)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = s.WriteAt([]byte("0123456789abc"), 0)
+	g.Expect(err).NotTo(HaveOccurred())
+	path, err := s.blockFile(0, 10)
+	g.Expect(err).NotTo(HaveOccurred())
+	kept := filepath.Join(dir, "kept")
+	g.Expect(os.Link(path, kept)).To(Succeed()) // as the tier store links it
+
+	g.Expect(s.restore(0)).To(Succeed())
+	_, err = s.WriteAt([]byte("XY"), 2)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(os.ReadFile(kept)).To(Equal([]byte("0123456789")), "the kept block is unchanged")
+	g.Expect(readAll(t, s)).To(Equal([]byte("01XY456789abc")))
+	entries, err := os.ReadDir(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(stagingNames(entries)["5e5e"]).To(ConsistOf("5e5e-0", "5e5e-1"), "no copy left behind")
+}
