@@ -37,6 +37,10 @@ type RangeReader interface {
 	ReadRanges(in *fuse.ReadIn) (ranges []FileRange, done func(sent bool), ok bool)
 }
 
+// Copying hides that fsys answers reads from files (RangeReader), so that a connection
+// serving it answers every READ through its Read, copying (benchmarks compare the two).
+func Copying(fsys fuse.RawFileSystem) fuse.RawFileSystem { return struct{ fuse.RawFileSystem }{fsys} }
+
 const (
 	opRead = 15 // FUSE_READ
 	// pipeSize is the pipes' size: fs.pipe-max-size by default, the most a process without

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/cache"
@@ -54,28 +53,7 @@ func BenchmarkReadThroughTheMount(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = s.Unmount(context.Background()) }()
-	readDroppedEachLoop(b, filepath.Join(dir, "big.bin"), fileSize)
-}
-
-// readDroppedEachLoop reads the file at p, of size bytes, whole on every iteration of b, its
-// pages dropped from the page cache first, so that every byte is a FUSE read.
-func readDroppedEachLoop(b *testing.B, p string, size int64) {
-	buf := make([]byte, 1<<20)
-	b.SetBytes(size)
-	for b.Loop() {
-		f, err := os.Open(p)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-			b.Fatal(err)
-		}
-		n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{f}, buf)
-		if err != nil || n != size {
-			b.Fatalf("read %d bytes: %v", n, err)
-		}
-		_ = f.Close()
-	}
+	fusetest.ReadDroppedEachLoop(b, filepath.Join(dir, "big.bin"), fileSize)
 }
 
 // BenchmarkColdReadFromMinIO reads a 64 MiB object through the mount with nothing cached: every
@@ -281,7 +259,7 @@ func BenchmarkReadLocalBlocksThroughTheMount(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer func() { _ = s.Unmount(context.Background()) }()
-			readDroppedEachLoop(b, filepath.Join(dir, "big.bin"), size)
+			fusetest.ReadDroppedEachLoop(b, filepath.Join(dir, "big.bin"), size)
 		})
 	}
 }

@@ -233,7 +233,7 @@ func (s *Server) Abort() error { return fuseconn.AbortConnection(s.connID, s.dir
 // configuration turns splicing off.
 func served(fsys *fileSystem, cfg Config) fuse.RawFileSystem {
 	if cfg.DisableSplice {
-		return struct{ fuse.RawFileSystem }{fsys}
+		return fuseconn.Copying(fsys)
 	}
 	return fsys
 }

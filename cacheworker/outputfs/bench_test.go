@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/strata-cache/strata/cacheworker/dataplane"
+	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/replication"
 	"github.com/strata-cache/strata/internal/fusetest"
@@ -142,6 +143,43 @@ func BenchmarkWritingAReplicatedOutput(b *testing.B) {
 				}
 				b.StartTimer()
 			}
+		})
+	}
+}
+
+// BenchmarkReadingASealedOutput reads a sealed 256 MiB output file (four 64 MiB blocks in this
+// node's MEM tier on /dev/shm) whole through the output mount, its pages dropped before each
+// read so that every byte is a FUSE read, as a later pipeline step on the node reads its input:
+// spliced from the blocks' files, and copied through the worker, beside the same file in a
+// tmpfs folder, alternating in one run.
+//
+//	go test -run '^$' -bench ReadingASealedOutput -benchtime 10x ./cacheworker/outputfs/
+func BenchmarkReadingASealedOutput(b *testing.B) {
+	const size = 256 << 20
+	base := fusetest.MemoryFolder(b)
+	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorkerIn(b, master, "pool/node-a", 2<<30, filepath.Join(base, "worker"))
+	writer := mountOutputIn(b, master, w, 64<<20, filepath.Join(base, "staging"), logr.Discard())
+	data := randomBytes(size, 1)
+	if err := os.WriteFile(filepath.Join(writer.Dir(), "big.bin"), data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	tmpfs := filepath.Join(base, "tmpfs")
+	if err := os.Mkdir(tmpfs, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmpfs, "big.bin"), data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	readers := map[string]string{
+		"tmpfs":   tmpfs,
+		"spliced": mountOutputIn(b, master, w, 64<<20, filepath.Join(base, "staging-spliced"), logr.Discard()).Dir(),
+		"copied": mountOutputIn(b, master, w, 64<<20, filepath.Join(base, "staging-copied"), logr.Discard(),
+			func(c *outputfs.Config) { c.DisableSplice = true }).Dir(),
+	}
+	for _, mode := range []string{"tmpfs", "spliced", "copied", "tmpfs", "spliced", "copied"} {
+		b.Run(mode, func(b *testing.B) {
+			fusetest.ReadDroppedEachLoop(b, filepath.Join(readers[mode], "big.bin"), size)
 		})
 	}
 }

@@ -19,6 +19,8 @@ type Metrics struct {
 	sealSeconds prometheus.Histogram
 	takeovers   prometheus.Counter
 	compactions prometheus.Counter
+	// splicedReads counts the reads of sealed files answered by splicing local blocks' files.
+	splicedReads prometheus.Counter
 	// recoveryWaits and recoveryWaiting count the reads of lost files that waited for them to be
 	// written again (see awaitRecovery).
 	recoveryWaits   *prometheus.CounterVec
@@ -29,7 +31,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := newMetrics()
 	for _, c := range []prometheus.Collector{m.mounts, m.writtenBytes, m.sealedFiles, m.sealedBytes, m.sealFailures, m.sealSeconds, m.takeovers, m.compactions,
-		m.recoveryWaits, m.recoveryWaiting} {
+		m.splicedReads, m.recoveryWaits, m.recoveryWaiting} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering output mount metrics: %w", err)
 		}
@@ -55,6 +57,8 @@ func newMetrics() *Metrics {
 			Help: "How long sealing an output file took, failed seals included: what its writer's close waited for " +
 				"(storing its blocks in the top tier, and publishing it at the master).",
 			Buckets: prometheus.ExponentialBuckets(100e-6, 4, 9)}), // 100 µs to 6.6 s
+		splicedReads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_spliced_reads_total",
+			Help: "Reads of sealed output files answered by splicing the files of blocks a local tier holds into the FUSE device, without copying them through the worker."}),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_takeovers_total",
 			Help: "Output mounts this worker took over from an earlier worker process, its writers and readers going on."}),
 		compactions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "output_journal_compactions_total",

@@ -94,6 +94,9 @@ type Config struct {
 	MasterTimeout time.Duration
 	// Metrics receives the counts; nil counts nowhere.
 	Metrics *Metrics
+	// DisableSplice answers reads of sealed files' local blocks by copying them through the
+	// worker rather than splicing their files into the FUSE device (benchmarks compare the two).
+	DisableSplice bool
 	// KeepsReadCopies, when set, says whether a block of the Dataset read from another worker
 	// is kept in the top tier and reported as a copy of it (a replica, for a CachePolicy that
 	// replicates selectively).
@@ -156,7 +159,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	fsys := newFileSystem(o)
-	conn, err := fuseconn.Mount(fuseconn.Spec{Dir: dir, Source: cfg.Name, Protocol: protocolOptions(cfg.Log)}, fsys, cfg.Log)
+	conn, err := fuseconn.Mount(fuseconn.Spec{Dir: dir, Source: cfg.Name, Protocol: protocolOptions(cfg.Log)}, served(fsys, cfg), cfg.Log)
 	if err != nil {
 		_ = j.close()
 		return nil, fmt.Errorf("mounting output Dataset %s: %w", cfg.Dataset, err)
@@ -224,7 +227,7 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 	}
 	o.dropUnknownStaged(fsys.t)
 	fsys.generation = uint32(j.starts)
-	conn, err := fuseconn.Adopt(h.FUSE, fsys, protocolOptions(cfg.Log), mount.Init, mount.Agreed, cfg.Log.WithValues("dir", mount.Dir))
+	conn, err := fuseconn.Adopt(h.FUSE, served(fsys, cfg), protocolOptions(cfg.Log), mount.Init, mount.Agreed, cfg.Log.WithValues("dir", mount.Dir))
 	if err != nil {
 		return fail(err)
 	}
@@ -266,6 +269,15 @@ func checkConfig(dir string, cfg Config) (Config, error) {
 		cfg.Name = "strata"
 	}
 	return cfg, nil
+}
+
+// served is the file system the connection serves: fsys, hiding that it answers reads from
+// files (fuseconn.RangeReader) when the configuration turns splicing off.
+func served(fsys *fileSystem, cfg Config) fuse.RawFileSystem {
+	if cfg.DisableSplice {
+		return fuseconn.Copying(fsys)
+	}
+	return fsys
 }
 
 // protocolOptions are the options of go-fuse's protocol server, the same for a mount and for a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
@@ -515,4 +517,60 @@ func TestASealHandsTheStagedBytesToTheTierWithoutCopyingThem(t *testing.T) {
 	}
 	g.Expect(os.ReadDir(staging)).To(BeEmpty(), "the staging files are gone with the seal")
 	g.Expect(os.ReadFile(filepath.Join(mnt.Dir(), "three-blocks.bin"))).To(Equal(data))
+}
+
+// TestReadsOfLocalSealedBlocksAreSpliced reads a sealed file of several blocks, with its pages
+// dropped first so that every byte is a READ, sequentially and at odd offsets across blocks:
+// the blocks are in this node's tier, so the reads are spliced from their files, and every
+// byte is right.
+func TestReadsOfLocalSealedBlocksAreSpliced(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorker(t, master, "pool/node-a", 64<<20)
+	reg := prometheus.NewRegistry()
+	metrics, err := outputfs.NewMetrics(reg)
+	g.Expect(err).NotTo(HaveOccurred())
+	mnt := mountOutputIn(t, master, w, blockSize, filepath.Join(t.TempDir(), "staging"), testr.New(t),
+		func(c *outputfs.Config) { c.Metrics = metrics })
+	p := filepath.Join(mnt.Dir(), "sealed.bin")
+	data := randomBytes(3*blockSize+777, 4)
+	g.Expect(os.WriteFile(p, data, 0o644)).To(Succeed())
+
+	f, err := os.Open(p)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = f.Close() }()
+	g.Expect(unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)).To(Succeed())
+	g.Expect(io.ReadAll(f)).To(Equal(data))
+	for _, off := range []int64{blockSize - 5, 2*blockSize + 100, 17, 3 * blockSize} {
+		g.Expect(unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)).To(Succeed())
+		buf := make([]byte, 4096)
+		n, err := f.ReadAt(buf, off)
+		if err != nil {
+			g.Expect(err).To(MatchError(io.EOF))
+		}
+		g.Expect(buf[:n]).To(Equal(data[off:min(off+4096, int64(len(data)))]), "at %d", off)
+	}
+	g.Expect(gathered(t, reg, "strata_worker_output_spliced_reads_total")).To(BeNumerically(">", 0))
+}
+
+// gathered is the value of the counter or gauge name in reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		total := 0.0
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+		return total
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

@@ -64,8 +64,9 @@ type fileSystem struct {
 
 // handle is an open file.
 type handle struct {
-	mu  sync.Mutex
-	cur *heldBlock // the block a reader of a sealed file used last
+	mu      sync.Mutex
+	cur     *heldBlock    // the block a reader of a sealed file used last
+	spliced *splicedBlock // the block spliced reads used last (splice.go)
 }
 
 func newFileSystem(o *output) *fileSystem {

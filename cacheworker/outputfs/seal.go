@@ -412,4 +412,8 @@ func (h *handle) release() {
 		h.cur.close()
 		h.cur = nil
 	}
+	if h.spliced != nil {
+		h.dropSplicedLocked(h.spliced)
+		h.spliced = nil
+	}
 }

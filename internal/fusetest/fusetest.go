@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/strata-cache/strata/internal/fdstore"
 	"github.com/strata-cache/strata/internal/testenv"
 )
@@ -99,4 +101,25 @@ func ChildReady(sock string, files []*os.File) error {
 	}
 	_, err = os.Stdout.WriteString("ready\n")
 	return err
+}
+
+// ReadDroppedEachLoop reads the file at p, of size bytes, whole on every iteration of b, its
+// pages dropped from the page cache first, so that every byte is a FUSE read.
+func ReadDroppedEachLoop(b *testing.B, p string, size int64) {
+	buf := make([]byte, 1<<20)
+	b.SetBytes(size)
+	for b.Loop() {
+		f, err := os.Open(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			b.Fatal(err)
+		}
+		n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{f}, buf)
+		if err != nil || n != size {
+			b.Fatalf("read %d bytes: %v", n, err)
+		}
+		_ = f.Close()
+	}
 }
