@@ -44,15 +44,7 @@ func TestAdoptLinksAFileInsteadOfCopyingIt(t *testing.T) {
 func TestAdoptCopiesAFileOfAnotherFileSystem(t *testing.T) {
 	g := NewWithT(t)
 	s := newStore(t, []tierSpec{memTier}, nil)
-	shm, err := os.MkdirTemp("/dev/shm", "adopt-")
-	if err != nil {
-		t.Skipf("no /dev/shm to hold a file of another file system: %v", err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(shm) })
-	if statDev(t, shm) == statDev(t, s.root) {
-		t.Skip("/dev/shm and the test's temporary folder are one file system here")
-	}
-	src := filepath.Join(shm, "staged")
+	src := filepath.Join(otherFileSystem(t, s.root), "staged")
 	data := content("blk-2", 180)
 	g.Expect(os.WriteFile(src, data, 0o600)).To(Succeed())
 
@@ -106,17 +98,10 @@ func statDev(t *testing.T, p string) uint64 {
 // on its own file system, even when another is emptier.
 func TestAdoptChoosesTheDirectoryItCanLinkInto(t *testing.T) {
 	g := NewWithT(t)
-	shm, err := os.MkdirTemp("/dev/shm", "adopt-")
-	if err != nil {
-		t.Skipf("no /dev/shm for a directory of another file system: %v", err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(shm) })
+	shm := otherFileSystem(t, t.TempDir())
 	s := newStore(t, []tierSpec{{name: "mem", medium: memTier.medium, quota: 10, high: 0.9, low: 0.5, dirs: 2}}, func(c *Config) {
 		c.Tiers[0].Dirs[1] = filepath.Join(shm, "b")
 	})
-	if statDev(t, shm) == statDev(t, s.root) {
-		t.Skip("/dev/shm and the test's temporary folder are one file system here")
-	}
 	src := filepath.Join(shm, "staged")
 	data := content("blk-4", 120)
 	g.Expect(os.WriteFile(src, data, 0o600)).To(Succeed())
@@ -126,4 +111,19 @@ func TestAdoptChoosesTheDirectoryItCanLinkInto(t *testing.T) {
 	g.Expect(info.Dir).To(Equal(filepath.Join(shm, "b")))
 	g.Expect(sameInode(t, src, blockindex.BlockPath(info.Dir, "blk-4"))).To(BeTrue(), "linked")
 	g.Expect(s.get("blk-4")).To(Equal(data))
+}
+
+// otherFileSystem is a folder on /dev/shm, a file system other than the one of dir (the test's
+// temporary folders are on the disk).
+func otherFileSystem(t *testing.T, dir string) string {
+	t.Helper()
+	shm, err := os.MkdirTemp("/dev/shm", "adopt-")
+	if err != nil {
+		t.Skipf("no /dev/shm for a folder of another file system: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(shm) })
+	if statDev(t, shm) == statDev(t, dir) {
+		t.Skip("/dev/shm and the test's temporary folder are one file system here")
+	}
+	return shm
 }
