@@ -143,3 +143,41 @@ func TestCloseUnmountsIdleDatasets(t *testing.T) {
 	_, err = next.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: used})
 	g.Expect(err).NotTo(HaveOccurred())
 }
+
+// TestADeletedDatasetIsNotKeptIdle: once the operator says a Dataset is deleted, an idle mount
+// of it goes at once (with the under-store client and its credentials), and a mount that a pod
+// still uses goes when that pod does, instead of waiting KeepIdle for a pod that cannot come.
+func TestADeletedDatasetIsNotKeptIdle(t *testing.T) {
+	forget := func(t *testing.T, f *fixture) *workerpb.SyncDatasetResponse {
+		t.Helper()
+		resp, err := f.m.SyncServer().SyncDataset(context.Background(), &workerpb.SyncDatasetRequest{Uid: uid, Forget: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	t.Run("idle when deleted", func(t *testing.T) {
+		g := NewWithT(t)
+		f := newFixture(t, func(c *Config) { c.KeepIdle = time.Hour })
+		path := f.mount(t, f.request(uid))
+		_, err := f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(mounted(t, path)).To(BeTrue(), "kept for the next pod")
+
+		g.Expect(forget(t, f).GetMounted()).To(BeFalse())
+		g.Expect(mounted(t, path)).To(BeFalse(), "unmounted as soon as the Dataset is deleted")
+		g.Expect(f.m.Mounted(uid)).To(BeFalse())
+	})
+	t.Run("in use when deleted", func(t *testing.T) {
+		g := NewWithT(t)
+		f := newFixture(t, func(c *Config) { c.KeepIdle = time.Hour })
+		path := f.mount(t, f.request(uid))
+		g.Expect(forget(t, f).GetMounted()).To(BeTrue(), "a pod still reads it")
+		g.Expect(mounted(t, path)).To(BeTrue())
+
+		_, err := f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(mounted(t, path)).To(BeFalse(), "unmounted with its last pod, not kept idle")
+		g.Expect(f.m.Mounted(uid)).To(BeFalse())
+	})
+}

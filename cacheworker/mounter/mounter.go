@@ -109,7 +109,7 @@ type Config struct {
 	// KeepIdle is how long an input Dataset stays mounted after the last pod of the node that
 	// mounted it goes (UnmountDataset), so that the next pod finds its files in the kernel's
 	// page cache, which lives as long as the file system does; 0 unmounts at once. Outputs are
-	// always unmounted at once.
+	// always unmounted at once, and so is a deleted Dataset (the operator's ForgetDataset).
 	KeepIdle time.Duration
 	// LoaderUID is the user the load Jobs run as: their reads are loads, which wait for the
 	// pods' and are counted apart (fusefs.Loads); 0 takes every reader for a pod.
@@ -185,6 +185,9 @@ type mount struct {
 	// idle, set while no pod of the node mounts the Dataset (Config.KeepIdle), unmounts it
 	// when it fires; the UID's lock guards it.
 	idle *time.Timer
+	// deleted: the operator said the Dataset is deleted (forgetDeleted), so the mount is not
+	// kept idle when its last pod goes; the UID's lock guards it.
+	deleted bool
 }
 
 func (mnt *mount) dataset() string { return mnt.namespace + "/" + mnt.name }
@@ -676,7 +679,7 @@ func (m *Mounter) UnmountDataset(ctx context.Context, req *workerpb.UnmountDatas
 		}
 		return &workerpb.UnmountDatasetResponse{}, nil
 	}
-	if m.cfg.KeepIdle > 0 && !mnt.output {
+	if m.cfg.KeepIdle > 0 && !mnt.output && !mnt.deleted {
 		m.keepIdle(mnt)
 		return &workerpb.UnmountDatasetResponse{}, nil
 	}

@@ -146,7 +146,8 @@ func (m *Mounter) sync(ctx context.Context, uid, listingFrom string) (*workerpb.
 
 // forgetDeleted drops the listing this worker keeps of Dataset uid, which is deleted, holding the
 // UID's lock so that no mount of it keeps one meanwhile. A mount that pods still hold keeps
-// serving the tree it has; it keeps no listing again.
+// serving the tree it has; it keeps no listing again, and it is unmounted when the last of
+// them goes instead of being kept for the next pod. A mount kept idle is unmounted now.
 func (m *Mounter) forgetDeleted(ctx context.Context, uid string) (*workerpb.SyncDatasetResponse, error) {
 	mnt, unlock, err := m.lockedMount(ctx, uid)
 	if err != nil {
@@ -159,7 +160,21 @@ func (m *Mounter) forgetDeleted(ctx context.Context, uid string) (*workerpb.Sync
 		}
 	}
 	m.log.V(1).Info("forgot the listing of a deleted Dataset", "uid", uid)
-	return &workerpb.SyncDatasetResponse{Mounted: mnt != nil}, nil
+	if mnt == nil {
+		return &workerpb.SyncDatasetResponse{}, nil
+	}
+	// No pod will mount it again: a mount kept for the next pod goes now, with the under-store
+	// client and the credentials it holds, and one that pods use goes with the last of them.
+	mnt.deleted = true
+	if mnt.stopIdle() {
+		if err := m.unmount(ctx, mnt); err != nil {
+			m.keepIdle(mnt) // unmounted when its time is up, as before
+			return nil, err
+		}
+		m.log.Info("unmounted the idle mount of a deleted Dataset", "dataset", mnt.dataset(), "uid", uid)
+		return &workerpb.SyncDatasetResponse{}, nil
+	}
+	return &workerpb.SyncDatasetResponse{Mounted: true}, nil
 }
 
 // DescribeDataset implements workerpb.DatasetSyncServer.

@@ -76,7 +76,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 		"Folder of the Datasets' FUSE mount points (one per Dataset UID); a host folder with bidirectional mount propagation.")
 	fs.DurationVar(&o.keepIdleMounts, "keep-idle-mounts", 10*time.Minute,
 		"How long a Dataset stays mounted on the node after the last pod reading it goes, so that the next pod reads its files "+
-			"from the kernel's page cache (which goes with the mount) instead of through the worker; 0 unmounts at once.")
+			"from the kernel's page cache (which goes with the mount) instead of through the worker; 0 unmounts at once. "+
+			"A deleted Dataset is unmounted at once.")
 	fs.Int64Var(&o.blockSize, "block-size", 64<<20, "The TierPool's block size in bytes: the unit of caching and transfer.")
 	fs.StringVar(&o.fileRoots, "file-source-roots", "",
 		"Comma-separated folders that file:// Datasets must lie under (the TierPool's fileSourceRoots); empty allows none.")
