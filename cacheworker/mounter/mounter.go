@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -40,6 +41,7 @@ type BlockStore interface {
 	Blocks() []tierstore.BlockInfo
 	// Adopt stores a file written into an output mount's staging folder as a block.
 	Adopt(ctx context.Context, id, path string, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
+	OpenVerified(ctx context.Context, id string) (io.ReadCloser, tierstore.BlockInfo, error)
 }
 
 // Outputs is what serving output Datasets (written by pods) takes besides the tier store.

@@ -42,6 +42,7 @@ type Master interface {
 type Blocks interface {
 	Put(ctx context.Context, id string, r io.Reader, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
 	Adopt(ctx context.Context, id, path string, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
+	OpenVerified(ctx context.Context, id string) (io.ReadCloser, tierstore.BlockInfo, error)
 	OpenBlock(ctx context.Context, id string) (*os.File, tierstore.BlockInfo, error)
 	Delete(ctx context.Context, id string) error
 }
@@ -194,7 +195,7 @@ func Mount(ctx context.Context, dir string, cfg Config) (*Server, error) {
 // bytes staged in cfg.StagingDir, which must be the mount's) and their open handles carry on,
 // and requests the other process read but never answered are asked for again. The caller
 // keeps h's files and closes them.
-func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
+func Resume(ctx context.Context, h Handover, cfg Config) (*Server, error) {
 	if h.FUSE == nil || h.Journal == nil {
 		return nil, errors.New("an output mount's handover needs the connection and the journal")
 	}
@@ -222,7 +223,7 @@ func Resume(_ context.Context, h Handover, cfg Config) (*Server, error) {
 	j.mount.BlockSize = cfg.BlockSize // an older version's journal said nothing: its files are cut now
 	o := &output{cfg: cfg, log: cfg.Log}
 	fsys := newFileSystem(o)
-	if fsys.t, err = replay(j, records, cfg.StagingDir, cfg.BlockSize); err != nil {
+	if fsys.t, err = replay(j, records, cfg.StagingDir, cfg.BlockSize, o.storedBlockFile(ctx)); err != nil {
 		return fail(err)
 	}
 	o.dropUnknownStaged(fsys.t)
@@ -269,6 +270,22 @@ func checkConfig(dir string, cfg Config) (Config, error) {
 		cfg.Name = "strata"
 	}
 	return cfg, nil
+}
+
+// storedBlockFile gives the file of a block the tier store holds with length bytes, or "":
+// for cutting a file an older version staged whole, and began sealing (see convertWhole).
+func (o *output) storedBlockFile(ctx context.Context) func(id string, length int64) string {
+	return func(id string, length int64) string {
+		f, info, err := o.cfg.Store.OpenBlock(ctx, id)
+		if err != nil {
+			return ""
+		}
+		_ = f.Close() // its name is what is wanted
+		if info.Size != length {
+			return ""
+		}
+		return f.Name()
+	}
 }
 
 // served is the file system the connection serves: fsys, hiding that it answers reads from

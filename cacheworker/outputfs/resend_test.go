@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -53,7 +52,7 @@ func TestAResentRequestIsNotCarriedOutTwice(t *testing.T) {
 		own, records, err := readJournal(first.t.j.file, logr.Discard())
 		g.Expect(err).NotTo(HaveOccurred())
 		next := newFileSystem(o)
-		next.t, err = replay(own, records, staging, o.cfg.BlockSize)
+		next.t, err = replay(own, records, staging, o.cfg.BlockSize, nil)
 		g.Expect(err).NotTo(HaveOccurred())
 		return next
 	}
@@ -174,7 +173,7 @@ func TestACompactedJournalReplaysTheSameTree(t *testing.T) {
 
 	own, records, err := readJournal(held[len(held)-1], logr.Discard())
 	g.Expect(err).NotTo(HaveOccurred())
-	next, err := replay(own, records, staging, fsys.o.cfg.BlockSize)
+	next, err := replay(own, records, staging, fsys.o.cfg.BlockSize, nil)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(own.starts).To(Equal(j.starts))
 	g.Expect(next.nodes).To(HaveLen(len(fsys.t.nodes)))
@@ -235,8 +234,8 @@ func unmountedFileSystem(t *testing.T) *fileSystem {
 // TestASealAKilledProcessFinishedIsOnlyRecorded takes a file over whose seal an earlier process
 // carried out (stored, committed, published) but was killed before recording: the close the
 // kernel sends again finds it published and records it, rather than failing with EEXIST or
-// storing it twice; and a seal killed half way (blocks stored, their staged bytes freed) is
-// finished from the stored blocks.
+// storing it twice; and a seal killed half way (blocks stored, their staging files linked
+// into the tier) is finished from the stored blocks, unless a block's bytes changed since.
 func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 	g := NewWithT(t)
 	first := unmountedFileSystem(t)
@@ -254,7 +253,8 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 	small, large := 2500, maxSealBlocks*1024+5
 	files := map[string][]byte{}
 	ids := map[string]uint64{}
-	for name, size := range map[string]int{"published-small": small, "published-large": large, "halfway-small": small, "halfway-large": large} {
+	for name, size := range map[string]int{"published-small": small, "published-large": large, "halfway-small": small, "halfway-large": large,
+		"halfway-rewritten": small} {
 		files[name] = bytes.Repeat([]byte(name[:1]), size)
 		ids[name] = write(first, name, files[name])
 	}
@@ -262,16 +262,23 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 		n := first.t.get(ids[name])
 		g.Expect(o.seal(context.Background(), name, n.state.Token, "", n.staged, n.size, false)).To(Succeed())
 	}
-	for _, name := range []string{"halfway-small", "halfway-large"} {
+	for _, name := range []string{"halfway-small", "halfway-large", "halfway-rewritten"} {
 		n := first.t.get(ids[name])
 		_, err := o.storeBlock(context.Background(), BlockID(n.state.Token, 0), n.staged, 0, 1024, nil)
 		g.Expect(err).NotTo(HaveOccurred())
 	}
+	// A block whose staging file changed after it was stored (as after a failed seal that could
+	// neither drop the block nor give the staged bytes a file of their own): the stored block
+	// is the same file, but no longer the bytes its checksum was taken of.
+	rewritten := first.t.get(ids["halfway-rewritten"])
+	_, err := rewritten.staged.WriteAt([]byte("REWRITTEN"), 3)
+	g.Expect(err).NotTo(HaveOccurred())
+	copy(files["halfway-rewritten"][3:], "REWRITTEN")
 
 	own, records, err := readJournal(first.t.j.file, logr.Discard())
 	g.Expect(err).NotTo(HaveOccurred())
 	next := newFileSystem(o)
-	next.t, err = replay(own, records, o.cfg.StagingDir, o.cfg.BlockSize)
+	next.t, err = replay(own, records, o.cfg.StagingDir, o.cfg.BlockSize, o.storedBlockFile(context.Background()))
 	g.Expect(err).NotTo(HaveOccurred())
 	for name, id := range ids {
 		g.Expect(next.Flush(nil, &fuse.FlushIn{InHeader: fuse.InHeader{NodeId: id}, Fh: fhWritable})).To(Equal(fuse.OK), name)
@@ -284,11 +291,8 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 		g.Expect(f.GetWritten()).To(BeTrue(), "%s is a pod's output, which a restore must not replace", name)
 		var got []byte
 		for index := int64(0); index*1024 < int64(len(want)); index++ {
-			b, err := o.loadBlock(context.Background(), sealedVersion{token: f.GetClientToken(), size: f.GetSize()}, index)
-			g.Expect(err).NotTo(HaveOccurred())
-			data, err := io.ReadAll(b.file)
-			g.Expect(err).NotTo(HaveOccurred())
-			b.close()
+			data, _, err := o.cfg.Store.(*tierstore.Store).Get(context.Background(), BlockID(f.GetClientToken(), index)) // checks the CRC
+			g.Expect(err).NotTo(HaveOccurred(), "%s block %d", name, index)
 			got = append(got, data...)
 		}
 		g.Expect(got).To(Equal(want), "%s reads back whole", name)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"syscall"
 	"time"
@@ -209,7 +210,9 @@ func (o *output) storeBlock(ctx context.Context, id string, staged *stagedFile, 
 	if f, info, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
 		same := sameFile(f, path)
 		_ = f.Close()
-		if same && info.Size == length {
+		// The same file, unless written since (a failed seal that could neither drop the
+		// block nor give the staged bytes a file of their own): its checksum says.
+		if same && info.Size == length && o.intact(ctx, id) {
 			return info, nil
 		}
 		if err := o.cfg.Store.Delete(ctx, id); err != nil {
@@ -218,6 +221,17 @@ func (o *output) storeBlock(ctx context.Context, id string, staged *stagedFile, 
 	}
 	// Unclean: this is the only copy, so the store persists it before it ever drops it.
 	return o.cfg.Store.Adopt(ctx, id, path, length, tierstore.PutOptions{Origin: origin})
+}
+
+// intact says whether block id still has the bytes its checksum was taken of.
+func (o *output) intact(ctx context.Context, id string) bool {
+	r, _, err := o.cfg.Store.OpenVerified(ctx, id)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = r.Close() }() // read only
+	_, err = io.Copy(io.Discard, r)
+	return err == nil
 }
 
 // sameFile says whether f is the file at path.

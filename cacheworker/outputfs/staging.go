@@ -50,12 +50,32 @@ func stagingNames(entries []fs.DirEntry) map[string][]string {
 	return byToken
 }
 
-// openStaged opens again the staging of token that an earlier process left, given the names
-// the staging folder holds for it (stagingNames). A file staged whole by an older version,
-// one staging file named by its token, is cut into block files first. It also returns the
-// newest modification time of the files.
-func openStaged(dir, token string, blockSize int64, names []string) (*stagedFile, time.Time, error) {
-	s := &stagedFile{dir: dir, token: token, blockSize: blockSize, files: map[int64]*os.File{}}
+// stagingFolder is a mount's staging folder as a process taking the mount over finds it.
+type stagingFolder struct {
+	dir       string
+	blockSize int64
+	names     map[string][]string // by token (stagingNames)
+	// stored gives the file of block id if the tier store holds it with length bytes, else "";
+	// nil when nothing is stored. An older version's seal freed the staged bytes of each
+	// block it stored (see convertWhole).
+	stored func(id string, length int64) string
+}
+
+// readStagingFolder lists dir for openStaged.
+func readStagingFolder(dir string, blockSize int64, stored func(id string, length int64) string) (stagingFolder, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return stagingFolder{}, fmt.Errorf("listing the staging folder: %w", err)
+	}
+	return stagingFolder{dir: dir, blockSize: blockSize, names: stagingNames(entries), stored: stored}, nil
+}
+
+// openStaged opens again the staging of token that an earlier process left in folder. A file
+// staged whole by an older version, one staging file named by its token, is cut into block
+// files first. It also returns the newest modification time of the files.
+func openStaged(folder stagingFolder, token string) (*stagedFile, time.Time, error) {
+	s := &stagedFile{dir: folder.dir, token: token, blockSize: folder.blockSize, files: map[int64]*os.File{}}
+	names := folder.names[token]
 	var mtime time.Time
 	fail := func(err error) (*stagedFile, time.Time, error) {
 		s.close()
@@ -63,7 +83,7 @@ func openStaged(dir, token string, blockSize int64, names []string) (*stagedFile
 	}
 	for _, name := range names {
 		if name == token {
-			return s.convertWhole(names)
+			return s.convertWhole(names, folder.stored)
 		}
 	}
 	for _, name := range names {
@@ -71,7 +91,7 @@ func openStaged(dir, token string, blockSize int64, names []string) (*stagedFile
 			continue // not one of ours: dropUnknownStaged removes it
 		}
 		index, _ := strconv.ParseInt(strings.TrimPrefix(name, token+"-"), 10, 64)
-		f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR, 0)
+		f, err := os.OpenFile(filepath.Join(folder.dir, name), os.O_RDWR, 0)
 		if err != nil {
 			return fail(fmt.Errorf("opening the staging file %s: %w", name, err))
 		}
@@ -80,7 +100,7 @@ func openStaged(dir, token string, blockSize int64, names []string) (*stagedFile
 		if err != nil {
 			return fail(fmt.Errorf("opening the staging file %s: %w", name, err))
 		}
-		s.size = max(s.size, index*blockSize+fi.Size())
+		s.size = max(s.size, index*folder.blockSize+fi.Size())
 		if fi.ModTime().After(mtime) {
 			mtime = fi.ModTime()
 		}
@@ -92,44 +112,69 @@ func openStaged(dir, token string, blockSize int64, names []string) (*stagedFile
 }
 
 // convertWhole cuts a file staged whole (by an older version, as one file named by its token)
-// into block files, replacing any that an earlier conversion, killed, left.
-func (s *stagedFile) convertWhole(names []string) (*stagedFile, time.Time, error) {
+// into block files, replacing any that an earlier conversion, killed, left. That version's
+// seal freed (punched out) the staged bytes of each block it stored: a block the tier store
+// holds is linked in from there instead (stored), so that its file is the stored block, as a
+// seal of this version leaves it.
+func (s *stagedFile) convertWhole(names []string, stored func(id string, length int64) string) (*stagedFile, time.Time, error) {
+	fail := func(err error) (*stagedFile, time.Time, error) {
+		s.close()
+		return nil, time.Time{}, err
+	}
 	for _, name := range names {
 		if name != s.token {
 			if err := os.Remove(filepath.Join(s.dir, name)); err != nil {
-				return nil, time.Time{}, fmt.Errorf("removing %s to convert the staging of %s again: %w", name, s.token, err)
+				return fail(fmt.Errorf("removing %s to convert the staging of %s again: %w", name, s.token, err))
 			}
 		}
 	}
 	whole, err := os.Open(filepath.Join(s.dir, s.token))
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("opening the staging file %s: %w", s.token, err)
+		return fail(fmt.Errorf("opening the staging file %s: %w", s.token, err))
 	}
 	defer func() { _ = whole.Close() }() // read only
 	fi, err := whole.Stat()
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("opening the staging file %s: %w", s.token, err)
-	}
-	if _, err := s.file(0); err != nil {
-		return nil, time.Time{}, err
+		return fail(fmt.Errorf("opening the staging file %s: %w", s.token, err))
 	}
 	for off := int64(0); off < fi.Size(); off += s.blockSize {
-		f, err := s.file(off / s.blockSize)
-		if err != nil {
-			s.close()
-			return nil, time.Time{}, err
+		index, length := off/s.blockSize, min(s.blockSize, fi.Size()-off)
+		if err := s.convertBlock(whole, index, length, stored); err != nil {
+			return fail(fmt.Errorf("converting the staging file %s: %w", s.token, err))
 		}
-		if _, err := io.Copy(f, io.NewSectionReader(whole, off, min(s.blockSize, fi.Size()-off))); err != nil {
-			s.close()
-			return nil, time.Time{}, fmt.Errorf("converting the staging file %s: %w", s.token, err)
-		}
+	}
+	if _, err := s.file(0); err != nil { // an empty file's
+		return fail(err)
 	}
 	s.size = fi.Size()
 	if err := os.Remove(whole.Name()); err != nil {
-		s.close()
-		return nil, time.Time{}, fmt.Errorf("removing the converted staging file %s: %w", s.token, err)
+		return fail(fmt.Errorf("removing the converted staging file %s: %w", s.token, err))
 	}
 	return s, fi.ModTime(), nil
+}
+
+// convertBlock makes the file of block index, length bytes, from whole or from the block
+// the tier store holds.
+func (s *stagedFile) convertBlock(whole *os.File, index, length int64, stored func(id string, length int64) string) error {
+	if stored != nil {
+		if p := stored(BlockID(s.token, index), length); p != "" {
+			if err := os.Link(p, s.blockPath(index)); err == nil {
+				f, err := os.OpenFile(s.blockPath(index), os.O_RDWR, 0)
+				if err != nil {
+					return err
+				}
+				s.files[index] = f
+				return nil
+			}
+			// Moved or dropped meanwhile: what the whole file has is all there is.
+		}
+	}
+	f, err := s.file(index)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, io.NewSectionReader(whole, index*s.blockSize, length))
+	return err
 }
 
 // isBlockStagingName says whether name is the staging file of a block of token.

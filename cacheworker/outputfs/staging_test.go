@@ -52,9 +52,9 @@ func TestAStagedFileReadsBackWhatWasWrittenAcrossItsBlockFiles(t *testing.T) {
 			g.Expect(readAll(t, s)).To(Equal(want))
 			s.close()
 
-			names, err := os.ReadDir(dir)
+			folder, err := readStagingFolder(dir, 10, nil)
 			g.Expect(err).NotTo(HaveOccurred())
-			again, _, err := openStaged(dir, "0a1b", 10, stagingNames(names)["0a1b"])
+			again, _, err := openStaged(folder, "0a1b")
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(again.Size()).To(BeEquivalentTo(len(want)), "the size is found again from the files")
 			g.Expect(readAll(t, again)).To(Equal(want))
@@ -66,21 +66,34 @@ func TestAStagedFileReadsBackWhatWasWrittenAcrossItsBlockFiles(t *testing.T) {
 
 // TestAFileStagedWholeByAnOlderVersionIsCutIntoBlocks: a worker of an earlier version kept a
 // file being written in one staging file named by its token; the process taking over its mount
-// cuts it into block files, and a conversion that was killed half way is done again.
+// cuts it into block files, and a conversion that was killed half way is done again. A block
+// that version's seal stored had its staged bytes freed (zeros in the whole file): its file
+// is the stored block's, linked in, not the zeros.
 func TestAFileStagedWholeByAnOlderVersionIsCutIntoBlocks(t *testing.T) {
 	g := NewWithT(t)
 	dir := t.TempDir()
 	data := []byte("the quick brown fox jumps")
-	g.Expect(os.WriteFile(filepath.Join(dir, "77aa"), data, 0o600)).To(Succeed())
+	punched := bytes.Clone(data)
+	clear(punched[10:20]) // block 1, stored and freed
+	g.Expect(os.WriteFile(filepath.Join(dir, "77aa"), punched, 0o600)).To(Succeed())
 	g.Expect(os.WriteFile(filepath.Join(dir, "77aa-1"), []byte("half"), 0o600)).To(Succeed()) // a killed conversion
+	storedBlock := filepath.Join(t.TempDir(), "tier-block")
+	g.Expect(os.WriteFile(storedBlock, data[10:20], 0o600)).To(Succeed())
+	stored := func(id string, length int64) string {
+		if id == BlockID("77aa", 1) && length == 10 {
+			return storedBlock
+		}
+		return ""
+	}
 
-	names, err := os.ReadDir(dir)
+	folder, err := readStagingFolder(dir, 10, stored)
 	g.Expect(err).NotTo(HaveOccurred())
-	s, _, err := openStaged(dir, "77aa", 10, stagingNames(names)["77aa"])
+	s, _, err := openStaged(folder, "77aa")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(readAll(t, s)).To(Equal(data))
+	g.Expect(sameFile(s.files[1], storedBlock)).To(BeTrue(), "block 1's file is the stored block")
 	s.close()
-	names, err = os.ReadDir(dir)
+	names, err := os.ReadDir(dir)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(stagingNames(names)["77aa"]).To(ConsistOf("77aa-0", "77aa-1", "77aa-2"))
 }
@@ -91,7 +104,7 @@ func TestAMissingFirstBlockFileIsAnError(t *testing.T) {
 	g := NewWithT(t)
 	dir := t.TempDir()
 	g.Expect(os.WriteFile(filepath.Join(dir, "99cc-1"), []byte("x"), 0o600)).To(Succeed())
-	_, _, err := openStaged(dir, "99cc", 10, []string{"99cc-1"})
+	_, _, err := openStaged(stagingFolder{dir: dir, blockSize: 10, names: map[string][]string{"99cc": {"99cc-1"}}}, "99cc")
 	g.Expect(err).To(MatchError(ContainSubstring("the staging file 99cc-0 is missing")))
 }
 

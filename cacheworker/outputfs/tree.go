@@ -3,7 +3,6 @@ package outputfs
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -216,7 +215,7 @@ func newTree(j *journal, mount mountRecord, root nodeState) (*tree, error) {
 
 // replay rebuilds a tree from the records of an earlier process, reopening the staging files
 // of the files still being written.
-func replay(j *journal, records []record, stagingDir string, blockSize int64) (*tree, error) {
+func replay(j *journal, records []record, stagingDir string, blockSize int64, stored func(id string, length int64) string) (*tree, error) {
 	// The requests the records name are those readJournal found: the journal's inherited.
 	t := &tree{nodes: map[uint64]*node{}, nextID: rootID + 1, j: j, done: j.inherited}
 	for i, r := range records[1:] {
@@ -271,14 +270,13 @@ func replay(j *journal, records []record, stagingDir string, blockSize int64) (*
 	if t.nodes[rootID] == nil {
 		return nil, errors.New("the output mount's journal has no root")
 	}
-	entries, err := os.ReadDir(stagingDir)
+	staging, err := readStagingFolder(stagingDir, blockSize, stored)
 	if err != nil {
-		return nil, fmt.Errorf("listing the staging folder: %w", err)
+		return nil, err
 	}
-	staging := stagingNames(entries)
 	for _, n := range t.nodes {
 		n.sealed.Store(n.state.Sealed)
-		if err := t.reopen(n, stagingDir, blockSize, staging); err != nil {
+		if err := t.reopen(n, staging); err != nil {
 			return nil, err
 		}
 	}
@@ -286,9 +284,8 @@ func replay(j *journal, records []record, stagingDir string, blockSize int64) (*
 }
 
 // reopen gives a replayed file its bytes: a sealed file's size is recorded; a staged one's
-// bytes, size and mtime are its staging files', unless nobody will ever seal it. staging is the
-// staging folder's names by token (stagingNames).
-func (t *tree) reopen(n *node, stagingDir string, blockSize int64, staging map[string][]string) error {
+// bytes, size and mtime are its staging files' in staging, unless nobody will ever seal it.
+func (t *tree) reopen(n *node, staging stagingFolder) error {
 	switch {
 	case n.dir:
 		return nil
@@ -298,11 +295,10 @@ func (t *tree) reopen(n *node, stagingDir string, blockSize int64, staging map[s
 	case n.parent == 0 && n.state.Writers == 0:
 		return nil // removed, and no writer left to close it: discarded
 	}
-	names := staging[n.state.Token]
-	if len(names) == 0 && n.state.Unlinked {
+	if len(staging.names[n.state.Token]) == 0 && n.state.Unlinked {
 		return nil
 	}
-	staged, mtime, err := openStaged(stagingDir, n.state.Token, blockSize, names)
+	staged, mtime, err := openStaged(staging, n.state.Token)
 	if err != nil {
 		return fmt.Errorf("reopening the staged bytes of %s: %w", n.name, err)
 	}
