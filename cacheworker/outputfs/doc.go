@@ -54,8 +54,9 @@
 //
 // A mount starts with the Dataset's sealed files as the master lists them, and looks up and
 // lists folders at the master again, so that files other nodes seal later appear. Blocks are
-// read from a local tier when one holds them and otherwise from the worker that does (Peers),
-// or else from the file's checkpoint. A file none of these has was lost with its node: when the
+// read from a local tier when one holds them (spliced from the blocks' files into the FUSE
+// device, splice.go, so that the worker copies none of their bytes) and otherwise from the
+// worker that does (Peers), or else from the file's checkpoint. A file none of these has was lost with its node: when the
 // master says that something writes it again (the operator sets masterpb.DatasetRecovery for
 // the outputs of Lineages, which recompute them), its reads, and opens once the master forgot
 // it, wait for the new version, up to the wait the master gives (a CachePolicy's
