@@ -37,6 +37,23 @@ type RangeReader interface {
 	ReadRanges(in *fuse.ReadIn) (ranges []FileRange, done func(sent bool), ok bool)
 }
 
+// BlockRanges cuts a read of [off, end) of a file kept in blocks of blockSize bytes into the
+// ranges of the blocks' files, which file gives by block index; ok is false as soon as it has
+// none for a block (the read is then not spliced).
+func BlockRanges(off, end, blockSize int64, file func(index int64) (*os.File, bool)) (ranges []FileRange, ok bool) {
+	for pos := off; pos < end; {
+		index := pos / blockSize
+		f, ok := file(index)
+		if !ok {
+			return nil, false
+		}
+		k := min(end, (index+1)*blockSize) - pos
+		ranges = append(ranges, FileRange{File: f, Off: pos - index*blockSize, Len: int(k)})
+		pos += k
+	}
+	return ranges, true
+}
+
 // Copying hides that fsys answers reads from files (RangeReader), so that a connection
 // serving it answers every READ through its Read, copying (benchmarks compare the two).
 func Copying(fsys fuse.RawFileSystem) fuse.RawFileSystem { return struct{ fuse.RawFileSystem }{fsys} }

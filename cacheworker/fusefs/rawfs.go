@@ -376,30 +376,23 @@ func (fsys *fileSystem) ReadRanges(in *fuse.ReadIn) ([]fuseconn.FileRange, func(
 		return nil, nil, false
 	}
 	h := fsys.handle(in.Fh, in.NodeId)
-	bs := fsys.blockSize
-	var ranges []fuseconn.FileRange
 	var held []*blockRef
 	release := func() {
 		for _, b := range held {
 			h.put(b)
 		}
 	}
-	for pos := off; pos < end; {
-		index := pos / bs
-		start := index * bs
+	ranges, ok := fuseconn.BlockRanges(off, end, fsys.blockSize, func(index int64) (*os.File, bool) {
 		b, err := h.blockFrom(context.Background(), fsys, n, index, true)
 		if err != nil {
-			release()
-			return nil, nil, false
+			return nil, false
 		}
 		held = append(held, b)
-		if b.file == nil {
-			release()
-			return nil, nil, false
-		}
-		k := min(end, start+bs) - pos
-		ranges = append(ranges, fuseconn.FileRange{File: b.file, Off: pos - start, Len: int(k)})
-		pos += k
+		return b.file, b.file != nil
+	})
+	if !ok {
+		release()
+		return nil, nil, false
 	}
 	done := func(sent bool) {
 		release()

@@ -27,25 +27,23 @@ func (fsys *fileSystem) ReadRanges(in *fuse.ReadIn) ([]fuseconn.FileRange, func(
 		return nil, nil, false
 	}
 	h := fsys.handle(in.Fh)
-	bs := fsys.o.cfg.BlockSize
-	var ranges []fuseconn.FileRange
 	var held []*splicedBlock
 	release := func() {
 		for _, b := range held {
 			h.putSpliced(b)
 		}
 	}
-	for pos := off; pos < end; {
-		index := pos / bs
+	ranges, ok := fuseconn.BlockRanges(off, end, fsys.o.cfg.BlockSize, func(index int64) (*os.File, bool) {
 		b := h.getSpliced(fsys.o, token, index)
 		if b == nil {
-			release()
-			return nil, nil, false
+			return nil, false
 		}
 		held = append(held, b)
-		k := min(end, (index+1)*bs) - pos
-		ranges = append(ranges, fuseconn.FileRange{File: b.file, Off: pos - index*bs, Len: int(k)})
-		pos += k
+		return b.file, true
+	})
+	if !ok {
+		release()
+		return nil, nil, false
 	}
 	done := func(sent bool) {
 		release()

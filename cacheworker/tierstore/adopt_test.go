@@ -2,6 +2,7 @@ package tierstore
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-cache/strata/cacheworker/blockindex"
+	"github.com/strata-cache/strata/internal/testenv"
 )
 
 // TestAdoptLinksAFileInsteadOfCopyingIt stores a file that lies on the tier's file system as a
@@ -119,11 +121,11 @@ func otherFileSystem(t *testing.T, dir string) string {
 	t.Helper()
 	shm, err := os.MkdirTemp("/dev/shm", "adopt-")
 	if err != nil {
-		t.Skipf("no /dev/shm for a folder of another file system: %v", err)
+		testenv.Lacking(t, fmt.Sprint("no /dev/shm for a folder of another file system: ", err))
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(shm) })
 	if statDev(t, shm) == statDev(t, dir) {
-		t.Skip("/dev/shm and the test's temporary folder are one file system here")
+		testenv.Lacking(t, "/dev/shm and the test's temporary folder are one file system here")
 	}
 	return shm
 }
