@@ -26,17 +26,27 @@ type stagedFile struct {
 	dir, token string
 	blockSize  int64
 	size       int64
-	files      map[int64]*os.File // by block index: the blocks' files, opened as first written
+	blocks     map[int64]bool     // the blocks that have a file
+	open       map[int64]*os.File // some of those files, open: at most maxOpenBlockFiles
+}
+
+// maxOpenBlockFiles bounds the descriptors a staged file keeps open, so that a large file of
+// small blocks (a TierPool's blocks may be 1 MiB) does not hold one for each of thousands of
+// blocks; a writer goes through its blocks in order, and reopening one is cheap.
+const maxOpenBlockFiles = 8
+
+func newStagedFile(dir, token string, blockSize int64) *stagedFile {
+	return &stagedFile{dir: dir, token: token, blockSize: blockSize, blocks: map[int64]bool{}, open: map[int64]*os.File{}}
 }
 
 // createStaged makes the staging of a new, empty file.
 func createStaged(dir, token string, blockSize int64) (*stagedFile, error) {
-	s := &stagedFile{dir: dir, token: token, blockSize: blockSize, files: map[int64]*os.File{}}
+	s := newStagedFile(dir, token, blockSize)
 	f, err := os.OpenFile(s.blockPath(0), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("creating a staging file: %w", err)
 	}
-	s.files[0] = f
+	s.blocks[0], s.open[0] = true, f
 	return s, nil
 }
 
@@ -74,7 +84,7 @@ func readStagingFolder(dir string, blockSize int64, stored func(id string, lengt
 // staged whole by an older version, one staging file named by its token, is cut into block
 // files first. It also returns the newest modification time of the files.
 func openStaged(folder stagingFolder, token string) (*stagedFile, time.Time, error) {
-	s := &stagedFile{dir: folder.dir, token: token, blockSize: folder.blockSize, files: map[int64]*os.File{}}
+	s := newStagedFile(folder.dir, token, folder.blockSize)
 	names := folder.names[token]
 	var mtime time.Time
 	fail := func(err error) (*stagedFile, time.Time, error) {
@@ -91,21 +101,17 @@ func openStaged(folder stagingFolder, token string) (*stagedFile, time.Time, err
 			continue // not one of ours: dropUnknownStaged removes it
 		}
 		index, _ := strconv.ParseInt(strings.TrimPrefix(name, token+"-"), 10, 64)
-		f, err := os.OpenFile(filepath.Join(folder.dir, name), os.O_RDWR, 0)
+		fi, err := os.Stat(filepath.Join(folder.dir, name))
 		if err != nil {
-			return fail(fmt.Errorf("opening the staging file %s: %w", name, err))
+			return fail(fmt.Errorf("finding the staging file %s: %w", name, err))
 		}
-		s.files[index] = f
-		fi, err := f.Stat()
-		if err != nil {
-			return fail(fmt.Errorf("opening the staging file %s: %w", name, err))
-		}
+		s.blocks[index] = true
 		s.size = max(s.size, index*folder.blockSize+fi.Size())
 		if fi.ModTime().After(mtime) {
 			mtime = fi.ModTime()
 		}
 	}
-	if s.files[0] == nil {
+	if !s.blocks[0] {
 		return fail(fmt.Errorf("the staging file %s is missing", filepath.Base(s.blockPath(0))))
 	}
 	return s, mtime, nil
@@ -143,7 +149,7 @@ func (s *stagedFile) convertWhole(names []string, stored func(id string, length 
 			return fail(fmt.Errorf("converting the staging file %s: %w", s.token, err))
 		}
 	}
-	if _, err := s.file(0); err != nil { // an empty file's
+	if _, err := s.file(0, true); err != nil { // an empty file's
 		return fail(err)
 	}
 	s.size = fi.Size()
@@ -159,17 +165,13 @@ func (s *stagedFile) convertBlock(whole *os.File, index, length int64, stored fu
 	if stored != nil {
 		if p := stored(BlockID(s.token, index), length); p != "" {
 			if err := os.Link(p, s.blockPath(index)); err == nil {
-				f, err := os.OpenFile(s.blockPath(index), os.O_RDWR, 0)
-				if err != nil {
-					return err
-				}
-				s.files[index] = f
+				s.blocks[index] = true
 				return nil
 			}
 			// Moved or dropped meanwhile: what the whole file has is all there is.
 		}
 	}
-	f, err := s.file(index)
+	f, err := s.file(index, true)
 	if err != nil {
 		return err
 	}
@@ -187,16 +189,31 @@ func (s *stagedFile) blockPath(index int64) string {
 	return filepath.Join(s.dir, s.token+"-"+strconv.FormatInt(index, 10))
 }
 
-// file returns the open file of block index, made empty if it has none.
-func (s *stagedFile) file(index int64) (*os.File, error) {
-	if f := s.files[index]; f != nil {
+// file returns block index's file, open; one made empty if it has none and create is set, else
+// nil.
+func (s *stagedFile) file(index int64, create bool) (*os.File, error) {
+	if f := s.open[index]; f != nil {
 		return f, nil
 	}
-	f, err := os.OpenFile(s.blockPath(index), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("creating a staging file: %w", err)
+	if !create && !s.blocks[index] {
+		return nil, nil
 	}
-	s.files[index] = f
+	flags := os.O_RDWR
+	if create {
+		flags |= os.O_CREATE
+	}
+	f, err := os.OpenFile(s.blockPath(index), flags, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the staging file of block %d: %w", index, err)
+	}
+	for other, g := range s.open {
+		if len(s.open) < maxOpenBlockFiles {
+			break
+		}
+		_ = g.Close()
+		delete(s.open, other)
+	}
+	s.blocks[index], s.open[index] = true, f
 	return f, nil
 }
 
@@ -207,7 +224,7 @@ func (s *stagedFile) WriteAt(p []byte, off int64) (int, error) {
 		pos := off + int64(done)
 		index := pos / s.blockSize
 		k := int(min(int64(len(p)-done), (index+1)*s.blockSize-pos))
-		f, err := s.file(index)
+		f, err := s.file(index, true)
 		if err != nil {
 			return done, err
 		}
@@ -232,8 +249,11 @@ func (s *stagedFile) ReadAt(p []byte, off int64) (int, error) {
 		k := min(end, (index+1)*s.blockSize) - pos
 		dest := p[pos-off : pos-off+k]
 		got := 0
-		if f := s.files[index]; f != nil {
-			var err error
+		f, err := s.file(index, false)
+		if err != nil {
+			return int(pos - off), err
+		}
+		if f != nil {
 			got, err = f.ReadAt(dest, pos-index*s.blockSize)
 			if err != nil && !errors.Is(err, io.EOF) {
 				return int(pos - off), err
@@ -251,17 +271,15 @@ func (s *stagedFile) ReadAt(p []byte, off int64) (int, error) {
 // Truncate sets the file's size: block files past it go, the last one is cut or extended.
 func (s *stagedFile) Truncate(size int64) error {
 	last := max(size-1, 0) / s.blockSize
-	for index, f := range s.files {
+	for index := range s.blocks {
 		if index > last {
-			_ = f.Close()
-			if err := os.Remove(f.Name()); err != nil {
+			if err := s.removeBlock(index); err != nil {
 				return fmt.Errorf("truncating a staged file: %w", err)
 			}
-			delete(s.files, index)
 		}
 	}
 	// The last block's file always has the file's end, so that a takeover finds the size.
-	f, err := s.file(last)
+	f, err := s.file(last, true)
 	if err != nil {
 		return err
 	}
@@ -278,7 +296,7 @@ func (s *stagedFile) Size() int64 { return s.size }
 // blockFile gives the path of block index's file with exactly length bytes, for the seal: a
 // block nobody wrote gets a file of zeros (a hole), a short one is extended with zeros.
 func (s *stagedFile) blockFile(index, length int64) (string, error) {
-	f, err := s.file(index)
+	f, err := s.file(index, true)
 	if err != nil {
 		return "", err
 	}
@@ -297,9 +315,9 @@ func (s *stagedFile) blockFile(index, length int64) (string, error) {
 // restore gives block index's staged bytes a file of their own, a copy, in place of the one
 // the tier store may share (see undoSeal).
 func (s *stagedFile) restore(index int64) error {
-	old := s.files[index]
-	if old == nil {
-		return nil // never written: nothing shared
+	old, err := s.file(index, false)
+	if err != nil || old == nil {
+		return err // never written: nothing shared
 	}
 	tmp := s.blockPath(index) + ".restore"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
@@ -317,26 +335,38 @@ func (s *stagedFile) restore(index int64) error {
 		return fmt.Errorf("copying the staged bytes of block %d: %w", index, err)
 	}
 	_ = old.Close()
-	s.files[index] = f
+	s.open[index] = f
+	return nil
+}
+
+// removeBlock closes and removes block index's file.
+func (s *stagedFile) removeBlock(index int64) error {
+	if f := s.open[index]; f != nil {
+		_ = f.Close()
+		delete(s.open, index)
+	}
+	delete(s.blocks, index)
+	if err := os.Remove(s.blockPath(index)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	return nil
 }
 
 // close closes the block files; they stay for the process taking over.
 func (s *stagedFile) close() {
-	for _, f := range s.files {
+	for index, f := range s.open {
 		_ = f.Close()
+		delete(s.open, index)
 	}
 }
 
 // remove closes and removes the block files.
 func (s *stagedFile) remove() error {
 	var errs []error
-	for index, f := range s.files {
-		_ = f.Close()
-		if err := os.Remove(f.Name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for index := range s.blocks {
+		if err := s.removeBlock(index); err != nil {
 			errs = append(errs, err)
 		}
-		delete(s.files, index)
 	}
 	return errors.Join(errs...)
 }

@@ -91,7 +91,10 @@ func TestAFileStagedWholeByAnOlderVersionIsCutIntoBlocks(t *testing.T) {
 	s, _, err := openStaged(folder, "77aa")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(readAll(t, s)).To(Equal(data))
-	g.Expect(sameFile(s.files[1], storedBlock)).To(BeTrue(), "block 1's file is the stored block")
+	block1, err := os.Open(s.blockPath(1))
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = block1.Close() }()
+	g.Expect(sameFile(block1, storedBlock)).To(BeTrue(), "block 1's file is the stored block")
 	s.close()
 	names, err := os.ReadDir(dir)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -164,4 +167,25 @@ func TestARestoredBlockNoLongerSharesItsFile(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(stagingNames(entries)["5e5e"]).To(ConsistOf("5e5e-0", "5e5e-1"), "no copy left behind")
+}
+
+// TestAStagedFileOfManyBlocksKeepsFewFilesOpen: a large file of small blocks holds a few
+// descriptors, not one per block, and still reads back whole.
+func TestAStagedFileOfManyBlocksKeepsFewFilesOpen(t *testing.T) {
+	g := NewWithT(t)
+	s, err := createStaged(t.TempDir(), "6f6f", 10)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { g.Expect(s.remove()).To(Succeed()) }()
+	want := make([]byte, 1000)
+	for i := range want {
+		want[i] = byte(i)
+	}
+	for off := 0; off < len(want); off += 7 {
+		_, err := s.WriteAt(want[off:min(off+7, len(want))], int64(off))
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	g.Expect(len(s.open)).To(BeNumerically("<=", maxOpenBlockFiles))
+	g.Expect(s.blocks).To(HaveLen(100))
+	g.Expect(readAll(t, s)).To(Equal(want))
+	g.Expect(len(s.open)).To(BeNumerically("<=", maxOpenBlockFiles))
 }
