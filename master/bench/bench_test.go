@@ -42,7 +42,7 @@ func productionConfig(cfg *store.Config) {
 	cfg.LeaderLeaseTimeout = store.DefaultLeaderLeaseTimeout
 	cfg.CommitTimeout = store.DefaultCommitTimeout
 	cfg.ApplyTimeout = store.DefaultApplyTimeout
-	cfg.LogStore = store.LogStoreOptions{}
+	cfg.LogSegmentSize = 0 // the default, as cmd/master runs
 }
 
 func newCluster(b *testing.B) (*mastertest.Cluster, *client.Client) {

@@ -56,7 +56,7 @@ type Options struct {
 }
 
 // TestConfig returns store settings for tests: short Raft timeouts (elections in well under a
-// second even on a loaded two-core machine) and small Badger memtables.
+// second even on a loaded two-core machine) and small Raft log segments.
 func TestConfig() store.Config {
 	return store.Config{
 		HeartbeatTimeout:   400 * time.Millisecond,
@@ -64,7 +64,7 @@ func TestConfig() store.Config {
 		LeaderLeaseTimeout: 200 * time.Millisecond,
 		CommitTimeout:      5 * time.Millisecond,
 		ApplyTimeout:       5 * time.Second,
-		LogStore:           store.LogStoreOptions{MemTableSize: 4 << 20, BlockCacheSize: 4 << 20},
+		LogSegmentSize:     4 << 20,
 	}
 }
 

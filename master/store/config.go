@@ -15,7 +15,7 @@ import (
 type Config struct {
 	// ID is the server's Raft id, stable across restarts (the pod name in a StatefulSet).
 	ID string
-	// Dir holds the Raft log (raft/), the state machine (fsm/) and snapshots (snapshots/).
+	// Dir holds the Raft log (raft-wal/), the state machine (fsm/) and snapshots (snapshots/).
 	Dir string
 	// RaftBind is the address the Raft transport listens on, e.g. ":7000".
 	RaftBind string
@@ -51,8 +51,10 @@ type Config struct {
 	// no deadline.
 	ApplyTimeout time.Duration
 
-	LogStore LogStoreOptions
-	FSM      fsm.Options
+	// LogSegmentSize is the size of each of the Raft log's segment files; 0 means raft-wal's
+	// default, 64 MiB. Tests, which start replicas by the dozen, make them small.
+	LogSegmentSize int
+	FSM            fsm.Options
 
 	Logger logr.Logger
 	// Now is the clock commands are stamped with; defaults to time.Now.

@@ -25,8 +25,10 @@ const (
 	logEncodingV1 = 1
 )
 
-// LogStore is raft's LogStore and StableStore on one Badger database, in place of raft-boltdb.
-// Writes are synced: raft acknowledges entries and votes only once they are durable.
+// LogStore is raft's LogStore and StableStore on one Badger database, as versions before the
+// WAL kept them (in Config.Dir/raft); a replica now only reads it, to move it into the WAL
+// (migrateBadgerLog). Writes are synced: raft acknowledged entries and votes only once they
+// were durable.
 type LogStore struct {
 	db *badger.DB
 

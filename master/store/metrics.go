@@ -2,6 +2,7 @@ package store
 
 import (
 	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -19,6 +20,15 @@ type Collector struct {
 	contactLosses *prometheus.Desc
 	restores      *prometheus.Desc
 	heartbeats    *prometheus.Desc
+	// wal are raft-wal's own counters and gauges (appends, bytes, segment rotations, truncations,
+	// stable-store writes), by their names in wal.MetricDefinitions.
+	wal map[string]walMetric
+}
+
+// walMetric is one of raft-wal's metrics as Prometheus exports it.
+type walMetric struct {
+	desc      *prometheus.Desc
+	valueType prometheus.ValueType
 }
 
 // NewCollector returns a collector for s; register it with a prometheus.Registerer.
@@ -26,7 +36,7 @@ func NewCollector(s *Store) *Collector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("strata_master_"+name, help, labels, prometheus.Labels{"raft_id": s.cfg.ID})
 	}
-	return &Collector{
+	c := &Collector{
 		s:             s,
 		state:         d("raft_state", "1 for the Raft state this replica is in, 0 for the others.", "state"),
 		term:          d("raft_term", "Current Raft term."),
@@ -38,13 +48,24 @@ func NewCollector(s *Store) *Collector {
 		restores:      d("fsm_snapshot_restores_total", "Snapshots the state machine restored since the process started."),
 		heartbeats: d("heartbeats_total", "Workers' heartbeats this replica took as leader, by how: memory (kept in the leader's memory only) or replicated (a Raft entry, because the worker's tier usage moved).",
 			"recorded"),
+		wal: map[string]walMetric{},
 	}
+	for _, m := range wal.MetricDefinitions.Counters {
+		c.wal[m.Name] = walMetric{d("raft_wal_"+m.Name+"_total", "The Raft log's (raft-wal) "+m.Desc), prometheus.CounterValue}
+	}
+	for _, m := range wal.MetricDefinitions.Gauges {
+		c.wal[m.Name] = walMetric{d("raft_wal_"+m.Name, "The Raft log's (raft-wal) "+m.Desc), prometheus.GaugeValue}
+	}
+	return c
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.contactLosses, c.restores, c.heartbeats} {
 		ch <- d
+	}
+	for _, m := range c.wal {
+		ch <- m.desc
 	}
 }
 
@@ -68,4 +89,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(c.s.fsm.Restores()))
 	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.inMemory.Load()), "memory")
 	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.replicated.Load()), "replicated")
+	summary := c.s.walMetrics.Summary()
+	for _, values := range []map[string]uint64{summary.Counters, summary.Gauges} {
+		for name, v := range values {
+			if m, ok := c.wal[name]; ok {
+				ch <- prometheus.MustNewConstMetric(m.desc, m.valueType, float64(v))
+			}
+		}
+	}
 }

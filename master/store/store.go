@@ -13,6 +13,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
+	walmetrics "github.com/hashicorp/raft-wal/metrics"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/master/fsm"
@@ -50,13 +52,14 @@ func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
 
 // Store is one master replica.
 type Store struct {
-	cfg   Config
-	log   logr.Logger
-	raft  *raft.Raft
-	fsm   *fsm.FSM
-	logs  *LogStore
-	snaps *raft.FileSnapshotStore
-	trans raft.Transport
+	cfg        Config
+	log        logr.Logger
+	raft       *raft.Raft
+	fsm        *fsm.FSM
+	logs       raftLog
+	walMetrics *walmetrics.AtomicCollector
+	snaps      *raft.FileSnapshotStore
+	trans      raft.Transport
 	// fence holds back the votes of a replica that started on an empty disk (votefence.go).
 	fence *voteFence
 
@@ -99,7 +102,7 @@ func Open(cfg Config) (*Store, error) {
 	hlog := logadapter.NewHCLog(log.WithName("raft"), hclog.Info)
 
 	// raft's file snapshot store adds its own snapshots/ below Dir.
-	for _, d := range []string{"raft", "fsm"} {
+	for _, d := range []string{"fsm"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o750); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
@@ -113,7 +116,8 @@ func Open(cfg Config) (*Store, error) {
 	}()
 
 	var err error
-	if s.logs, err = OpenLogStore(filepath.Join(cfg.Dir, "raft"), log.WithName("log"), cfg.LogStore); err != nil {
+	s.walMetrics = walmetrics.NewAtomicCollector(wal.MetricDefinitions)
+	if s.logs, err = openRaftLog(cfg.Dir, log.WithName("log"), cfg.LogSegmentSize, s.walMetrics); err != nil {
 		return nil, err
 	}
 	if s.fsm, err = fsm.Open(filepath.Join(cfg.Dir, "fsm"), log.WithName("fsm"), cfg.FSM); err != nil {
@@ -284,7 +288,8 @@ func (s *Store) catchUp(ctx context.Context) error {
 	return nil
 }
 
-// collectGarbage reclaims value-log space that Badger does not reclaim on its own.
+// collectGarbage reclaims the state machine's value-log space, which Badger does not reclaim on
+// its own.
 func (s *Store) collectGarbage(ctx context.Context) {
 	t := time.NewTicker(10 * time.Minute)
 	defer t.Stop()
@@ -293,12 +298,10 @@ func (s *Store) collectGarbage(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			for _, db := range []interface{ RunValueLogGC(float64) error }{s.logs.DB(), s.fsm.DB()} {
-				// Each successful run rewrites one file; stop at the first that finds nothing.
-				collected := true
-				for collected && ctx.Err() == nil {
-					collected = db.RunValueLogGC(0.5) == nil
-				}
+			// Each successful run rewrites one file; stop at the first that finds nothing.
+			collected := true
+			for collected && ctx.Err() == nil {
+				collected = s.fsm.DB().RunValueLogGC(0.5) == nil
 			}
 		}
 	}
