@@ -58,3 +58,6 @@ func NewHash() hash.Hash32 { return crc32.New(castagnoli) }
 
 // Checksum is the CRC-32C of b.
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// UpdateChecksum is the CRC-32C of bytes whose first part had sum crc, followed by b.
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }

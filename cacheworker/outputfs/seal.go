@@ -220,7 +220,11 @@ func (o *output) storeBlock(ctx context.Context, id string, staged *stagedFile, 
 		}
 	}
 	// Unclean: this is the only copy, so the store persists it before it ever drops it.
-	return o.cfg.Store.Adopt(ctx, id, path, length, tierstore.PutOptions{Origin: origin})
+	opts := tierstore.PutOptions{Origin: origin}
+	if sum, ok := staged.checksum(index, length); ok {
+		opts.Checksum = &sum // taken as the writer wrote the block: the store need not read it
+	}
+	return o.cfg.Store.Adopt(ctx, id, path, length, opts)
 }
 
 // intact says whether block id still has the bytes its checksum was taken of.

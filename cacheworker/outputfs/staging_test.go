@@ -6,9 +6,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	. "github.com/onsi/gomega"
+
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 )
 
 // TestAStagedFileReadsBackWhatWasWrittenAcrossItsBlockFiles writes, truncates and reads a
@@ -188,4 +192,70 @@ func TestAStagedFileOfManyBlocksKeepsFewFilesOpen(t *testing.T) {
 	g.Expect(s.blocks).To(HaveLen(100))
 	g.Expect(readAll(t, s)).To(Equal(want))
 	g.Expect(len(s.open)).To(BeNumerically("<=", maxOpenBlockFiles))
+}
+
+// TestAStagedFileSumsTheBlocksWrittenInOrder: a block whose bytes were all written in order,
+// through WriteAt, into a file the staged file made, has its checksum for the seal; any other
+// block (overwritten, written past a hole, cut by a truncation, found again after a takeover)
+// has none, and the store reads it instead. A checksum given is always the bytes'.
+func TestAStagedFileSumsTheBlocksWrittenInOrder(t *testing.T) {
+	type step struct {
+		write    []byte
+		at       int64
+		truncate int64 // when write is nil and restore is -1
+		restore  int64
+	}
+	w := func(s string, at int64) step { return step{write: []byte(s), at: at, restore: -1} }
+	for name, tc := range map[string]struct {
+		steps  []step
+		summed []int64
+	}{
+		"appends in order across blocks":  {steps: []step{w("abc", 0), w("defghijklmnop", 3), w("qrstuvwxyz", 16)}, summed: []int64{0, 1, 2}},
+		"an overwrite":                    {steps: []step{w("aaaaaaaaaaaaaaa", 0), w("B", 3)}, summed: []int64{1}},
+		"a hole within a block":           {steps: []step{w("x", 0), w("y", 5)}},
+		"a whole block's hole":            {steps: []step{w("aaaaaaaaaa", 0), w("yz", 25)}, summed: []int64{0}},
+		"truncated into summed bytes":     {steps: []step{w(strings.Repeat("a", 30), 0), {truncate: 14, restore: -1}}, summed: []int64{0}},
+		"truncated to nothing, rewritten": {steps: []step{w(strings.Repeat("a", 30), 0), {truncate: 0, restore: -1}, w("xyz", 0)}},
+		"extended by truncate":            {steps: []step{w("abc", 0), {truncate: 27, restore: -1}}},
+		"a restored block keeps its sum":  {steps: []step{w("abcdefghijkl", 0), {restore: 0}, w("mn", 12)}, summed: []int64{0, 1}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := NewWithT(t)
+			dir := t.TempDir()
+			s, err := createStaged(dir, "0a1b", 10)
+			g.Expect(err).NotTo(HaveOccurred())
+			var want []byte
+			for _, st := range tc.steps {
+				switch {
+				case st.restore >= 0:
+					g.Expect(s.restore(st.restore)).To(Succeed())
+				case st.write == nil:
+					g.Expect(s.Truncate(st.truncate)).To(Succeed())
+					want = resized(want, st.truncate)
+				default:
+					_, err := s.WriteAt(st.write, st.at)
+					g.Expect(err).NotTo(HaveOccurred())
+					want = resized(want, max(int64(len(want)), st.at+int64(len(st.write))))
+					copy(want[st.at:], st.write)
+				}
+			}
+			check := func(s *stagedFile, summed []int64) {
+				for index := int64(0); index*10 < int64(len(want)); index++ {
+					block := want[index*10 : min(int64(len(want)), (index+1)*10)]
+					sum, ok := s.checksum(index, int64(len(block)))
+					g.Expect(ok).To(Equal(slices.Contains(summed, index)), "block %d", index)
+					if ok {
+						g.Expect(sum).To(Equal(blockindex.Checksum(block)), "block %d", index)
+					}
+				}
+			}
+			check(s, tc.summed)
+			s.close()
+			folder, err := readStagingFolder(dir, 10, nil)
+			g.Expect(err).NotTo(HaveOccurred())
+			again, _, err := openStaged(folder, "0a1b")
+			g.Expect(err).NotTo(HaveOccurred())
+			check(again, nil)
+		})
+	}
 }

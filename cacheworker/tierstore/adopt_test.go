@@ -1,8 +1,10 @@
 package tierstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -128,4 +130,44 @@ func otherFileSystem(t *testing.T, dir string) string {
 		testenv.Lacking(t, "/dev/shm and the test's temporary folder are one file system here")
 	}
 	return shm
+}
+
+// TestAdoptTakesTheChecksumItIsGiven: a file whose writer took its checksum is linked in with
+// that checksum, unread (so a wrong one is what every later read checks against); copied from
+// another file system, or written by Put, the bytes must match the checksum given.
+func TestAdoptTakesTheChecksumItIsGiven(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	s := newStore(t, []tierSpec{memTier}, nil)
+	data := content("blk-4", 300)
+	right, wrong := blockindex.Checksum(data), blockindex.Checksum(data)+1
+
+	src := filepath.Join(s.root, "staged")
+	g.Expect(os.WriteFile(src, data, 0o600)).To(Succeed())
+	info, err := s.Adopt(ctx, "blk-4", src, 300, PutOptions{Checksum: &right})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(info.Checksum).To(Equal(right))
+	g.Expect(s.get("blk-4")).To(Equal(data))
+
+	vouched := filepath.Join(s.root, "vouched")
+	g.Expect(os.WriteFile(vouched, data, 0o600)).To(Succeed())
+	info, err = s.Adopt(ctx, "blk-5", vouched, 300, PutOptions{Checksum: &wrong})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(info.Checksum).To(Equal(wrong), "taken as given, the file unread")
+	r, _, err := s.OpenVerified(ctx, "blk-5")
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = io.Copy(io.Discard, r)
+	g.Expect(err).To(MatchError(ErrCorrupt), "and every read checks against it")
+	g.Expect(r.Close()).To(Succeed())
+
+	elsewhere := filepath.Join(otherFileSystem(t, s.root), "staged")
+	g.Expect(os.WriteFile(elsewhere, data, 0o600)).To(Succeed())
+	_, err = s.Adopt(ctx, "blk-6", elsewhere, 300, PutOptions{Checksum: &wrong})
+	g.Expect(err).To(MatchError(ErrCorrupt), "a copy is checked against it")
+	_, err = s.Put(ctx, "blk-7", bytes.NewReader(data), 300, PutOptions{Checksum: &wrong})
+	g.Expect(err).To(MatchError(ErrCorrupt), "so is a Put")
+	for _, id := range []string{"blk-6", "blk-7"} {
+		_, err = s.Info(id)
+		g.Expect(err).To(MatchError(ErrNotFound), id)
+	}
 }

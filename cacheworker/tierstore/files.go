@@ -92,10 +92,10 @@ func sameFileSystem(dirs []*dir, path string) []*dir {
 
 // linkFile makes the file at src, of size bytes, block id in dirPath without copying it: a hard
 // link, under a temporary name renamed over the final one, as writeFile does. It reads the
-// file once for its CRC-32C, which it returns. If durable, the file and the directory are
+// file once for its CRC-32C, which it returns, unless the caller knows it already (known). If durable, the file and the directory are
 // synced as writeFile syncs them. It fails with errOtherFileSystem when src is not on dirPath's
 // file system, and the caller copies instead.
-func linkFile(ctx context.Context, dirPath, id, src string, size int64, durable bool) (sum uint32, err error) {
+func linkFile(ctx context.Context, dirPath, id, src string, size int64, known *uint32, durable bool) (sum uint32, err error) {
 	f, err := openBlock(src)
 	if err != nil {
 		return 0, fmt.Errorf("opening %s to store it as block %s: %w", src, id, err)
@@ -110,8 +110,9 @@ func linkFile(ctx context.Context, dirPath, id, src string, size int64, durable 
 	case fi.Size() != size:
 		return 0, fmt.Errorf("storing %s as block %s: it has %d bytes, %d were declared", src, id, fi.Size(), size)
 	}
-	sum, err = checksumFile(ctx, f, size)
-	if err != nil {
+	if known != nil {
+		sum = *known
+	} else if sum, err = checksumFile(ctx, f, size); err != nil {
 		return 0, fmt.Errorf("reading %s to store it as block %s: %w", src, id, err)
 	}
 	if durable {

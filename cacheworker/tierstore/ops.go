@@ -23,7 +23,7 @@ const lookupAttempts = 4
 // stored, and with a *TierFullError (ErrTierFull) if no room can be made without losing data.
 func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opts PutOptions) (BlockInfo, error) {
 	return s.store(ctx, id, size, opts, nil, func(d *dir, durable bool) (uint32, error) {
-		return writeFile(ctx, d.path, id, r, size, nil, durable)
+		return writeFile(ctx, d.path, id, r, size, opts.Checksum, durable)
 	})
 }
 
@@ -35,7 +35,7 @@ func (s *Store) Put(ctx context.Context, id string, r io.Reader, size int64, opt
 // is stored: the block and path may be the same file.
 func (s *Store) Adopt(ctx context.Context, id, path string, size int64, opts PutOptions) (BlockInfo, error) {
 	return s.store(ctx, id, size, opts, sameFileSystem(s.tiers[0].dirs, path), func(d *dir, durable bool) (uint32, error) {
-		sum, err := linkFile(ctx, d.path, id, path, size, durable)
+		sum, err := linkFile(ctx, d.path, id, path, size, opts.Checksum, durable)
 		if !errors.Is(err, errOtherFileSystem) {
 			return sum, err
 		}
@@ -44,7 +44,7 @@ func (s *Store) Adopt(ctx context.Context, id, path string, size int64, opts Put
 			return 0, fmt.Errorf("storing block %s: %w", id, err)
 		}
 		defer func() { _ = f.Close() }() // read only
-		return writeFile(ctx, d.path, id, f, size, nil, durable)
+		return writeFile(ctx, d.path, id, f, size, opts.Checksum, durable)
 	})
 }
 

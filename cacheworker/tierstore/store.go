@@ -45,6 +45,11 @@ type PutOptions struct {
 	// store: what the block is part of, in the caller's terms, so that a restarted worker can
 	// tell others what it still has.
 	Origin []byte
+	// Checksum, when set, is the CRC-32C of the block's bytes as the caller took it while it
+	// wrote them. Adopt then links the file in without reading it (the caller vouches for it:
+	// a wrong one makes every later read of the block fail as corrupt); Put, and Adopt when it
+	// must copy, refuse bytes that do not match it (ErrCorrupt).
+	Checksum *uint32
 }
 
 // TierStats is the state of one tier.
