@@ -418,10 +418,17 @@ func (o options) masterSpec() (*controllers.MasterSpec, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--master-storage-size=%q is not a quantity such as 10Gi: %w", o.master.storageSize, err)
 		}
+		if size.Cmp(minMasterStorage) < 0 {
+			return nil, fmt.Errorf("--master-storage-size=%s (master.persistence.size) is too small: a replica's Raft log alone takes "+
+				"segment files of 64 MiB, allocated whole, and two snapshots; give it at least %s", o.master.storageSize, minMasterStorage.String())
+		}
 		spec.StorageSize = size
 	}
 	return spec, nil
 }
+
+// minMasterStorage is the smallest claim a master replica can work in (see values.yaml).
+var minMasterStorage = resource.MustParse("1Gi")
 
 // setUpBackups runs the master's backups when --master-backup-uri names where they go.
 func (o options) setUpBackups(mgr ctrl.Manager, master controllers.MasterBackups, owner *metav1.OwnerReference) error {
