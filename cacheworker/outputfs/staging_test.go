@@ -19,11 +19,7 @@ import (
 // staged file of 10-byte blocks beside a plain byte slice doing the same, and opens it again
 // from its files as a process taking over does.
 func TestAStagedFileReadsBackWhatWasWrittenAcrossItsBlockFiles(t *testing.T) {
-	type step struct {
-		write    []byte
-		at       int64
-		truncate int64 // when write is nil
-	}
+	type step = stagingStep
 	cases := map[string][]step{
 		"one block":                        {{write: []byte("hello"), at: 0}},
 		"across three blocks":              {{write: []byte("abcdefghijklmnopqrstuvwxyz"), at: 3}},
@@ -40,19 +36,7 @@ func TestAStagedFileReadsBackWhatWasWrittenAcrossItsBlockFiles(t *testing.T) {
 			dir := t.TempDir()
 			s, err := createStaged(dir, "0a1b", 10)
 			g.Expect(err).NotTo(HaveOccurred())
-			var want []byte
-			for _, st := range steps {
-				if st.write == nil {
-					g.Expect(s.Truncate(st.truncate)).To(Succeed())
-					want = resized(want, st.truncate)
-					continue
-				}
-				n, err := s.WriteAt(st.write, st.at)
-				g.Expect(err).NotTo(HaveOccurred())
-				g.Expect(n).To(Equal(len(st.write)))
-				want = resized(want, max(int64(len(want)), st.at+int64(len(st.write))))
-				copy(want[st.at:], st.write)
-			}
+			want := applyStagingSteps(g, s, steps)
 			g.Expect(readAll(t, s)).To(Equal(want))
 			s.close()
 
@@ -199,13 +183,8 @@ func TestAStagedFileOfManyBlocksKeepsFewFilesOpen(t *testing.T) {
 // block (overwritten, written past a hole, cut by a truncation, found again after a takeover)
 // has none, and the store reads it instead. A checksum given is always the bytes'.
 func TestAStagedFileSumsTheBlocksWrittenInOrder(t *testing.T) {
-	type step struct {
-		write    []byte
-		at       int64
-		truncate int64 // when write is nil and restore is -1
-		restore  int64
-	}
-	w := func(s string, at int64) step { return step{write: []byte(s), at: at, restore: -1} }
+	type step = stagingStep
+	w := func(s string, at int64) step { return step{write: []byte(s), at: at} }
 	for name, tc := range map[string]struct {
 		steps  []step
 		summed []int64
@@ -214,31 +193,17 @@ func TestAStagedFileSumsTheBlocksWrittenInOrder(t *testing.T) {
 		"an overwrite":                    {steps: []step{w("aaaaaaaaaaaaaaa", 0), w("B", 3)}, summed: []int64{1}},
 		"a hole within a block":           {steps: []step{w("x", 0), w("y", 5)}},
 		"a whole block's hole":            {steps: []step{w("aaaaaaaaaa", 0), w("yz", 25)}, summed: []int64{0}},
-		"truncated into summed bytes":     {steps: []step{w(strings.Repeat("a", 30), 0), {truncate: 14, restore: -1}}, summed: []int64{0}},
-		"truncated to nothing, rewritten": {steps: []step{w(strings.Repeat("a", 30), 0), {truncate: 0, restore: -1}, w("xyz", 0)}},
-		"extended by truncate":            {steps: []step{w("abc", 0), {truncate: 27, restore: -1}}},
-		"a restored block keeps its sum":  {steps: []step{w("abcdefghijkl", 0), {restore: 0}, w("mn", 12)}, summed: []int64{0, 1}},
+		"truncated into summed bytes":     {steps: []step{w(strings.Repeat("a", 30), 0), {truncate: 14}}, summed: []int64{0}},
+		"truncated to nothing, rewritten": {steps: []step{w(strings.Repeat("a", 30), 0), {truncate: 0}, w("xyz", 0)}},
+		"extended by truncate":            {steps: []step{w("abc", 0), {truncate: 27}}},
+		"a restored block keeps its sum":  {steps: []step{w("abcdefghijkl", 0), {restore: true, index: 0}, w("mn", 12)}, summed: []int64{0, 1}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
 			dir := t.TempDir()
 			s, err := createStaged(dir, "0a1b", 10)
 			g.Expect(err).NotTo(HaveOccurred())
-			var want []byte
-			for _, st := range tc.steps {
-				switch {
-				case st.restore >= 0:
-					g.Expect(s.restore(st.restore)).To(Succeed())
-				case st.write == nil:
-					g.Expect(s.Truncate(st.truncate)).To(Succeed())
-					want = resized(want, st.truncate)
-				default:
-					_, err := s.WriteAt(st.write, st.at)
-					g.Expect(err).NotTo(HaveOccurred())
-					want = resized(want, max(int64(len(want)), st.at+int64(len(st.write))))
-					copy(want[st.at:], st.write)
-				}
-			}
+			want := applyStagingSteps(g, s, tc.steps)
 			check := func(s *stagedFile, summed []int64) {
 				for index := int64(0); index*10 < int64(len(want)); index++ {
 					block := want[index*10 : min(int64(len(want)), (index+1)*10)]
@@ -258,4 +223,35 @@ func TestAStagedFileSumsTheBlocksWrittenInOrder(t *testing.T) {
 			check(again, nil)
 		})
 	}
+}
+
+// stagingStep is a write of write at at, or when write is nil, a truncation to truncate, or
+// with restore, a restore of block index.
+type stagingStep struct {
+	write    []byte
+	at       int64
+	truncate int64
+	restore  bool
+	index    int64
+}
+
+// applyStagingSteps does steps to s and returns what a plain byte slice holds after the same.
+func applyStagingSteps(g *WithT, s *stagedFile, steps []stagingStep) []byte {
+	var want []byte
+	for _, st := range steps {
+		switch {
+		case st.restore:
+			g.Expect(s.restore(st.index)).To(Succeed())
+		case st.write == nil:
+			g.Expect(s.Truncate(st.truncate)).To(Succeed())
+			want = resized(want, st.truncate)
+		default:
+			n, err := s.WriteAt(st.write, st.at)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(n).To(Equal(len(st.write)))
+			want = resized(want, max(int64(len(want)), st.at+int64(len(st.write))))
+			copy(want[st.at:], st.write)
+		}
+	}
+	return want
 }
