@@ -38,13 +38,14 @@ type raftLog interface {
 	io.Closer
 }
 
-// raftStableKeys are the keys hashicorp/raft keeps in the stable store, by how it writes them
-// (raft.go: keyCurrentTerm, keyLastVoteTerm, keyLastVoteCand). Nothing else of the master's
-// writes there.
-var (
-	raftStableUint64Keys = []string{"CurrentTerm", "LastVoteTerm"}
-	raftStableBytesKeys  = []string{"LastVoteCand"}
-)
+// raftStableKeys are the keys hashicorp/raft keeps in the stable store (raft.go:
+// keyCurrentTerm, keyLastVoteTerm, keyLastVoteCand), and whether it writes each as a number
+// (SetUint64, whose encoding differs between the stores) or as bytes. Nothing else of the
+// master's writes there.
+var raftStableKeys = []struct {
+	name   string
+	number bool
+}{{"CurrentTerm", true}, {"LastVoteTerm", true}, {"LastVoteCand", false}}
 
 // walLog is raft-wal's WAL with the metadata database it keeps beside its segments, which
 // WAL.Close leaves open (v0.4.0): that database holds a file lock, so a replica reopened in the
@@ -161,28 +162,9 @@ func copyRaftLog(old *LogStore, dir string, log logr.Logger, segmentSize int) (c
 			err = fmt.Errorf("closing the new raft log: %w", cerr)
 		}
 	}()
-	for _, k := range raftStableUint64Keys {
-		v, err := old.GetUint64([]byte(k))
-		switch {
-		case errors.Is(err, ErrKeyNotFound):
-			continue
-		case err != nil:
-			return 0, fmt.Errorf("reading %s: %w", k, err)
-		}
-		if err := w.SetUint64([]byte(k), v); err != nil {
-			return 0, fmt.Errorf("writing %s: %w", k, err)
-		}
-	}
-	for _, k := range raftStableBytesKeys {
-		v, err := old.Get([]byte(k))
-		switch {
-		case errors.Is(err, ErrKeyNotFound):
-			continue
-		case err != nil:
-			return 0, fmt.Errorf("reading %s: %w", k, err)
-		}
-		if err := w.Set([]byte(k), v); err != nil {
-			return 0, fmt.Errorf("writing %s: %w", k, err)
+	for _, k := range raftStableKeys {
+		if err := copyStableKey(old, w, k.name, k.number); err != nil {
+			return 0, err
 		}
 	}
 	first, _ := old.FirstIndex()
@@ -194,6 +176,26 @@ func copyRaftLog(old *LogStore, dir string, log logr.Logger, segmentSize int) (c
 		return 0, err
 	}
 	return last - first + 1, nil
+}
+
+// copyStableKey copies key, if old has it, into w: as a number or as bytes.
+func copyStableKey(old *LogStore, w raft.StableStore, key string, number bool) error {
+	var err error
+	if number {
+		var v uint64
+		if v, err = old.GetUint64([]byte(key)); err == nil {
+			err = w.SetUint64([]byte(key), v)
+		}
+	} else {
+		var v []byte
+		if v, err = old.Get([]byte(key)); err == nil {
+			err = w.Set([]byte(key), v)
+		}
+	}
+	if err != nil && !errors.Is(err, ErrKeyNotFound) {
+		return fmt.Errorf("copying %s: %w", key, err)
+	}
+	return nil
 }
 
 // removeLegacyLog removes a Badger log folder, if there is one.
