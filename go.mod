@@ -11,7 +11,7 @@ require (
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/hashicorp/go-hclog v1.6.2
 	github.com/hashicorp/raft v1.7.3
-	github.com/hashicorp/raft-wal v0.4.0
+	github.com/hashicorp/raft-wal v0.4.2
 	github.com/kubernetes-csi/csi-test/v5 v5.3.1
 	github.com/minio/minio-go/v7 v7.0.95
 	github.com/moby/sys/mountinfo v0.7.2

@@ -12,7 +12,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
-	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/metrics"
 	"github.com/hashicorp/raft-wal/migrate"
 
@@ -47,16 +46,13 @@ var raftStableKeys = []struct {
 	number bool
 }{{"CurrentTerm", true}, {"LastVoteTerm", true}, {"LastVoteCand", false}}
 
-// walLog is raft-wal's WAL with the metadata database it keeps beside its segments, which
-// WAL.Close leaves open (v0.4.0): that database holds a file lock, so a replica reopened in the
-// same process (a restart in tests, a restore) would wait for it forever.
+// walLog is raft-wal's WAL, whose reads of compacted entries it corrects (GetLog).
 type walLog struct {
 	*wal.WAL
-	meta *metadb.BoltMetaDB
 }
 
 // GetLog reads the entry at index, or returns raft.ErrLogNotFound. An entry before the first
-// index is not found, as raft expects of a compacted log: raft-wal (v0.4.0) still returns one
+// index is not found, as raft expects of a compacted log: raft-wal (v0.4.2) still returns one
 // whose head truncation left it in the segment being written, and a leader would then send a
 // follower that fell behind entries from before its snapshot instead of the snapshot.
 func (w *walLog) GetLog(index uint64, l *raft.Log) error {
@@ -68,11 +64,6 @@ func (w *walLog) GetLog(index uint64, l *raft.Log) error {
 		return raft.ErrLogNotFound
 	}
 	return w.WAL.GetLog(index, l)
-}
-
-// Close closes the WAL, then its metadata database.
-func (w *walLog) Close() error {
-	return errors.Join(w.WAL.Close(), w.meta.Close())
 }
 
 // openRaftLog opens (or creates) the replica's Raft log in dir, first moving into it a log
@@ -95,13 +86,12 @@ func openWAL(dir string, log logr.Logger, segmentSize int, collector metrics.Col
 		return nil, fmt.Errorf("creating the raft log folder: %w", err)
 	}
 	// A zero segment size is the library's default, a nil collector its no-op one.
-	meta := &metadb.BoltMetaDB{}
 	w, err := wal.Open(dir, wal.WithLogger(logadapter.NewHCLog(log.WithName("wal"), hclog.Info)),
-		wal.WithSegmentSize(segmentSize), wal.WithMetricsCollector(collector), wal.WithMetaStore(meta))
+		wal.WithSegmentSize(segmentSize), wal.WithMetricsCollector(collector))
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("opening the raft log in %s: %w", dir, err), meta.Close())
+		return nil, fmt.Errorf("opening the raft log in %s: %w", dir, err)
 	}
-	return &walLog{WAL: w, meta: meta}, nil
+	return &walLog{WAL: w}, nil
 }
 
 // migrateBadgerLog moves the Badger log of an earlier version (dir/raft) into the WAL

@@ -9,7 +9,6 @@ import (
 
 	"github.com/go-logr/logr"
 	wal "github.com/hashicorp/raft-wal"
-	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/migrate"
 
 	"github.com/strata-cache/strata/master/mastertest"
@@ -58,8 +57,7 @@ func TestReplicasUpgradedFromTheBadgerLogKeepTheirState(t *testing.T) {
 // dir/raft, and returns the term it had reached.
 func toBadgerLog(t *testing.T, dir string) uint64 {
 	t.Helper()
-	meta := &metadb.BoltMetaDB{}
-	w, err := wal.Open(filepath.Join(dir, "raft-wal"), wal.WithMetaStore(meta))
+	w, err := wal.Open(filepath.Join(dir, "raft-wal"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +75,7 @@ func toBadgerLog(t *testing.T, dir string) uint64 {
 	if err != nil || term == 0 {
 		t.Fatalf("the WAL's term: %d (%v)", term, err)
 	}
-	for _, err := range []error{old.Close(), w.Close(), meta.Close(), os.RemoveAll(filepath.Join(dir, "raft-wal"))} {
+	for _, err := range []error{old.Close(), w.Close(), os.RemoveAll(filepath.Join(dir, "raft-wal"))} {
 		if err != nil {
 			t.Fatal(err)
 		}
