@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,6 +65,7 @@ const (
 	ReasonNoCSIDriver          = "CSIDriverNotInstalled"
 	ReasonNoReadyWorkers       = "NoReadyWorkers"
 	ReasonVolumeReady          = "VolumeReady"
+	ReasonClaimNotBound        = "ClaimNotBound"
 	ReasonDeletionBlocked      = "DeletionBlocked"
 	// ReasonObjectsLeftOut is the Warning event of a source with objects the tree cannot show.
 	ReasonObjectsLeftOut = "ObjectsLeftOut"
@@ -616,6 +618,20 @@ func (r *DatasetReconciler) servingCondition(ctx context.Context, ds *datav1alph
 		cond.Reason = ReasonNoReadyWorkers
 		cond.Message = fmt.Sprintf("claim %s exists, but TierPool %q has no ready cache worker to serve it: see `kubectl describe tierpool %s`",
 			ds.Name, pool.Name, pool.Name)
+		return cond, nil
+	}
+	// A pod scheduled before its claim is bound is put back by the scheduler with a growing
+	// back-off ("unbound immediate PersistentVolumeClaims"), so Ready waits for the binding
+	// that the kube-controller-manager makes between the claim and the volume made for it.
+	pvc := &corev1.PersistentVolumeClaim{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ds.Namespace, Name: ds.Status.PersistentVolumeClaimName}, pvc); err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("reading claim %s/%s: %w", ds.Namespace, ds.Status.PersistentVolumeClaimName, err)
+	}
+	if pvc.Status.Phase != corev1.ClaimBound {
+		cond.Reason = ReasonClaimNotBound
+		cond.Message = fmt.Sprintf("claim %s is %s, not yet bound to volume %s: Kubernetes' volume binder (in kube-controller-manager) binds it, usually within seconds; "+
+			"if it stays so, see `kubectl -n %s describe pvc %s`",
+			ds.Name, cmp.Or(string(pvc.Status.Phase), "new"), volumeName(ds), ds.Namespace, ds.Name)
 		return cond, nil
 	}
 	cond.Status = metav1.ConditionTrue

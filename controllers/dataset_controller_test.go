@@ -447,6 +447,32 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(cond.Message).To(ContainSubstring("has no ready cache worker"))
 	})
 
+	It("says pods can mount its claim only once the claim is bound to its volume", func() {
+		ns := &corev1.Namespace{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: namespace}, ns)).To(Succeed())
+		ns.Labels = map[string]string{unboundNamespaceLabel: "true"}
+		Expect(k8sClient.Update(ctx, ns)).To(Succeed())
+		createPool()
+		createCredentials(miniotest.SecretKey)
+		makeServable(poolName)
+		ds := s3Dataset("unbound")
+		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
+		cond := readyCondition(ds, ReasonClaimNotBound)
+		Expect(cond.Message).To(And(
+			ContainSubstring("claim unbound is Pending, not yet bound to volume strata-"+string(ds.UID)),
+			ContainSubstring("kubectl -n "+namespace+" describe pvc unbound")))
+		Expect(ds.Status.Phase).To(Equal(datav1alpha1.DatasetPending), "a pod that mounted it now would wait out the scheduler's back-off")
+
+		By("binding the claim, as kube-controller-manager would")
+		pvc := &corev1.PersistentVolumeClaim{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "unbound"}, pvc)).To(Succeed())
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv)).To(Succeed())
+		Expect(bindClaim(ctx, k8sClient, pvc, pv)).To(Succeed())
+		cond = readyCondition(ds, ReasonVolumeReady)
+		Expect(cond.Message).To(Equal("pods can mount claim unbound"))
+	})
+
 	It("says what is wrong with a source that does not answer, does not exist or is empty", func() {
 		createPool()
 		createCredentials(miniotest.SecretKey)

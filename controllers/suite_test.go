@@ -45,7 +45,8 @@ import (
 
 // This suite runs the reconcilers in a manager against a real kube-apiserver and etcd (built by
 // `make envtest-assets`; `make test` points KUBEBUILDER_ASSETS at them). There is no kubelet:
-// the tests create Node objects themselves.
+// the tests create Node objects themselves. Nor a kube-controller-manager: volumeBinder binds
+// the claims the operator makes for its volumes.
 
 var (
 	testEnv *envtest.Environment
@@ -268,6 +269,7 @@ var _ = BeforeSuite(func() {
 		APIReader: mgr.GetAPIReader(), Depth: lineageDepth,
 		Refresh: time.Second,
 	}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&volumeBinder{Client: mgr.GetClient()}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&ProvisionerReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 
 	go func() {
