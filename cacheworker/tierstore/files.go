@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/strata-cache/strata/cacheworker/blockindex"
+	"github.com/strata-cache/strata/internal/durable"
 )
 
 // copyBufferSize is the chunk in which blocks are written and copied: large enough that the
@@ -21,12 +22,12 @@ import (
 const copyBufferSize = 1 << 20
 
 // writeFile writes size bytes from r as block id in dirPath, atomically: a temporary file
-// renamed over the final name, so that the name never shows a partial block. If durable, the
+// renamed over the final name, so that the name never shows a partial block. If sync, the
 // file is fsynced before the rename and the directory after it, so that the block survives a
 // crash; blocks with a copy elsewhere skip both, since a torn one is caught by its checksum
 // when the store starts and read again. It returns the bytes' CRC-32C. If want is non-nil,
 // the bytes must match it, or the file is removed and the error wraps ErrCorrupt.
-func writeFile(ctx context.Context, dirPath, id string, r io.Reader, size int64, want *uint32, durable bool) (sum uint32, err error) {
+func writeFile(ctx context.Context, dirPath, id string, r io.Reader, size int64, want *uint32, sync bool) (sum uint32, err error) {
 	f, err := os.CreateTemp(dirPath, blockindex.TempPrefix+id+"-*")
 	if err != nil {
 		return 0, fmt.Errorf("creating temporary file for block %s in %s: %w", id, dirPath, err)
@@ -51,7 +52,7 @@ func writeFile(ctx context.Context, dirPath, id string, r io.Reader, size int64,
 	if want != nil && sum != *want {
 		return 0, fmt.Errorf("copying block %s: crc32c %08x, expected %08x: %w", id, sum, *want, ErrCorrupt)
 	}
-	if durable {
+	if sync {
 		if err = f.Sync(); err != nil {
 			return 0, fmt.Errorf("syncing block %s in %s: %w", id, tmp, err)
 		}
@@ -62,8 +63,8 @@ func writeFile(ctx context.Context, dirPath, id string, r io.Reader, size int64,
 	if err = os.Rename(tmp, blockindex.BlockPath(dirPath, id)); err != nil {
 		return 0, fmt.Errorf("renaming block %s into place in %s: %w", id, dirPath, err)
 	}
-	if durable {
-		if err = syncDir(dirPath); err != nil {
+	if sync {
+		if err = durable.SyncDir(dirPath); err != nil {
 			return 0, err
 		}
 	}
@@ -92,10 +93,10 @@ func sameFileSystem(dirs []*dir, path string) []*dir {
 
 // linkFile makes the file at src, of size bytes, block id in dirPath without copying it: a hard
 // link, under a temporary name renamed over the final one, as writeFile does. It reads the
-// file once for its CRC-32C, which it returns, unless the caller knows it already (known). If durable, the file and the directory are
+// file once for its CRC-32C, which it returns, unless the caller knows it already (known). If sync, the file and the directory are
 // synced as writeFile syncs them. It fails with errOtherFileSystem when src is not on dirPath's
 // file system, and the caller copies instead.
-func linkFile(ctx context.Context, dirPath, id, src string, size int64, known *uint32, durable bool) (sum uint32, err error) {
+func linkFile(ctx context.Context, dirPath, id, src string, size int64, known *uint32, sync bool) (sum uint32, err error) {
 	f, err := openBlock(src)
 	if err != nil {
 		return 0, fmt.Errorf("opening %s to store it as block %s: %w", src, id, err)
@@ -115,7 +116,7 @@ func linkFile(ctx context.Context, dirPath, id, src string, size int64, known *u
 	} else if sum, err = checksumFile(ctx, f, size); err != nil {
 		return 0, fmt.Errorf("reading %s to store it as block %s: %w", src, id, err)
 	}
-	if durable {
+	if sync {
 		if err := f.Sync(); err != nil {
 			return 0, fmt.Errorf("syncing %s to store it as block %s: %w", src, id, err)
 		}
@@ -131,8 +132,8 @@ func linkFile(ctx context.Context, dirPath, id, src string, size int64, known *u
 		_ = os.Remove(tmp)
 		return 0, fmt.Errorf("renaming block %s into place in %s: %w", id, dirPath, err)
 	}
-	if durable {
-		if err := syncDir(dirPath); err != nil {
+	if sync {
+		if err := durable.SyncDir(dirPath); err != nil {
 			return 0, err
 		}
 	}
@@ -164,18 +165,6 @@ func inMemory(p string) (bool, error) {
 		return false, fmt.Errorf("finding the file system of %s: %w", p, err)
 	}
 	return st.Type == unix.TMPFS_MAGIC || st.Type == unix.RAMFS_MAGIC, nil
-}
-
-func syncDir(p string) error {
-	d, err := os.Open(p)
-	if err != nil {
-		return fmt.Errorf("opening directory %s to sync it: %w", p, err)
-	}
-	defer func() { _ = d.Close() }() // the sync above is what matters
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing directory %s: %w", p, err)
-	}
-	return nil
 }
 
 // openBlock opens a block file for reading. O_NOFOLLOW: a block is always a regular file the

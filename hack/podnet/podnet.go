@@ -26,6 +26,8 @@ import (
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/strata-cache/strata/internal/durable"
 )
 
 const (
@@ -421,54 +423,11 @@ func writeFileIfChanged(path string, data []byte, perm fs.FileMode) (bool, error
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return false, fmt.Errorf("creating a temporary file in %s: %w", dir, err)
-	}
-	renamed := false
-	defer func() {
-		if !renamed {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := tmp.Write(data); err != nil {
-		return false, fmt.Errorf("writing %s: %w", tmp.Name(), err)
-	}
-	// CreateTemp creates the file 0600; the runtime may read it as another user.
-	if err := tmp.Chmod(perm); err != nil {
-		return false, fmt.Errorf("setting the mode of %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return false, fmt.Errorf("syncing %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return false, fmt.Errorf("closing %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return false, fmt.Errorf("renaming %s to %s: %w", tmp.Name(), path, err)
-	}
-	renamed = true
-	// The rename lives in the directory; without syncing it a crash could bring the old file back.
-	if err := syncDir(dir); err != nil {
-		return true, err
+	// Named *.tmp until renamed: libcni loads only *.conf, *.conflist and *.json.
+	if err := durable.ReplaceFile(path, data, perm); err != nil {
+		return false, err
 	}
 	return true, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("opening %s: %w", dir, err)
-	}
-	if err := d.Sync(); err != nil {
-		_ = d.Close()
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	if err := d.Close(); err != nil {
-		return fmt.Errorf("closing %s: %w", dir, err)
-	}
-	return nil
 }
 
 // netlinkRoutes is the routeTable of the network namespace the daemon runs in (the node's, since the

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/raft-wal/metrics"
 	"github.com/hashicorp/raft-wal/migrate"
 
+	"github.com/strata-cache/strata/internal/durable"
 	"github.com/strata-cache/strata/master/logadapter"
 )
 
@@ -133,7 +134,7 @@ func migrateBadgerLog(dir string, log logr.Logger, segmentSize int) error {
 	if err := os.Rename(tmp, final); err != nil {
 		return fmt.Errorf("moving the raft log into place: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := durable.SyncDir(dir); err != nil {
 		return err
 	}
 	log.Info("moved the raft log into the WAL", "entries", copied)
@@ -210,17 +211,4 @@ func hasFiles(dir string) (bool, error) {
 		return false, err
 	}
 	return len(entries) > 0, nil
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("opening %s to sync it: %w", dir, err)
-	}
-	defer func() { _ = d.Close() }() // read only
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	return nil
 }
