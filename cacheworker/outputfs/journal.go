@@ -111,6 +111,11 @@ type nodeState struct {
 	Unlinked bool   `json:"unlinked,omitempty"`
 	// SealFailed: the last writer's close was told why the file could not be sealed.
 	SealFailed bool `json:"sealFailed,omitempty"`
+	// WriteLost: a write into the staging file failed, so bytes a writer gave are missing. The
+	// file is never sealed so, whatever the writer does with the error (a writer that goes on,
+	// or another thread's write, would otherwise seal a file with a hole), until it is truncated
+	// to nothing and written anew.
+	WriteLost bool `json:"writeLost,omitempty"`
 	// Attempt and Writer are the pod (its UID) and container that created the file, when
 	// Config.Callers knows them: the file is sealed as that pod's attempt.
 	Attempt string `json:"attempt,omitempty"`

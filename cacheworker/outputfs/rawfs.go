@@ -191,6 +191,7 @@ func (fsys *fileSystem) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse
 			return fsys.failed(err, "truncating a file", n.name)
 		}
 		n.size = int64(size)
+		st.WriteLost = st.WriteLost && size != 0
 		st.MtimeNs = time.Now().UnixNano()
 	}
 	if m, ok := in.GetMode(); ok {
@@ -424,6 +425,9 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 		}
 		n.size = 0
 	}
+	if truncate {
+		st.WriteLost = false // saved with the writer below
+	}
 	if writable {
 		st.Writers++
 		if err := fsys.t.save(n, requestID(&in.InHeader)); err != nil {
@@ -485,7 +489,11 @@ func (fsys *fileSystem) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) 
 	}
 	fsys.o.cfg.Metrics.writtenBytes.Add(float64(w))
 	if err != nil {
-		return uint32(w), fuse.ToStatus(err)
+		n.state.WriteLost = true
+		if serr := fsys.t.save(n, 0); serr != nil {
+			fsys.o.log.Error(serr, "recording a failed write; a takeover would not know of it", "file", fsys.t.rel(n))
+		}
+		return uint32(w), fsys.failed(err, "writing a file", n.name)
 	}
 	n.state.MtimeNs = time.Now().UnixNano()
 	return uint32(w), fuse.OK

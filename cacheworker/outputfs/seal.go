@@ -41,6 +41,11 @@ func (fsys *fileSystem) seal(ctx context.Context, n *node) syscall.Errno {
 	if n.staged == nil {
 		return syscall.EIO // cannot happen: only a sealed or discarded file has no staging file
 	}
+	if st.WriteLost {
+		o.cfg.Metrics.sealFailures.WithLabelValues(unix.ErrnoName(syscall.EIO)).Inc()
+		log.Info("not sealing an output file a write into which failed (see the error logged then): truncate it and write it anew")
+		return syscall.EIO
+	}
 	start := time.Now()
 	err := o.seal(ctx, rel, st.Token, st.Attempt, n.staged, n.size, n.inherited)
 	o.cfg.Metrics.sealSeconds.Observe(time.Since(start).Seconds())

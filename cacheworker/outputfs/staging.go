@@ -34,25 +34,78 @@ type stagedFile struct {
 }
 
 // blockSum is the CRC-32C of the first length bytes of a block's file, taken as a writer
-// appends to the file it made, so that the seal hands the checksum to the tier store instead
-// of the store reading the block back to take it (tierstore.PutOptions.Checksum; that read was
-// an eighth of the worker's CPU in writing a large output). Those bytes were written through
-// WriteAt only, in order: a write anywhere else in the block, or a truncation into them, drops
-// the sum, and the store reads the block as before. A block file made otherwise (by an older
-// version, or found at a takeover) has none.
+// writes the file it made, so that the seal hands the checksum to the tier store instead of
+// the store reading the block back to take it (tierstore.PutOptions.Checksum; that read was an
+// eighth of the worker's CPU in writing a large output). Those bytes were written through
+// WriteAt only, each once: parts written past the summed ones wait, summed, until the bytes
+// before them are in (threads that write parts of a file at once reach WriteAt in any order,
+// as would the kernel's writeback cache), then join the sum (blockindex.CombineChecksums). A
+// write over bytes already written, a part past more than maxPendingParts others, or a
+// truncation into the bytes drops the sum, and the store reads the block as before. A block
+// file made otherwise (by an older version, or found at a takeover) has none.
 type blockSum struct {
+	crc    uint32
+	length int64
+	// pending are the parts written past length, by offset in the block.
+	pending map[int64]summedPart
+}
+
+type summedPart struct {
 	crc    uint32
 	length int64
 }
 
-// add extends the sum by p, written at off in the block: only a write at its end extends it.
+// maxPendingParts bounds the parts a sum keeps waiting: a writer that scatters its writes over
+// a block loses the sum instead.
+const maxPendingParts = 64
+
+// add takes p, written at off in the block, into the sum. It reports false when the sum no
+// longer holds (p overlaps bytes written before).
 func (b *blockSum) add(p []byte, off int64) bool {
-	if off != b.length {
+	end := off + int64(len(p))
+	if off < b.length {
 		return false
 	}
+	for at, part := range b.pending {
+		if off < at+part.length && at < end {
+			return false
+		}
+	}
+	if off > b.length {
+		if len(b.pending) == maxPendingParts {
+			return false
+		}
+		if b.pending == nil {
+			b.pending = map[int64]summedPart{}
+		}
+		b.pending[off] = summedPart{crc: blockindex.Checksum(p), length: int64(len(p))}
+		return true
+	}
 	b.crc = blockindex.UpdateChecksum(b.crc, p)
-	b.length += int64(len(p))
+	b.length = end
+	for part, ok := b.pending[b.length]; ok; part, ok = b.pending[b.length] {
+		delete(b.pending, b.length)
+		b.crc = blockindex.CombineChecksums(b.crc, part.crc, part.length)
+		b.length += part.length
+	}
 	return true
+}
+
+// end is where the last byte the sum has seen ends.
+func (b *blockSum) end() int64 {
+	end := b.length
+	for at, part := range b.pending {
+		end = max(end, at+part.length)
+	}
+	return end
+}
+
+// whole returns the checksum of the block's first length bytes, if the sum has them all.
+func (b *blockSum) whole(length int64) (uint32, bool) {
+	if b.length != length || len(b.pending) != 0 {
+		return 0, false
+	}
+	return b.crc, true
 }
 
 // maxOpenBlockFiles bounds the descriptors a staged file keeps open, so that a large file of
@@ -316,7 +369,7 @@ func (s *stagedFile) Truncate(size int64) error {
 	if err != nil {
 		return err
 	}
-	if sum := s.sums[last]; sum != nil && sum.length > size-last*s.blockSize {
+	if sum := s.sums[last]; sum != nil && sum.end() > size-last*s.blockSize {
 		delete(s.sums, last)
 	}
 	if err := f.Truncate(size - last*s.blockSize); err != nil {
@@ -352,10 +405,10 @@ func (s *stagedFile) blockFile(index, length int64) (string, error) {
 // through WriteAt; ok is false when no sum covers exactly those bytes.
 func (s *stagedFile) checksum(index, length int64) (crc uint32, ok bool) {
 	sum := s.sums[index]
-	if sum == nil || sum.length != length {
+	if sum == nil {
 		return 0, false
 	}
-	return sum.crc, true
+	return sum.whole(length)
 }
 
 // restore gives block index's staged bytes a file of their own, a copy, in place of the one

@@ -178,11 +178,11 @@ func TestAStagedFileOfManyBlocksKeepsFewFilesOpen(t *testing.T) {
 	g.Expect(len(s.open)).To(BeNumerically("<=", maxOpenBlockFiles))
 }
 
-// TestAStagedFileSumsTheBlocksWrittenInOrder: a block whose bytes were all written in order,
-// through WriteAt, into a file the staged file made, has its checksum for the seal; any other
-// block (overwritten, written past a hole, cut by a truncation, found again after a takeover)
-// has none, and the store reads it instead. A checksum given is always the bytes'.
-func TestAStagedFileSumsTheBlocksWrittenInOrder(t *testing.T) {
+// TestAStagedFileSumsTheBlocksWrittenOnce: a block whose bytes were all written once, in any
+// order, through WriteAt, into a file the staged file made, has its checksum for the seal; any
+// other block (overwritten, left with a hole, cut by a truncation, found again after a
+// takeover) has none, and the store reads it instead. A checksum given is always the bytes'.
+func TestAStagedFileSumsTheBlocksWrittenOnce(t *testing.T) {
 	type step = stagingStep
 	w := func(s string, at int64) step { return step{write: []byte(s), at: at} }
 	for name, tc := range map[string]struct {
@@ -197,6 +197,13 @@ func TestAStagedFileSumsTheBlocksWrittenInOrder(t *testing.T) {
 		"truncated to nothing, rewritten": {steps: []step{w(strings.Repeat("a", 30), 0), {truncate: 0}, w("xyz", 0)}},
 		"extended by truncate":            {steps: []step{w("abc", 0), {truncate: 27}}},
 		"a restored block keeps its sum":  {steps: []step{w("abcdefghijkl", 0), {restore: true, index: 0}, w("mn", 12)}, summed: []int64{0, 1}},
+		// Threads writing parts of a file at once reach WriteAt in any order.
+		"parts out of order within a block":    {steps: []step{w("ghij", 6), w("def", 3), w("abc", 0)}, summed: []int64{0}},
+		"blocks out of order":                  {steps: []step{w("klmnopqrst", 10), w("abcdefghij", 0), w("uv", 20)}, summed: []int64{0, 1, 2}},
+		"a waiting part overwritten":           {steps: []step{w("def", 3), w("e", 4), w("abc", 0)}},
+		"a waiting part overlapped from below": {steps: []step{w("fgh", 5), w("abcdef", 0)}},
+		"truncated into a waiting part":        {steps: []step{w("abc", 0), w("hij", 7), {truncate: 8}}},
+		"a hole left before a waiting part":    {steps: []step{w("abc", 0), w("hij", 7), w("uv", 20)}, summed: []int64{2}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := NewWithT(t)
