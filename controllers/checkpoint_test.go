@@ -39,6 +39,7 @@ var _ = Describe("Checkpoint targets", func() {
 		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
 		namespace = ns.Name
 		pool = createWorkerPool(map[string]string{testLabel: fmt.Sprintf("checkpoints-%d", specID.Add(1))})
+		makeServable(pool.Name) // a Lineage runs once its outputs' claims are bound
 	})
 
 	keys := func(name, secretKey string) *corev1.Secret {

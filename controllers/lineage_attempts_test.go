@@ -16,12 +16,10 @@ import (
 )
 
 var _ = Describe("A Lineage's outputs, committed per attempt", func() {
-	var namespace string
+	var namespace, pool string
 
 	BeforeEach(func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "attempts-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
+		namespace, pool = servedTenant("attempts-")
 	})
 
 	// stepPod makes a pod as the Job controller makes one of the run Job's (there is none here).
@@ -67,7 +65,7 @@ var _ = Describe("A Lineage's outputs, committed per attempt", func() {
 	It("publishes what the pod that succeeded wrote, discards the killed pod's, and only then says Written", func() {
 		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "parts", Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "split"}},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "split"}, TierPoolName: pool},
 		})).To(Succeed())
 		Expect(k8sClient.Create(ctx, newLineage(namespace, "split", nil, []string{"parts"}))).To(Succeed())
 		job := &batchv1.Job{}

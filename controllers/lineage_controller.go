@@ -36,11 +36,13 @@ const (
 	ReasonOutputNotDeclared = "OutputNotDeclared"
 	ReasonCycle             = "Cycle"
 	ReasonWaitingForInputs  = "WaitingForInputs"
-	ReasonRunning           = "Running"
-	ReasonWritten           = "Written"
-	ReasonJobFailed         = "JobFailed"
-	ReasonNotCheckpointed   = "NotCheckpointed"
-	ReasonAllCheckpointed   = "AllCheckpointed"
+	// ReasonWaitingForOutputClaims: an output Dataset's claim is not mountable yet (not bound).
+	ReasonWaitingForOutputClaims = "WaitingForOutputClaims"
+	ReasonRunning                = "Running"
+	ReasonWritten                = "Written"
+	ReasonJobFailed              = "JobFailed"
+	ReasonNotCheckpointed        = "NotCheckpointed"
+	ReasonAllCheckpointed        = "AllCheckpointed"
 )
 
 // recomputeRecheck is how often a running recomputation is looked at: whether a pod of higher
@@ -164,7 +166,10 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		ready = runCondition(l, job, waiting)
+		ready = waiting
+		if job != nil {
+			ready = runCondition(l, job)
+		}
 		if job != nil {
 			var serr error
 			if settled, serr = r.settleAttempts(ctx, l); serr != nil {
@@ -324,15 +329,20 @@ func notReady(reason, format string, args ...any) *metav1.Condition {
 }
 
 // ensureRunJob returns the Job that writes l's outputs the first time, creating it once every
-// input is available; until then it returns no Job and the inputs it waits for. A Job of that
-// name that l does not own is returned as it is, for runCondition to name.
-func (r *LineageReconciler) ensureRunJob(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) (*batchv1.Job, []string, error) {
+// input is available and every output's claim can be mounted; until then it returns no Job and
+// a Ready condition that says what it waits for. A Job of that name that l does not own is
+// returned as it is, for runCondition to name.
+func (r *LineageReconciler) ensureRunJob(ctx context.Context, l *datav1alpha1.Lineage, ns *namespace) (*batchv1.Job, *metav1.Condition, error) {
 	job := &batchv1.Job{}
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: l.Namespace, Name: runJobName(l)}, job)
 	switch {
 	case apierrors.IsNotFound(err):
 		if waiting := r.missingInputs(ctx, l, ns, l.Spec.Inputs); len(waiting) > 0 {
-			return nil, waiting, nil
+			return nil, notReady(ReasonWaitingForInputs, "waiting for inputs %s before running the Job", strings.Join(waiting, ", ")), nil
+		}
+		if waiting := unmountableOutputs(ns, l.Spec.Outputs); len(waiting) > 0 {
+			return nil, notReady(ReasonWaitingForOutputClaims, "waiting for the claims of %s before running the Job, whose pods mount them",
+				strings.Join(waiting, "; ")), nil
 		}
 		// Before any pod writes: its files must be sealed as its attempt's.
 		if err := r.setRecovery(ctx, l); err != nil {
@@ -373,6 +383,26 @@ func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.L
 		}
 	}
 	return missing
+}
+
+// unmountableOutputs are the outputs whose claims pods cannot mount yet, each with why (its
+// Dataset's Ready condition): a Job's pod made before its claims exist and are bound is put
+// back by the scheduler with a growing back-off ("unbound immediate PersistentVolumeClaims"),
+// which a Lineage applied together with its outputs would meet; one whose output cannot be
+// served (no TierPool, no worker, no CSI driver) would wait in ContainerCreating, while the
+// Lineage said Running.
+func unmountableOutputs(ns *namespace, outputs []string) []string {
+	var waiting []string
+	for _, out := range outputs {
+		ready := meta.FindStatusCondition(ns.datasets[out].Status.Conditions, datav1alpha1.ConditionReady)
+		switch {
+		case ready == nil:
+			waiting = append(waiting, fmt.Sprintf("output %s (not served yet)", out))
+		case ready.Status != metav1.ConditionTrue:
+			waiting = append(waiting, fmt.Sprintf("output %s (%s)", out, ready.Message))
+		}
+	}
+	return waiting
 }
 
 // runJobName is the name of the Job that writes a Lineage's outputs the first time.
@@ -571,7 +601,7 @@ func (r *LineageReconciler) recordTransition(before, after *datav1alpha1.Lineage
 		return // the Running event is the Job's creation
 	}
 	kind := corev1.EventTypeWarning
-	if now.Status == metav1.ConditionTrue || now.Reason == ReasonWaitingForInputs {
+	if now.Status == metav1.ConditionTrue || now.Reason == ReasonWaitingForInputs || now.Reason == ReasonWaitingForOutputClaims {
 		kind = corev1.EventTypeNormal
 	}
 	r.Recorder.Event(after, kind, now.Reason, now.Message)

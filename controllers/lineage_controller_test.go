@@ -24,18 +24,16 @@ import (
 )
 
 var _ = Describe("The Lineage reconciler", func() {
-	var namespace string
+	var namespace, pool string
 
 	BeforeEach(func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "lineages-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
+		namespace, pool = servedTenant("lineages-")
 	})
 
 	output := func(name, lineage string) {
 		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: lineage}},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: lineage}, TierPoolName: pool},
 		})).To(Succeed())
 	}
 	ready := func(name, reason string) metav1.Condition {
@@ -95,6 +93,33 @@ var _ = Describe("The Lineage reconciler", func() {
 		Expect(depthSeries(namespace)).To(ContainElement("extract"))
 	})
 
+	It("runs a Lineage's Job only once its outputs' claims are bound, so that its pod is not put back by the scheduler", func() {
+		ns := &corev1.Namespace{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: namespace}, ns)).To(Succeed())
+		ns.Labels = map[string]string{unboundNamespaceLabel: "true"}
+		Expect(k8sClient.Update(ctx, ns)).To(Succeed())
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "model", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "train"}, TierPoolName: pool},
+		})).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "train", nil, []string{"model"}))).To(Succeed())
+
+		cond := ready("train", ReasonWaitingForOutputClaims)
+		Expect(cond.Message).To(And(
+			ContainSubstring("output model (claim model is Pending, not yet bound to volume strata-"),
+			ContainSubstring("before running the Job")))
+		noJob("train")
+
+		By("binding the claim, as kube-controller-manager would")
+		pvc := &corev1.PersistentVolumeClaim{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "model"}, pvc)).To(Succeed())
+		pv := &corev1.PersistentVolume{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv)).To(Succeed())
+		Expect(bindClaim(ctx, k8sClient, pvc, pv)).To(Succeed())
+		ready("train", ReasonRunning)
+		Expect(jobOf("train").Spec.Template.Labels).To(HaveKeyWithValue(lineageLabel, "train"))
+	})
+
 	It("ends a bad Lineage with a condition that says what to fix, and runs nothing", func() {
 		By("an input that does not exist")
 		output("out-a", "a")
@@ -131,12 +156,10 @@ var _ = Describe("The Lineage reconciler", func() {
 })
 
 var _ = Describe("Recomputation of lost outputs", func() {
-	var namespace string
+	var namespace, pool string
 
 	BeforeEach(func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "recompute-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
+		namespace, pool = servedTenant("recompute-")
 	})
 
 	lineageOf := func(name string) *datav1alpha1.Lineage {
@@ -188,7 +211,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		for _, step := range chain {
 			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 				ObjectMeta: metav1.ObjectMeta{Name: step[2], Namespace: namespace},
-				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: step[0]}},
+				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: step[0]}, TierPoolName: pool},
 			})).To(Succeed())
 			var inputs []string
 			if step[1] != "" {
@@ -227,7 +250,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		Expect(k8sClient.Create(ctx, policy)).To(Succeed())
 		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "scores", Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "score"}, CachePolicyName: "patient"},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "score"}, TierPoolName: pool, CachePolicyName: "patient"},
 		})).To(Succeed())
 		Expect(k8sClient.Create(ctx, newLineage(namespace, "score", nil, []string{"scores"}))).To(Succeed())
 		job := &batchv1.Job{}
@@ -261,7 +284,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		runChain("pool/"+namespace+"-a", [3]string{"extract", "", "raw"})
 		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "features", Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "featurize"}},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "featurize"}, TierPoolName: pool},
 		})).To(Succeed())
 		Expect(k8sClient.Create(ctx, newLineage(namespace, "featurize", []string{"raw"}, []string{"features"}))).To(Succeed())
 
@@ -371,7 +394,7 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		priorityClass(urgent, 1000)
 		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "scores", Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "score"}},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "score"}, TierPoolName: pool},
 		})).To(Succeed())
 		Expect(k8sClient.Create(ctx, newLineage(namespace, "score", nil, []string{"scores"}))).To(Succeed())
 		job := &batchv1.Job{}
@@ -480,12 +503,10 @@ var _ = Describe("Recomputation of lost outputs", func() {
 })
 
 var _ = Describe("Recomputation of lost partitions", func() {
-	var namespace string
+	var namespace, pool string
 
 	BeforeEach(func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "partitions-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace = ns.Name
+		namespace, pool = servedTenant("partitions-")
 		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: DefaultRecomputeClass}, Value: -100}
 		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, pc))).To(Succeed())
 	})
@@ -493,7 +514,7 @@ var _ = Describe("Recomputation of lost partitions", func() {
 	It("reruns only the completion indexes whose partitions were lost, each as a Job of its own", func() {
 		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "parts", Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "split"}},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "split"}, TierPoolName: pool},
 		})).To(Succeed())
 		l := newLineage(namespace, "split", nil, []string{"parts"})
 		l.Spec.Template.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion)
@@ -607,7 +628,7 @@ var _ = Describe("Recomputation of lost partitions", func() {
 		for output, lineage := range map[string]string{"up-0": "u0", "up-1": "u1", "n-0": "pair", "n-1": "pair"} {
 			Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 				ObjectMeta: metav1.ObjectMeta{Name: output, Namespace: namespace},
-				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: lineage}},
+				Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: lineage}, TierPoolName: pool},
 			})).To(Succeed())
 		}
 		Expect(k8sClient.Create(ctx, newLineage(namespace, "u0", nil, []string{"up-0"}))).To(Succeed())
@@ -656,14 +677,12 @@ var _ = Describe("Recomputation of lost partitions", func() {
 
 var _ = Describe("A recomputation whose pod is disrupted", func() {
 	It("comes back as a new recomputation that does not count against spec.maxRecomputations", func() {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "disrupted-"}}
-		Expect(k8sClient.Create(ctx, ns)).To(Succeed())
-		namespace := ns.Name
+		namespace, pool := servedTenant("disrupted-")
 		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: DefaultRecomputeClass}, Value: -100}
 		Expect(client.IgnoreAlreadyExists(k8sClient.Create(ctx, pc))).To(Succeed())
 		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
 			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "once"}},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "once"}, TierPoolName: pool},
 		})).To(Succeed())
 		l := newLineage(namespace, "once", nil, []string{"out"})
 		l.Spec.MaxRecomputations = 1

@@ -18,7 +18,8 @@ func nextUses(lineages []datav1alpha1.Lineage) map[string]int {
 }
 
 // phaseOf says where a Lineage stands: running (its Job or a recomputation), done (written, and
-// nothing lost), waiting (for its inputs, or not looked at yet), or never (failed or bad).
+// nothing lost), waiting (for its inputs or its outputs' claims, or not looked at yet), or never
+// (failed or bad).
 func phaseOf(l *datav1alpha1.Lineage) lineage.Phase {
 	if l.Status.ActiveRecomputation != nil {
 		return lineage.Running
@@ -30,7 +31,7 @@ func phaseOf(l *datav1alpha1.Lineage) lineage.Phase {
 	switch ready.Reason {
 	case ReasonRunning, ReasonPublishing:
 		return lineage.Running
-	case ReasonWaitingForInputs:
+	case ReasonWaitingForInputs, ReasonWaitingForOutputClaims:
 		return lineage.Waiting
 	case ReasonWritten:
 		// Written, unless lost outputs wait for their inputs to be recomputed: then it runs again.

@@ -36,13 +36,9 @@ func checkLineage(l *datav1alpha1.Lineage, ns *namespace) *metav1.Condition {
 	return nil
 }
 
-// runCondition is l's Ready condition from its Job (nil while it waits for inputs): True once
-// the Job wrote the outputs.
-func runCondition(l *datav1alpha1.Lineage, job *batchv1.Job, waiting []string) *metav1.Condition {
-	switch {
-	case job == nil:
-		return notReady(ReasonWaitingForInputs, "waiting for inputs %s before running the Job", strings.Join(waiting, ", "))
-	case !metav1.IsControlledBy(job, l):
+// runCondition is l's Ready condition from its Job: True once the Job wrote the outputs.
+func runCondition(l *datav1alpha1.Lineage, job *batchv1.Job) *metav1.Condition {
+	if !metav1.IsControlledBy(job, l) {
 		return notReady(ReasonJobFailed, "a Job %s that this Lineage does not own is in the way: delete it or rename the Lineage", job.Name)
 	}
 	for _, c := range job.Status.Conditions {

@@ -21,11 +21,9 @@ func TestALineagesReadyConditionFollowsItsJob(t *testing.T) {
 	cases := []struct {
 		name    string
 		job     *batchv1.Job
-		waiting []string
 		reason  string
 		message string
 	}{
-		{name: "waiting for inputs", waiting: []string{"raw", "labels"}, reason: ReasonWaitingForInputs, message: "waiting for inputs raw, labels"},
 		{name: "a Job of another owner", job: &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "train-run"}}, reason: ReasonJobFailed, message: "does not own is in the way"},
 		{name: "running", job: owned(), reason: ReasonRunning, message: "is writing model"},
 		{name: "a condition not true yet", job: owned(batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionFalse}), reason: ReasonRunning},
@@ -36,7 +34,7 @@ func TestALineagesReadyConditionFollowsItsJob(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
-			c := runCondition(l, tc.job, tc.waiting)
+			c := runCondition(l, tc.job)
 			g.Expect(c.Type).To(Equal(datav1alpha1.ConditionReady))
 			g.Expect(c.Reason).To(Equal(tc.reason))
 			want := metav1.ConditionFalse

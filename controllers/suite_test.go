@@ -351,6 +351,16 @@ func newTenant(prefix, blockSize string) (namespace, pool string) {
 	return ns.Name, tp.Name
 }
 
+// servedTenant is a namespace of newTenant whose pool makeServable serves: the Datasets of a
+// Lineage's spec that name the pool get claims pods can mount, which a Lineage waits for
+// before it runs its Job.
+func servedTenant(prefix string) (namespace, pool string) {
+	GinkgoHelper()
+	namespace, pool = newTenant(prefix, "")
+	makeServable(pool)
+	return namespace, pool
+}
+
 // makeServable gives a pool what envtest lacks for its Datasets' claims to be served: the ready
 // worker its DaemonSet would report (envtest runs no DaemonSet controller) and Strata's
 // CSIDriver, removed after the spec.
