@@ -183,7 +183,9 @@ func (fsys *fileSystem) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	st := &n.state
-	if size, ok := in.GetSize(); ok && !n.dir && int64(size) != n.size {
+	// A truncation to nothing also clears a lost write of a file still empty (its first write
+	// failed): the writer starts it anew, as an O_TRUNC open does.
+	if size, ok := in.GetSize(); ok && !n.dir && (int64(size) != n.size || size == 0 && st.WriteLost) {
 		if st.Sealed || n.staged == nil {
 			return fuse.EPERM
 		}

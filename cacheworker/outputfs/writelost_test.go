@@ -76,3 +76,33 @@ func TestAFileAWriteIntoWhichFailedIsNeverSealed(t *testing.T) {
 	g.Expect(fsys.Flush(nil, &fuse.FlushIn{InHeader: header(c.NodeId), Fh: c.Fh})).To(Equal(fuse.OK))
 	g.Expect(published()).To(BeTrue())
 }
+
+// TestATruncationToNothingClearsALostWriteOfAnEmptyFile checks that ftruncate(0) of a file a
+// write into which failed while it was still empty (its first write found the tier full: the
+// state is set here as that failure leaves it), which changes no size, lets it be written anew
+// and sealed, as an O_TRUNC open does.
+func TestATruncationToNothingClearsALostWriteOfAnEmptyFile(t *testing.T) {
+	g := NewWithT(t)
+	fsys := unmountedFileSystem(t)
+	unique := uint64(100)
+	header := func(node uint64) fuse.InHeader { unique++; return fuse.InHeader{Unique: unique, NodeId: node} }
+
+	var c fuse.CreateOut
+	g.Expect(fsys.Create(nil, &fuse.CreateIn{InHeader: header(rootID), Mode: 0o644}, "a", &c)).To(Equal(fuse.OK))
+	n := fsys.t.get(c.NodeId)
+	n.mu.Lock()
+	n.state.WriteLost = true
+	n.mu.Unlock()
+	g.Expect(fsys.Flush(nil, &fuse.FlushIn{InHeader: header(c.NodeId), Fh: c.Fh})).To(Equal(fuse.EIO))
+
+	truncate := &fuse.SetAttrIn{SetAttrInCommon: fuse.SetAttrInCommon{InHeader: header(c.NodeId), Valid: fuse.FATTR_SIZE, Size: 0}}
+	var attr fuse.AttrOut
+	g.Expect(fsys.SetAttr(nil, truncate, &attr)).To(Equal(fuse.OK))
+	g.Expect(n.state.WriteLost).To(BeFalse())
+	_, st := fsys.Write(nil, &fuse.WriteIn{InHeader: header(c.NodeId), Fh: c.Fh}, []byte("whole"))
+	g.Expect(st).To(Equal(fuse.OK))
+	g.Expect(fsys.Flush(nil, &fuse.FlushIn{InHeader: header(c.NodeId), Fh: c.Fh})).To(Equal(fuse.OK))
+	f, err := fsys.o.cfg.Master.GetFile(context.Background(), &masterpb.GetFileRequest{Path: fsys.o.masterPath("a")})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(f.GetSize()).To(BeEquivalentTo(5))
+}
