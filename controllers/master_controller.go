@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -98,17 +99,29 @@ type MasterReconciler struct {
 	Client client.Client
 	// APIReader lists the master's pods (the cache holds no pod of the operator's namespace).
 	APIReader client.Reader
-	Spec      MasterSpec
+	// Recorder says on the StatefulSet what a change of the master's storage did or why not.
+	Recorder record.EventRecorder
+	Spec     MasterSpec
 }
 
 // +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=statefulsets,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",namespace=strata-system,resources=services,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",namespace=strata-system,resources=pods,verbs=delete
+// +kubebuilder:rbac:groups=apps,namespace=strata-system,resources=statefulsets,resourceNames=strata-master,verbs=delete
+// +kubebuilder:rbac:groups="",namespace=strata-system,resources=persistentvolumeclaims,verbs=patch
 
 // Reconcile makes the master's objects match the spec. Every request means the same thing.
 func (r *MasterReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("master", r.Spec.Namespace+"/"+r.Spec.Name)
-	for _, obj := range []client.Object{r.peersService(), r.clientService(), r.statefulSet()} {
+	sts := r.statefulSet()
+	updateSts, requeue, err := r.reconcileStorage(ctx, sts)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	for _, obj := range []client.Object{r.peersService(), r.clientService(), sts} {
+		if obj == client.Object(sts) && !updateSts {
+			continue
+		}
 		desired := obj.DeepCopyObject().(client.Object)
 		result, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error {
 			return r.mutate(obj, desired)
@@ -123,7 +136,7 @@ func (r *MasterReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 	if err := r.replacePlaintextReplicas(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
 // replacePlaintextReplicas deletes, all at once, the replicas of a version that spoke no TLS

@@ -291,7 +291,7 @@ func run(opts options) error {
 			}
 			masterSpec.Owner = owner
 		}
-		if err := (&controllers.MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Spec: *masterSpec}).SetupWithManager(mgr); err != nil {
+		if err := (&controllers.MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor(eventSource), Spec: *masterSpec}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("setting up the master controller: %w", err)
 		}
 		masters, err := masterclient.New(masterSpec.Addresses(), masterclient.Options{
