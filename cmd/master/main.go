@@ -64,6 +64,7 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 		RaftTLS:           &store.RaftTLS{Server: creds.ServerConfig(pki.RoleMaster), Client: creds.ClientConfig(pki.RoleMaster)},
 		APIAddr:           topo.grpcAdvertise,
 		HeartbeatTimeout:  opts.heartbeatTimeout,
+		ReadLease:         opts.readLease,
 		ElectionTimeout:   opts.electionTimeout,
 		SnapshotInterval:  opts.snapshotInterval,
 		SnapshotThreshold: opts.snapshotThreshold,

@@ -38,6 +38,7 @@ type options struct {
 	clusterDomain string
 
 	heartbeatTimeout  time.Duration
+	readLease         time.Duration
 	electionTimeout   time.Duration
 	snapshotInterval  time.Duration
 	snapshotThreshold uint64
@@ -65,6 +66,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.replicas, "replicas", 3, "Replicas of the StatefulSet.")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "Kubernetes cluster domain.")
 	fs.DurationVar(&o.heartbeatTimeout, "raft-heartbeat-timeout", store.DefaultHeartbeatTimeout, "Raft heartbeat timeout.")
+	fs.DurationVar(&o.readLease, "raft-read-lease", 0, "How long after a quorum answered the leader's heartbeats it serves linearizable reads without asking again: at most half the heartbeat timeout; 0 means a third of it, a negative value asks a quorum for every read.")
 	fs.DurationVar(&o.electionTimeout, "raft-election-timeout", store.DefaultElectionTimeout, "Raft election timeout.")
 	fs.DurationVar(&o.snapshotInterval, "snapshot-interval", store.DefaultSnapshotInterval, "How often Raft checks whether to snapshot.")
 	fs.Uint64Var(&o.snapshotThreshold, "snapshot-threshold", store.DefaultSnapshotThreshold, "Log entries between snapshots.")

@@ -37,6 +37,11 @@ type Config struct {
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
 	CommitTimeout      time.Duration
+	// ReadLease is how long after a quorum answered the leader's round of heartbeats it serves
+	// linearizable reads without another (readlease.go). At most half of HeartbeatTimeout, which
+	// every replica must share; defaults to a third of it; negative turns it off, every read
+	// asking a quorum.
+	ReadLease time.Duration
 
 	// SnapshotInterval and SnapshotThreshold decide when a snapshot is taken: raft checks every
 	// interval whether threshold entries were appended since the last one.
@@ -93,6 +98,9 @@ func (c *Config) setDefaults() {
 	if c.CommitTimeout == 0 {
 		c.CommitTimeout = DefaultCommitTimeout
 	}
+	if c.ReadLease == 0 {
+		c.ReadLease = c.HeartbeatTimeout / 3
+	}
 	if c.SnapshotInterval == 0 {
 		c.SnapshotInterval = DefaultSnapshotInterval
 	}
@@ -126,6 +134,9 @@ func (c *Config) validate() error {
 	}
 	if c.APIAddr == "" {
 		errs = append(errs, errors.New("gRPC address (APIAddr) is required: followers redirect clients to it"))
+	}
+	if c.ReadLease > c.HeartbeatTimeout/2 {
+		errs = append(errs, fmt.Errorf("read lease %v exceeds half the heartbeat timeout %v: a leader could answer reads after another was elected", c.ReadLease, c.HeartbeatTimeout))
 	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		errs = append(errs, fmt.Errorf("leader lease timeout %v exceeds heartbeat timeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout))

@@ -20,6 +20,7 @@ type Collector struct {
 	contactLosses *prometheus.Desc
 	restores      *prometheus.Desc
 	heartbeats    *prometheus.Desc
+	reads         *prometheus.Desc
 	// wal are raft-wal's own counters and gauges (appends, bytes, segment rotations, truncations,
 	// stable-store writes), by their names in wal.MetricDefinitions.
 	wal map[string]walMetric
@@ -48,6 +49,8 @@ func NewCollector(s *Store) *Collector {
 		restores:      d("fsm_snapshot_restores_total", "Snapshots the state machine restored since the process started."),
 		heartbeats: d("heartbeats_total", "Workers' heartbeats this replica took as leader, by how: memory (kept in the leader's memory only) or replicated (a Raft entry, because the worker's tier usage moved).",
 			"recorded"),
+		reads: d("linearizable_reads_total", "Linearizable reads this replica served as leader, by how it knew it still led: round (a round of heartbeats a quorum answered) or lease (a round less than the read lease before, readlease.go).",
+			"verified_by"),
 		wal: map[string]walMetric{},
 	}
 	for _, m := range wal.MetricDefinitions.Counters {
@@ -61,7 +64,7 @@ func NewCollector(s *Store) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.contactLosses, c.restores, c.heartbeats} {
+	for _, d := range []*prometheus.Desc{c.state, c.term, c.appliedIndex, c.commitIndex, c.lastLogIndex, c.leaderChanges, c.contactLosses, c.restores, c.heartbeats, c.reads} {
 		ch <- d
 	}
 	for _, m := range c.wal {
@@ -89,6 +92,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(c.s.fsm.Restores()))
 	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.inMemory.Load()), "memory")
 	ch <- prometheus.MustNewConstMetric(c.heartbeats, prometheus.CounterValue, float64(c.s.beats.replicated.Load()), "replicated")
+	byRound, byLease := c.s.LinearizableReads()
+	ch <- prometheus.MustNewConstMetric(c.reads, prometheus.CounterValue, float64(byRound), "round")
+	ch <- prometheus.MustNewConstMetric(c.reads, prometheus.CounterValue, float64(byLease), "lease")
 	summary := c.s.walMetrics.Summary()
 	for _, values := range []map[string]uint64{summary.Counters, summary.Gauges} {
 		for name, v := range values {

@@ -74,6 +74,11 @@ type Store struct {
 	leaderSince   atomic.Int64
 	// contactLosses counts the elections watchContact started as a follower.
 	contactLosses atomic.Uint64
+	// lease lets linearizable reads go without a round of heartbeats each (readlease.go);
+	// leaseReads and verifiedReads count the reads served on it and by a round.
+	lease         readLease
+	leaseReads    atomic.Uint64
+	verifiedReads atomic.Uint64
 	// leaderSeen is closed, and replaced, each time this replica learns of a leader, for the
 	// calls that wait for one (awaitLeader).
 	leaderMu   sync.Mutex
@@ -253,6 +258,7 @@ func (s *Store) watchLeadership(ctx context.Context, observations <-chan raft.Ob
 				continue
 			}
 			s.leaderSince.Store(s.cfg.Now().UnixNano())
+			s.lease.reset()
 			s.log.Info("became leader", "term", s.raft.CurrentTerm())
 			if err := s.onLeader(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error(err, "preparing as the new leader")
@@ -414,7 +420,8 @@ func (s *Store) Apply(ctx context.Context, cmd *masterpb.Command) (proto.Message
 }
 
 // VerifyRead makes a following local read linearizable: this server is the leader, its state
-// machine holds everything committed before its term, and a quorum still follows it.
+// machine holds everything committed before its term, and a quorum still follows it, as a round
+// of heartbeats shows, or showed less than ReadLease ago (readlease.go).
 func (s *Store) VerifyRead(ctx context.Context) error {
 	if s.raft.State() != raft.Leader {
 		return s.notLeader(ctx)
@@ -422,7 +429,18 @@ func (s *Store) VerifyRead(ctx context.Context) error {
 	if err := s.catchUp(ctx); err != nil {
 		return err
 	}
-	return s.wait(ctx, s.raft.VerifyLeader())
+	term := s.raft.CurrentTerm()
+	start := s.cfg.Now()
+	if s.lease.valid(term, start) {
+		s.leaseReads.Add(1)
+		return nil
+	}
+	if err := s.wait(ctx, s.raft.VerifyLeader()); err != nil {
+		return err
+	}
+	s.verifiedReads.Add(1)
+	s.lease.extend(term, start, s.cfg.ReadLease)
+	return nil
 }
 
 // Read runs fn on the state machine: after VerifyRead, so that it is linearizable, unless
@@ -460,6 +478,12 @@ func (s *Store) Workers(ctx context.Context) ([]*masterpb.Worker, error) {
 		return err
 	})
 	return ws, err
+}
+
+// LinearizableReads counts the linearizable reads this replica served as leader: those a round
+// of heartbeats verified, and those served on the read lease (readlease.go).
+func (s *Store) LinearizableReads() (byRound, byLease uint64) {
+	return s.verifiedReads.Load(), s.leaseReads.Load()
 }
 
 // ID is this server's Raft id.
@@ -611,6 +635,7 @@ func (s *Store) TransferLeadership(ctx context.Context) error {
 	if !s.IsLeader() {
 		return nil
 	}
+	s.lease.revoke() // the follower elected next does not wait for a timeout (readlease.go)
 	if err := s.wait(ctx, s.raft.LeadershipTransfer()); err != nil {
 		return fmt.Errorf("transferring leadership: %w", err)
 	}
