@@ -464,11 +464,7 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(ds.Status.Phase).To(Equal(datav1alpha1.DatasetPending), "a pod that mounted it now would wait out the scheduler's back-off")
 
 		By("binding the claim, as kube-controller-manager would")
-		pvc := &corev1.PersistentVolumeClaim{}
-		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "unbound"}, pvc)).To(Succeed())
-		pv := &corev1.PersistentVolume{}
-		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv)).To(Succeed())
-		Expect(bindClaim(ctx, k8sClient, pvc, pv)).To(Succeed())
+		bindByHand(namespace, "unbound")
 		cond = readyCondition(ds, ReasonVolumeReady)
 		Expect(cond.Message).To(Equal("pods can mount claim unbound"))
 	})

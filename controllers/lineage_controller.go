@@ -169,8 +169,6 @@ func (r *LineageReconciler) reconcileLineage(ctx context.Context, l *datav1alpha
 		ready = waiting
 		if job != nil {
 			ready = runCondition(l, job)
-		}
-		if job != nil {
 			var serr error
 			if settled, serr = r.settleAttempts(ctx, l); serr != nil {
 				ctrl.LoggerFrom(ctx).Info("cannot settle what the Lineage's pods wrote yet; trying again", "error", serr.Error())

@@ -111,11 +111,7 @@ var _ = Describe("The Lineage reconciler", func() {
 		noJob("train")
 
 		By("binding the claim, as kube-controller-manager would")
-		pvc := &corev1.PersistentVolumeClaim{}
-		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "model"}, pvc)).To(Succeed())
-		pv := &corev1.PersistentVolume{}
-		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, pv)).To(Succeed())
-		Expect(bindClaim(ctx, k8sClient, pvc, pv)).To(Succeed())
+		bindByHand(namespace, "model")
 		ready("train", ReasonRunning)
 		Expect(jobOf("train").Spec.Template.Labels).To(HaveKeyWithValue(lineageLabel, "train"))
 	})

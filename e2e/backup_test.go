@@ -4,14 +4,12 @@ package e2e
 
 import (
 	"fmt"
-	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
@@ -52,24 +50,8 @@ var _ = Describe("The master's backups", Ordered, Label("smoke", "backup"), func
 		namespace = testNamespace(ctx, "e2e-backup-")
 		nodes = cacheNodes(ctx)
 		pool = memoryPool(ctx, "backup", "4Mi")
-		prefix := namespace + "/raw/"
-		written = putObjects(ctx, namespace, nodes[1], bucket, []string{prefix + "big.bin", prefix + "dir/a.txt"}, 9<<20, 5)
-		for i := range written {
-			written[i].Key = strings.TrimPrefix(written[i].Key, prefix)
-		}
-		raw := minioDataset(namespace, "raw", pool, "s3://"+bucket+"/"+prefix)
-		Expect(k8sClient.Create(ctx, raw)).To(Succeed())
-		waitReady(ctx, raw)
-		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: namespace},
-			Spec: datav1alpha1.DatasetSpec{
-				Lineage: &datav1alpha1.LineageReference{Name: "step"}, TierPoolName: pool,
-				Checkpoint: &datav1alpha1.CheckpointTarget{URI: "s3://" + bucket + "/" + namespace + "/out/", Endpoint: minioEndpoint,
-					SecretRef: datav1alpha1.SecretReference{Name: "minio-credentials"}},
-			},
-		})).To(Succeed())
-		Expect(k8sClient.Create(ctx, copyLineage(namespace, "step", "raw", "out", nodes[0], false))).To(Succeed())
-		waitLineage(ctx, namespace, "step", "Written")
+		written = copiedOutput(ctx, namespace, pool, bucket, nodes, 9<<20, 5, &datav1alpha1.CheckpointTarget{
+			URI: "s3://" + bucket + "/" + namespace + "/out/", Endpoint: minioEndpoint, SecretRef: datav1alpha1.SecretReference{Name: "minio-credentials"}})
 		Eventually(func(g Gomega) {
 			l := &datav1alpha1.Lineage{}
 			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "step"}, l)).To(Succeed())

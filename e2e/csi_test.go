@@ -656,6 +656,29 @@ func copyLineage(namespace, name, input, output, node string, required bool) *da
 	}
 }
 
+// copiedOutput writes a small pipeline in namespace: two objects of size bytes that a pod on
+// nodes[1] puts into bucket, read as Dataset "raw" of pool and copied by Lineage "step"
+// (preferably on nodes[0]) into Dataset "out", checkpointed to checkpoint when it is given. It
+// returns, once the Lineage wrote it, what the output's files hold.
+func copiedOutput(ctx context.Context, namespace, pool, bucket string, nodes []string, size int64, seed int, checkpoint *datav1alpha1.CheckpointTarget) []object {
+	GinkgoHelper()
+	prefix := namespace + "/raw/"
+	written := putObjects(ctx, namespace, nodes[1], bucket, []string{prefix + "big.bin", prefix + "dir/a.txt"}, size, seed)
+	for i := range written {
+		written[i].Key = strings.TrimPrefix(written[i].Key, prefix)
+	}
+	raw := minioDataset(namespace, "raw", pool, "s3://"+bucket+"/"+prefix)
+	Expect(k8sClient.Create(ctx, raw)).To(Succeed())
+	waitReady(ctx, raw)
+	Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+		ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: namespace},
+		Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "step"}, TierPoolName: pool, Checkpoint: checkpoint},
+	})).To(Succeed())
+	Expect(k8sClient.Create(ctx, copyLineage(namespace, "step", "raw", "out", nodes[0], false))).To(Succeed())
+	waitLineage(ctx, namespace, "step", "Written")
+	return written
+}
+
 // waitLineage waits until the Lineage's Ready condition has reason.
 func waitLineage(ctx context.Context, namespace, name, reason string) {
 	GinkgoHelper()

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -17,8 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 )
 
 // The master's storage changed after install (master.persistence), as a user's `helm upgrade
@@ -134,21 +131,7 @@ var _ = Describe("The master's storage", Ordered, Label("master-storage"), func(
 		namespace = testNamespace(ctx, "e2e-master-storage-")
 		nodes = cacheNodes(ctx)
 		pool := memoryPool(ctx, "mstorage", "4Mi")
-		const bucket = "e2e-master-storage"
-		prefix := namespace + "/raw/"
-		written = putObjects(ctx, namespace, nodes[1], bucket, []string{prefix + "a.bin", prefix + "dir/b.txt"}, 5<<20, 7)
-		for i := range written {
-			written[i].Key = strings.TrimPrefix(written[i].Key, prefix)
-		}
-		raw := minioDataset(namespace, "raw", pool, "s3://"+bucket+"/"+prefix)
-		Expect(k8sClient.Create(ctx, raw)).To(Succeed())
-		waitReady(ctx, raw)
-		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
-			ObjectMeta: metav1.ObjectMeta{Name: "out", Namespace: namespace},
-			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "step"}, TierPoolName: pool},
-		})).To(Succeed())
-		Expect(k8sClient.Create(ctx, copyLineage(namespace, "step", "raw", "out", nodes[0], true))).To(Succeed())
-		waitLineage(ctx, namespace, "step", "Written")
+		written = copiedOutput(ctx, namespace, pool, "e2e-master-storage", nodes, 5<<20, 7, nil)
 		Expect(sumClaim(ctx, namespace, nodes[1], "out")).To(ConsistOf(written))
 	})
 	AfterEach(func() { dumpOnFailure(strataNamespace, namespace) })
