@@ -18,7 +18,6 @@ import (
 // Reasons of the events about the master's storage, on its StatefulSet.
 const (
 	ReasonMasterStorageExpanded      = "StorageExpanded"
-	ReasonMasterStorageSwitched      = "StorageSwitched"
 	ReasonMasterStorageNotExpanded   = "StorageNotExpanded"
 	ReasonMasterStorageChangeRefused = "StorageChangeRefused"
 )
@@ -46,16 +45,20 @@ func claimSize(c *corev1.PersistentVolumeClaim) resource.Quantity {
 // StatefulSet cannot take itself: its claim templates never change after it is made. It returns
 // whether the StatefulSet may be updated now (false while the old one goes) and when to look
 // again. A refused change leaves the StatefulSet's other fields to be updated (an image, a
-// replica count) with its claim templates as they are.
+// replica count), with its storage as it is.
 //
 //   - A larger size expands every replica's claim (which their StorageClass must allow), then
 //     makes the StatefulSet anew with the new size for replicas to come; its pods keep running
-//     (deleted with the orphan policy, the new StatefulSet adopts them).
-//   - A change between an emptyDir and claims makes the StatefulSet anew, which then replaces the
-//     replicas one at a time, as a rolling update does: each starts on an empty disk and its
-//     peers send it the state, as after the loss of its node.
+//     (deleted with the orphan policy, the new StatefulSet adopts them, and its template is the
+//     same, so nothing rolls).
 //   - A smaller size or another StorageClass is refused, said in an event, and the replicas
 //     keep their claims: a claim cannot shrink nor move to another class.
+//   - A change between an emptyDir and claims is refused too. Kubernetes cannot change the
+//     volumes of a running pod (a StatefulSet made anew with claims stops at its first pod, whose
+//     update the API server refuses), and replacing the replicas one at a time, each on an
+//     empty disk, would lose the group's state if the next went before the last had caught up
+//     (a replica is ready once it joined, not once it holds the state). The event says how:
+//     a backup, and a new install restored from it.
 func (r *MasterReconciler) reconcileStorage(ctx context.Context, desired *appsv1.StatefulSet) (bool, time.Duration, error) {
 	cur := &appsv1.StatefulSet{}
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(desired), cur); apierrors.IsNotFound(err) {
@@ -75,13 +78,15 @@ func (r *MasterReconciler) reconcileStorage(ctx context.Context, desired *appsv1
 	case (have == nil) != (want == nil):
 		from, to := "an emptyDir", "claims of "+r.Spec.StorageSize.String()
 		if want == nil {
-			from, to = "claims", "an emptyDir (the claims stay: delete them by hand once every replica runs on its emptyDir)"
+			from, to = "claims", "an emptyDir"
 		}
-		msg := fmt.Sprintf("master.persistence changed from %s to %s: making StatefulSet %s anew, which replaces the replicas one at a time, each starting empty and receiving the state from its peers",
-			from, to, cur.Name)
-		log.Info(msg)
-		r.event(cur, corev1.EventTypeNormal, ReasonMasterStorageSwitched, msg)
-		return false, time.Second, r.remake(ctx, cur)
+		r.event(cur, corev1.EventTypeWarning, ReasonMasterStorageChangeRefused, fmt.Sprintf(
+			"master.persistence changed from %s to %s after install: the replicas keep %s, since a running replica's volume cannot change in place. "+
+				"To move them, take a backup (`kubectl strata backup`, with master.backup set), uninstall, and install with the new master.persistence "+
+				"and master.backup.restoreFrom (docs/upgrade.md); or set master.persistence back",
+			from, to, from))
+		keepStorage(desired, cur)
+		return true, storageRetry, nil
 	}
 	haveSize, wantSize := claimSize(have), claimSize(want)
 	switch {
@@ -134,6 +139,24 @@ func (r *MasterReconciler) expandClaims(ctx context.Context, sts *appsv1.Statefu
 		}
 	}
 	return nil
+}
+
+// keepStorage makes desired keep cur's data volume, an emptyDir or a claim of its templates
+// (which an update leaves as they are), whatever the spec says now.
+func keepStorage(desired, cur *appsv1.StatefulSet) {
+	volumes := desired.Spec.Template.Spec.Volumes[:0:0]
+	for _, v := range desired.Spec.Template.Spec.Volumes {
+		if v.Name != "data" {
+			volumes = append(volumes, v)
+		}
+	}
+	for _, v := range cur.Spec.Template.Spec.Volumes {
+		if v.Name == "data" {
+			volumes = append(volumes, v)
+		}
+	}
+	desired.Spec.Template.Spec.Volumes = volumes
+	desired.Spec.VolumeClaimTemplates = cur.Spec.VolumeClaimTemplates
 }
 
 // remake deletes the StatefulSet and leaves its pods and claims (orphan): the next reconcile

@@ -18,7 +18,7 @@ import (
 )
 
 var _ = Describe("A change of the master's storage after install", func() {
-	It("switches between an emptyDir and claims, expands the claims, and says why it refuses to shrink them or cannot expand them", func() {
+	It("expands the claims, and says why it refuses to shrink them, to move them between an emptyDir and claims, or cannot expand them", func() {
 		class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "master-disk"}, Provisioner: "disk.example.com",
 			AllowVolumeExpansion: ptr.To(true)}
 		Expect(k8sClient.Create(ctx, class)).To(Succeed())
@@ -105,23 +105,30 @@ var _ = Describe("A change of the master's storage after install", func() {
 			return sizes
 		}
 
-		By("an emptyDir at first")
+		By("an emptyDir at first; claims are refused, said why, and the rest of the change is made")
 		reconcile()
 		sts := statefulSet()
 		Expect(masterDataClaim(sts)).To(BeNil())
 		Expect(dataVolume(sts)).To(HaveField("EmptyDir", Not(BeNil())))
+		r.Spec.StorageSize, r.Spec.StorageClassName, r.Spec.Image = resource.MustParse("1Gi"), class.Name, "strata-cache/master:next"
+		Expect(reconcile().RequeueAfter).To(Equal(storageRetry))
+		Expect(event()).To(And(ContainSubstring(ReasonMasterStorageChangeRefused), ContainSubstring("from an emptyDir to claims of 1Gi"),
+			ContainSubstring("master.backup.restoreFrom")))
+		after := statefulSet()
+		Expect(after.UID).To(Equal(sts.UID))
+		Expect(after.DeletionTimestamp).To(BeNil())
+		Expect(masterDataClaim(after)).To(BeNil())
+		Expect(dataVolume(after)).To(HaveField("EmptyDir", Not(BeNil())), "the replicas keep their emptyDir")
+		Expect(after.Spec.Template.Spec.Containers[0].Image).To(Equal("strata-cache/master:next"))
 
-		By("claims instead: the StatefulSet is made anew, and replaces its replicas one at a time")
-		r.Spec.StorageSize, r.Spec.StorageClassName = resource.MustParse("1Gi"), class.Name
+		By("a master installed with claims, as a fresh install with master.persistence makes it")
+		Expect(k8sClient.Delete(ctx, after)).To(Succeed())
+		Eventually(func() bool { return apierrors.IsNotFound(k8sClient.Get(ctx, key, &appsv1.StatefulSet{})) }).Should(BeTrue())
 		reconcile()
-		Expect(event()).To(And(ContainSubstring(ReasonMasterStorageSwitched), ContainSubstring("from an emptyDir to claims of 1Gi")))
-		sts = remade()
-		Expect(masterDataClaim(sts)).NotTo(BeNil())
+		sts = statefulSet()
 		Expect(masterDataClaim(sts).Spec.Resources.Requests).To(HaveKeyWithValue(corev1.ResourceStorage, resource.MustParse("1Gi")))
 		Expect(dataVolume(sts)).To(BeNil(), "the claim is the data volume")
-
-		By("the replicas' claims, as the StatefulSet controller makes them and their binder binds them")
-		for i := range 3 {
+		for i := range 3 { // as the StatefulSet controller makes them and their binder binds them
 			pvc := masterDataClaim(sts).DeepCopy()
 			pvc.ObjectMeta = metav1.ObjectMeta{Namespace: spec.Namespace, Name: claimKey(i).Name}
 			Expect(k8sClient.Create(ctx, pvc)).To(Succeed())
@@ -137,15 +144,13 @@ var _ = Describe("A change of the master's storage after install", func() {
 		sts = remade()
 		Expect(masterDataClaim(sts).Spec.Resources.Requests).To(HaveKeyWithValue(corev1.ResourceStorage, resource.MustParse("2Gi")))
 
-		By("a smaller size is refused with why, and the rest of the change is made")
-		r.Spec.StorageSize, r.Spec.Image = resource.MustParse("1Gi"), "strata-cache/master:next"
+		By("a smaller size is refused with why")
+		r.Spec.StorageSize = resource.MustParse("1Gi")
 		Expect(reconcile().RequeueAfter).To(Equal(storageRetry))
 		Expect(event()).To(And(ContainSubstring(ReasonMasterStorageChangeRefused), ContainSubstring("a claim cannot shrink, so they keep 2Gi")))
-		after := statefulSet()
+		after = statefulSet()
 		Expect(after.UID).To(Equal(sts.UID))
-		Expect(after.DeletionTimestamp).To(BeNil())
 		Expect(masterDataClaim(after).Spec.Resources.Requests).To(HaveKeyWithValue(corev1.ResourceStorage, resource.MustParse("2Gi")))
-		Expect(after.Spec.Template.Spec.Containers[0].Image).To(Equal("strata-cache/master:next"))
 
 		By("a class that does not allow expansion: the claims stay, and the event says how to fix it")
 		class.AllowVolumeExpansion = ptr.To(false)
@@ -156,13 +161,14 @@ var _ = Describe("A change of the master's storage after install", func() {
 		Expect(claimSizes()).To(Equal([]string{"2Gi", "2Gi", "2Gi"}))
 		Expect(statefulSet().DeletionTimestamp).To(BeNil())
 
-		By("back to an emptyDir: made anew, the claims left for the user to delete")
-		r.Spec.StorageSize = resource.Quantity{}
-		reconcile()
-		Expect(event()).To(And(ContainSubstring(ReasonMasterStorageSwitched), ContainSubstring("the claims stay")))
-		sts = remade()
-		Expect(masterDataClaim(sts)).To(BeNil())
-		Expect(dataVolume(sts)).To(HaveField("EmptyDir", Not(BeNil())))
-		Expect(claimSizes()).To(HaveLen(3))
+		By("an emptyDir instead of the claims is refused: the replicas keep them")
+		r.Spec.StorageSize, r.Spec.Image = resource.Quantity{}, "strata-cache/master:later"
+		Expect(reconcile().RequeueAfter).To(Equal(storageRetry))
+		Expect(event()).To(And(ContainSubstring(ReasonMasterStorageChangeRefused), ContainSubstring("from claims to an emptyDir")))
+		after = statefulSet()
+		Expect(after.UID).To(Equal(sts.UID))
+		Expect(masterDataClaim(after)).NotTo(BeNil())
+		Expect(dataVolume(after)).To(BeNil(), "no emptyDir beside the claim")
+		Expect(after.Spec.Template.Spec.Containers[0].Image).To(Equal("strata-cache/master:later"))
 	})
 })

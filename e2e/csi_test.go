@@ -659,7 +659,7 @@ func copyLineage(namespace, name, input, output, node string, required bool) *da
 // copiedOutput writes a small pipeline in namespace: two objects of size bytes that a pod on
 // nodes[1] puts into bucket, read as Dataset "raw" of pool and copied by Lineage "step"
 // (preferably on nodes[0]) into Dataset "out", checkpointed to checkpoint when it is given. It
-// returns, once the Lineage wrote it, what the output's files hold.
+// returns, once the Lineage wrote it, what the output's files hold (their contents).
 func copiedOutput(ctx context.Context, namespace, pool, bucket string, nodes []string, size int64, seed int, checkpoint *datav1alpha1.CheckpointTarget) []object {
 	GinkgoHelper()
 	prefix := namespace + "/raw/"
@@ -676,7 +676,7 @@ func copiedOutput(ctx context.Context, namespace, pool, bucket string, nodes []s
 	})).To(Succeed())
 	Expect(k8sClient.Create(ctx, copyLineage(namespace, "step", "raw", "out", nodes[0], false))).To(Succeed())
 	waitLineage(ctx, namespace, "step", "Written")
-	return written
+	return contents(written)
 }
 
 // waitLineage waits until the Lineage's Ready condition has reason.
