@@ -459,7 +459,8 @@ var _ = Describe("The Dataset reconciler", func() {
 		Expect(k8sClient.Create(ctx, ds)).To(Succeed())
 		cond := readyCondition(ds, ReasonClaimNotBound)
 		Expect(cond.Message).To(And(
-			ContainSubstring("claim unbound is Pending, not yet bound to volume strata-"+string(ds.UID)),
+			ContainSubstring("claim unbound is "), // Pending, or new if the operator's cache has not seen it yet
+			ContainSubstring("not yet bound to volume strata-"+string(ds.UID)),
 			ContainSubstring("kubectl -n "+namespace+" describe pvc unbound")))
 		Expect(ds.Status.Phase).To(Equal(datav1alpha1.DatasetPending), "a pod that mounted it now would wait out the scheduler's back-off")
 

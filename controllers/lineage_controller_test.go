@@ -106,7 +106,8 @@ var _ = Describe("The Lineage reconciler", func() {
 
 		cond := ready("train", ReasonWaitingForOutputClaims)
 		Expect(cond.Message).To(And(
-			ContainSubstring("output model (claim model is Pending, not yet bound to volume strata-"),
+			ContainSubstring("output model (claim model is "), // Pending, or new if the binder has not seen it yet
+			ContainSubstring("not yet bound to volume strata-"),
 			ContainSubstring("before running the Job")))
 		noJob("train")
 
