@@ -54,11 +54,9 @@ func claimSize(c *corev1.PersistentVolumeClaim) resource.Quantity {
 //   - A smaller size or another StorageClass is refused, said in an event, and the replicas
 //     keep their claims: a claim cannot shrink nor move to another class.
 //   - A change between an emptyDir and claims is refused too. Kubernetes cannot change the
-//     volumes of a running pod (a StatefulSet made anew with claims stops at its first pod, whose
-//     update the API server refuses), and replacing the replicas one at a time, each on an
-//     empty disk, would lose the group's state if the next went before the last had caught up
-//     (a replica is ready once it joined, not once it holds the state). The event says how:
-//     a backup, and a new install restored from it.
+//     volumes of a running pod: a StatefulSet made anew with claims stops at its first pod,
+//     whose update the API server refuses, and goes no further (tried on Kind). The event says
+//     how: a backup, and a new install restored from it.
 func (r *MasterReconciler) reconcileStorage(ctx context.Context, desired *appsv1.StatefulSet) (bool, time.Duration, error) {
 	cur := &appsv1.StatefulSet{}
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(desired), cur); apierrors.IsNotFound(err) {

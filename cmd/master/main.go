@@ -104,8 +104,10 @@ func run(ctx context.Context, opts options, log logr.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	// Ready once the replica is in a cluster. Not "has a leader": after a full restart pod 0
-	// must become ready before an OrderedReady StatefulSet starts the peers it needs for a quorum.
+	// Ready once the replica is in a cluster, and, if it joined on an empty disk, holds every
+	// write acknowledged before (cluster.Start): a rolling update replaces the next replica only
+	// then. Not "has a leader": after a full restart pod 0 must become ready before an
+	// OrderedReady StatefulSet starts the peers it needs for a quorum.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {
 			http.Error(w, "joining the cluster", http.StatusServiceUnavailable)

@@ -88,7 +88,8 @@ func attack(args []string, out *json.Encoder) error {
 			return err
 		}},
 		{"join", func(ctx context.Context) error {
-			return mc.Join(ctx, &masterpb.JoinRequest{RaftId: "strata-master-9", RaftAddr: "127.0.0.1:7000", ApiAddr: "127.0.0.1:7001"})
+			_, err := mc.Join(ctx, &masterpb.JoinRequest{RaftId: "strata-master-9", RaftAddr: "127.0.0.1:7000", ApiAddr: "127.0.0.1:7001"})
+			return err
 		}},
 		{"mark-worker-lost", func(ctx context.Context) error {
 			_, err := mc.MarkWorkerLost(ctx, *worker, "testkit attack")

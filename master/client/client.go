@@ -538,9 +538,9 @@ func (c *Client) ListWorkers(ctx context.Context, req *masterpb.ListWorkersReque
 }
 
 // Join asks the cluster's leader to add a replica.
-func (c *Client) Join(ctx context.Context, req *masterpb.JoinRequest) error {
-	_, _, err := call(ctx, c, "Join", req, masterpb.MasterClient.Join)
-	return err
+func (c *Client) Join(ctx context.Context, req *masterpb.JoinRequest) (*masterpb.JoinResponse, error) {
+	resp, _, err := call(ctx, c, "Join", req, masterpb.MasterClient.Join)
+	return resp, err
 }
 
 // Leader asks one replica, the one at addr, what it knows of the leader. It does not retry:

@@ -18,6 +18,7 @@ func (p ClientPeers) Probe(ctx context.Context, addr string) (*masterpb.LeaderRe
 }
 
 // Join implements Peers.
-func (p ClientPeers) Join(ctx context.Context, req *masterpb.JoinRequest) error {
-	return p.Client.Join(ctx, req)
+func (p ClientPeers) Join(ctx context.Context, req *masterpb.JoinRequest) (uint64, error) {
+	resp, err := p.Client.Join(ctx, req)
+	return resp.GetAppliedIndex(), err
 }

@@ -19,6 +19,8 @@ type Local interface {
 	// in a term up to the highest so reported, since it may have voted there before its disk
 	// was wiped (see store.voteFence).
 	VoteAfter(term uint64)
+	// WaitForApplied returns once the local state machine applied index, or ctx ends.
+	WaitForApplied(ctx context.Context, index uint64) error
 	ID() string
 	RaftAddr() string
 	APIAddr() string
@@ -28,8 +30,9 @@ type Local interface {
 type Peers interface {
 	// Probe asks the replica at addr what it knows of the leader.
 	Probe(ctx context.Context, addr string) (*masterpb.LeaderResponse, error)
-	// Join asks the cluster's leader, wherever it is, to add a replica.
-	Join(ctx context.Context, req *masterpb.JoinRequest) error
+	// Join asks the cluster's leader, wherever it is, to add a replica, and returns what the
+	// leader had applied once it had (masterpb.JoinResponse.applied_index).
+	Join(ctx context.Context, req *masterpb.JoinRequest) (uint64, error)
 }
 
 // Config says how to start.
@@ -58,7 +61,11 @@ const (
 //     term of every peer that answers, and the replica grants no vote up to the highest of
 //     them (it may have voted there before), nor any before the first answer.
 //   - Otherwise it probes the peers. When one knows a leader, it asks to join: this is how new
-//     replicas arrive, and how a replica whose volume was replaced comes back.
+//     replicas arrive, and how a replica whose volume was replaced comes back. It returns once
+//     it has applied what the leader had applied when it was added (every write acknowledged
+//     before): a replica is ready only then, so that a rolling update, which replaces the next
+//     replica once this one is ready, never leaves the group's state on fewer replicas than a
+//     quorum (with emptyDir volumes every replaced replica starts empty).
 //   - When every peer answers, none knows a leader and none has state, the replica allowed to
 //     bootstrap does so: the first start of a new cluster (the StatefulSet starts its pods in
 //     parallel, so the peers answer, stateless, within moments).
@@ -92,9 +99,12 @@ func Start(ctx context.Context, local Local, peers Peers, cfg Config) (string, e
 		}
 		switch {
 		case leaderKnown:
-			err := peers.Join(ctx, &masterpb.JoinRequest{RaftId: local.ID(), RaftAddr: local.RaftAddr(), ApiAddr: local.APIAddr()})
+			applied, err := peers.Join(ctx, &masterpb.JoinRequest{RaftId: local.ID(), RaftAddr: local.RaftAddr(), ApiAddr: local.APIAddr()})
 			if err == nil {
-				log.Info("joined the cluster", "round", round)
+				log.Info("joined the cluster; catching up before saying ready", "round", round, "index", applied)
+				if err := catchUp(ctx, local, applied, log); err != nil {
+					return "", err
+				}
 				return Joined, nil
 			}
 			log.Info("joining failed; retrying", "error", err.Error())
@@ -114,6 +124,25 @@ func Start(ctx context.Context, local Local, peers Peers, cfg Config) (string, e
 			return "", fmt.Errorf("joining the cluster: %w", context.Cause(ctx))
 		case <-t.C:
 		}
+	}
+}
+
+// catchUpReport is how often a replica that joined says it is still catching up.
+const catchUpReport = 10 * time.Second
+
+// catchUp waits until local applied index, saying every catchUpReport how far it is.
+func catchUp(ctx context.Context, local Local, index uint64, log logr.Logger) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, catchUpReport)
+		err := local.WaitForApplied(wctx, index)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("catching up with the cluster after joining: %w", err)
+		}
+		log.Info("still catching up with the cluster; not ready until then", "error", err.Error())
 	}
 }
 

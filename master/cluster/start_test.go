@@ -14,6 +14,13 @@ type fakeLocal struct {
 	bootstrapped bool
 	// voteAfter is the highest term reported by VoteAfter.
 	voteAfter uint64
+	// caughtUpTo is the index WaitForApplied was asked to wait for.
+	caughtUpTo uint64
+}
+
+func (l *fakeLocal) WaitForApplied(_ context.Context, index uint64) error {
+	l.caughtUpTo = index
+	return nil
 }
 
 func (l *fakeLocal) VoteAfter(term uint64) { l.voteAfter = max(l.voteAfter, term) }
@@ -45,9 +52,15 @@ func (p *fakePeers) Probe(_ context.Context, addr string) (*masterpb.LeaderRespo
 	return nil, errors.New("connection refused")
 }
 
-func (p *fakePeers) Join(_ context.Context, req *masterpb.JoinRequest) error {
+// joinedAt is the applied index the fake leader answers a join with.
+const joinedAt = 42
+
+func (p *fakePeers) Join(_ context.Context, req *masterpb.JoinRequest) (uint64, error) {
 	p.joins = append(p.joins, req)
-	return p.joinErr
+	if p.joinErr != nil {
+		return 0, p.joinErr
+	}
+	return joinedAt, nil
 }
 
 func TestStart(t *testing.T) {
@@ -64,6 +77,8 @@ func TestStart(t *testing.T) {
 		wantErr      bool
 		// wantVoteAfter is the highest term the local replica is told a peer reached.
 		wantVoteAfter uint64
+		// wantCaughtUpTo is the index a joining replica applies before Start returns.
+		wantCaughtUpTo uint64
 	}{
 		"a replica with raft state resumes": {
 			state: true, mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{}}, want: Resumed,
@@ -78,20 +93,20 @@ func TestStart(t *testing.T) {
 		"ordinal 0 never bootstraps while a peer does not answer, though the others are fresh": {
 			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: fresh}}, wantErr: true,
 		},
-		"ordinal 0 with an empty disk joins the running cluster, voting in no term it reached": {
+		"ordinal 0 with an empty disk joins the running cluster, voting in no term it reached, and catches up": {
 			mayBootstrap: true, rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: leader, peers[1]: leader}},
-			want: Joined, wantJoins: 1, wantVoteAfter: 7,
+			want: Joined, wantJoins: 1, wantVoteAfter: 7, wantCaughtUpTo: joinedAt,
 		},
 		"ordinal 0 waits while a cluster elects, then joins": {
 			mayBootstrap: true,
 			rounds: []map[string]*masterpb.LeaderResponse{
 				{peers[0]: electing}, {peers[0]: electing, peers[1]: electing}, {peers[0]: leader},
 			},
-			want: Joined, wantJoins: 1, wantVoteAfter: 8,
+			want: Joined, wantJoins: 1, wantVoteAfter: 8, wantCaughtUpTo: joinedAt,
 		},
 		"another ordinal joins once a leader is known": {
 			rounds: []map[string]*masterpb.LeaderResponse{{}, {peers[0]: fresh}, {peers[0]: leader}},
-			want:   Joined, wantJoins: 1, wantVoteAfter: 7,
+			want:   Joined, wantJoins: 1, wantVoteAfter: 7, wantCaughtUpTo: joinedAt,
 		},
 		"another ordinal never bootstraps": {
 			rounds: []map[string]*masterpb.LeaderResponse{{peers[0]: fresh, peers[1]: fresh}}, wantErr: true,
@@ -112,6 +127,9 @@ func TestStart(t *testing.T) {
 			}
 			if local.voteAfter != tc.wantVoteAfter {
 				t.Errorf("told peers reached term %d, want %d", local.voteAfter, tc.wantVoteAfter)
+			}
+			if local.caughtUpTo != tc.wantCaughtUpTo {
+				t.Errorf("caught up to index %d before returning, want %d", local.caughtUpTo, tc.wantCaughtUpTo)
 			}
 			if local.bootstrapped != (tc.want == Bootstrapped) {
 				t.Errorf("bootstrapped=%v, want %v", local.bootstrapped, tc.want == Bootstrapped)

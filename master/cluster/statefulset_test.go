@@ -80,6 +80,17 @@ func TestStatefulSetBootstrapAndRejoinWithEmptyDisk(t *testing.T) {
 	if got, err := startOne(ctx, c, zero); err != nil || got != cluster.Joined {
 		t.Fatalf("restarted pod 0: %q, %v; want %q", got, err, cluster.Joined)
 	}
+	// Joined means caught up: it holds every acknowledged write already.
+	err := zero.Store.Read(ctx, true, func(m *fsm.FSM) error {
+		if ok, err := m.Exists("/sts/f9"); err != nil || !ok {
+			return fmt.Errorf("/sts/f9 exists=%v, %w", ok, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("pod 0, joined on an empty disk: %v (it applied %d, its peers %d and %d)", err,
+			zero.Store.AppliedIndex(), c.Nodes[1].Store.AppliedIndex(), c.Nodes[2].Store.AppliedIndex())
+	}
 	// Pod 0 on an empty volume again, while the other two, which hold the cluster, are down: it
 	// must wait for them, not bootstrap a second cluster; it joins once they are back.
 	c.Kill(c.Nodes[1])

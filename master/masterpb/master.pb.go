@@ -3881,7 +3881,11 @@ func (x *JoinRequest) GetApiAddr() string {
 }
 
 type JoinResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// applied_index is what the leader had applied once the replica was in the cluster, its
+	// own joining included: every write acknowledged before. A replica on an empty disk says it
+	// is ready only once it applied as much (cluster.Start).
+	AppliedIndex  uint64 `protobuf:"varint,1,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3914,6 +3918,13 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
 	return file_master_masterpb_master_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *JoinResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
 }
 
 type LeaderRequest struct {
@@ -5027,8 +5038,9 @@ const file_master_masterpb_master_proto_rawDesc = "" +
 	"\vJoinRequest\x12\x17\n" +
 	"\araft_id\x18\x01 \x01(\tR\x06raftId\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
-	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"\x0e\n" +
-	"\fJoinResponse\"\x0f\n" +
+	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\"3\n" +
+	"\fJoinResponse\x12#\n" +
+	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\"\x0f\n" +
 	"\rLeaderRequest\"\xbb\x02\n" +
 	"\x0eLeaderResponse\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12(\n" +

@@ -338,7 +338,9 @@ func (s *Server) Join(ctx context.Context, req *masterpb.JoinRequest) (*masterpb
 	if err := s.store.Join(ctx, req.RaftId, req.RaftAddr, req.ApiAddr); err != nil {
 		return nil, toStatus(err)
 	}
-	return &masterpb.JoinResponse{}, nil
+	// Join returns once its commands are applied here, the leader, which applies a write
+	// before acknowledging it.
+	return &masterpb.JoinResponse{AppliedIndex: s.store.AppliedIndex()}, nil
 }
 
 // Leader describes the leader as this replica knows it, and this replica; any replica answers.
