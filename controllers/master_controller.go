@@ -36,6 +36,8 @@ const (
 	MasterMetricsPort = 9090
 	// masterDataDir holds the Raft log, the snapshots and the metadata (BadgerDB).
 	masterDataDir = "/var/lib/strata-master"
+	// masterDataVolume is the volume (an emptyDir, or the claim template's) mounted there.
+	masterDataVolume = "data"
 )
 
 // MasterSpec is what the operator runs as the master, from its flags (the chart's values).
@@ -337,7 +339,7 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 							ReadOnlyRootFilesystem:   &nonRoot,
 							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 						},
-						VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: masterDataDir}, s.TLS.volumeMount()},
+						VolumeMounts: []corev1.VolumeMount{{Name: masterDataVolume, MountPath: masterDataDir}, s.TLS.volumeMount()},
 					}},
 				},
 			},
@@ -346,10 +348,10 @@ func (r *MasterReconciler) statefulSet() *appsv1.StatefulSet {
 	sts.Spec.Template.Spec.Volumes = []corev1.Volume{s.TLS.volume()}
 	if s.StorageSize.IsZero() {
 		sts.Spec.Template.Spec.Volumes = append(sts.Spec.Template.Spec.Volumes,
-			corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+			corev1.Volume{Name: masterDataVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	} else {
 		claim := corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "data"},
+			ObjectMeta: metav1.ObjectMeta{Name: masterDataVolume},
 			Spec: corev1.PersistentVolumeClaimSpec{
 				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: s.StorageSize}},

@@ -30,7 +30,7 @@ const storageRetry = 5 * time.Minute
 // keep it in an emptyDir.
 func masterDataClaim(sts *appsv1.StatefulSet) *corev1.PersistentVolumeClaim {
 	for i := range sts.Spec.VolumeClaimTemplates {
-		if sts.Spec.VolumeClaimTemplates[i].Name == "data" {
+		if sts.Spec.VolumeClaimTemplates[i].Name == masterDataVolume {
 			return &sts.Spec.VolumeClaimTemplates[i]
 		}
 	}
@@ -120,7 +120,7 @@ func (r *MasterReconciler) reconcileStorage(ctx context.Context, desired *appsv1
 // expandClaims asks for size on every replica's data claim that asks for less.
 func (r *MasterReconciler) expandClaims(ctx context.Context, sts *appsv1.StatefulSet, size resource.Quantity) error {
 	for i := range ptr.Deref(sts.Spec.Replicas, 0) {
-		key := client.ObjectKey{Namespace: sts.Namespace, Name: fmt.Sprintf("data-%s-%d", sts.Name, i)}
+		key := client.ObjectKey{Namespace: sts.Namespace, Name: fmt.Sprintf("%s-%s-%d", masterDataVolume, sts.Name, i)}
 		pvc := &corev1.PersistentVolumeClaim{}
 		if err := r.Client.Get(ctx, key, pvc); apierrors.IsNotFound(err) {
 			continue // a replica not started yet gets the size from the new template
@@ -144,12 +144,12 @@ func (r *MasterReconciler) expandClaims(ctx context.Context, sts *appsv1.Statefu
 func keepStorage(desired, cur *appsv1.StatefulSet) {
 	volumes := desired.Spec.Template.Spec.Volumes[:0:0]
 	for _, v := range desired.Spec.Template.Spec.Volumes {
-		if v.Name != "data" {
+		if v.Name != masterDataVolume {
 			volumes = append(volumes, v)
 		}
 	}
 	for _, v := range cur.Spec.Template.Spec.Volumes {
-		if v.Name == "data" {
+		if v.Name == masterDataVolume {
 			volumes = append(volumes, v)
 		}
 	}

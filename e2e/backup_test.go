@@ -33,11 +33,6 @@ var _ = Describe("The master's backups", Ordered, Label("smoke", "backup"), func
 		"--set", "master.backup.endpoint=" + minioEndpoint,
 		"--set", "master.backup.secretName=minio-credentials",
 	}
-	install := func(values ...string) {
-		GinkgoHelper()
-		helm(append([]string{"upgrade", "--install", releaseName, "../charts/strata", "--values", "../hack/kind/strata-values.yaml",
-			"--set", "image.tag=" + imageTag, "--wait", "--timeout", "5m"}, values...)...)
-	}
 	record := func(ctx SpecContext) func(Gomega) map[string]string {
 		return func(g Gomega) map[string]string {
 			cm := &corev1.ConfigMap{}
@@ -64,8 +59,8 @@ var _ = Describe("The master's backups", Ordered, Label("smoke", "backup"), func
 
 	It("restores a new install from the latest backup, and a pod reads the outputs the old one wrote", func(ctx SpecContext) {
 		// Left as the other specs expect it, whatever happens: the release without backups.
-		DeferCleanup(func() { install() })
-		install(backupValues...)
+		DeferCleanup(func() { installStrata() })
+		installStrata(backupValues...)
 		Eventually(record(ctx)).WithContext(ctx).WithTimeout(2*minute).Should(HaveKey(datav1alpha1.BackupKeyStore),
 			"waiting for the operator to make the backups' record")
 
@@ -87,7 +82,7 @@ var _ = Describe("The master's backups", Ordered, Label("smoke", "backup"), func
 			g.Expect(k8sClient.List(ctx, &pods, client.InNamespace(strataNamespace), client.MatchingLabels{"app.kubernetes.io/name": "strata-master"})).To(Succeed())
 			g.Expect(pods.Items).To(BeEmpty())
 		}).WithContext(ctx).WithTimeout(2*minute).Should(Succeed(), "waiting for the old install's master, and its state, to be gone")
-		install(append(backupValues, "--set", "master.backup.restoreFrom=latest")...)
+		installStrata(append(backupValues, "--set", "master.backup.restoreFrom=latest")...)
 		// "restored from <backup> at <time>", or "restored from <backup> (by an earlier attempt,
 		// ...)" when an attempt whose answer was lost (the new group's leader changed before the
 		// command committed) had restored it: either way the master holds the backup.

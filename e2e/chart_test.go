@@ -33,6 +33,14 @@ func helm(args ...string) {
 	Expect(err).NotTo(HaveOccurred(), "helm %v:\n%s", args, out)
 }
 
+// installStrata installs or upgrades the release as hack/kind/strata-values.yaml and this run's
+// images say, with values on top, and waits until it is ready.
+func installStrata(values ...string) {
+	GinkgoHelper()
+	helm(append([]string{"upgrade", "--install", releaseName, "../charts/strata", "--values", "../hack/kind/strata-values.yaml",
+		"--set", "image.tag=" + imageTag, "--wait", "--timeout", "5m"}, values...)...)
+}
+
 var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 	var namespace string
 
@@ -64,10 +72,7 @@ var _ = Describe("The Helm chart", Ordered, Label("chart"), func() {
 
 		helm("uninstall", releaseName, "--wait", "--timeout", "3m")
 		// Reinstalled whatever happens next, so that the specs that follow find Strata running.
-		DeferCleanup(func() {
-			helm("upgrade", "--install", releaseName, "../charts/strata", "--values", "../hack/kind/strata-values.yaml",
-				"--set", "image.tag="+imageTag, "--wait", "--timeout", "5m")
-		})
+		DeferCleanup(func() { installStrata() })
 
 		released := client.MatchingLabels{"app.kubernetes.io/instance": releaseName, "app.kubernetes.io/managed-by": "Helm"}
 		inRelease := client.InNamespace(strataNamespace)

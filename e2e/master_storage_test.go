@@ -23,11 +23,6 @@ var _ = Describe("The master's storage", Ordered, Label("master-storage"), func(
 		nodes     []string
 		written   []object
 	)
-	install := func(values ...string) {
-		GinkgoHelper()
-		helm(append([]string{"upgrade", "--install", releaseName, "../charts/strata", "--values", "../hack/kind/strata-values.yaml",
-			"--set", "image.tag=" + imageTag, "--wait", "--timeout", "5m"}, values...)...)
-	}
 	statefulSet := func(ctx context.Context, g Gomega) *appsv1.StatefulSet {
 		sts := &appsv1.StatefulSet{}
 		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: strataNamespace, Name: masterName}, sts)).To(Succeed())
@@ -60,8 +55,8 @@ var _ = Describe("The master's storage", Ordered, Label("master-storage"), func(
 	It("refuses to move the replicas from their emptyDir onto claims in place, says how, and serves on", func(ctx SpecContext) {
 		var before *appsv1.StatefulSet
 		Eventually(func(g Gomega) { before = statefulSet(ctx, g) }).WithContext(ctx).Should(Succeed())
-		DeferCleanup(func() { install() }) // the Kind values, as the specs after expect them
-		install("--set", "master.persistence.size=1Gi", "--set", "master.persistence.storageClass=standard")
+		DeferCleanup(func() { installStrata() }) // the Kind values, as the specs after expect them
+		installStrata("--set", "master.persistence.size=1Gi", "--set", "master.persistence.storageClass=standard")
 		event(ctx, "StorageChangeRefused", "from an emptyDir to claims of 1Gi after install")
 		Eventually(func(g Gomega) {
 			sts := statefulSet(ctx, g)
