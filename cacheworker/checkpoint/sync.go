@@ -118,17 +118,23 @@ func (c *Checkpointer) writeThrough(ctx context.Context, store Blocks, d *datase
 // Published tells the checkpointer that f is published at the master; written is the version
 // WriteThrough wrote, if it did. A file written through is recorded as checkpointed and its
 // blocks marked clean; any other is a new candidate for the background loop.
+//
+// Only a file of a Dataset with checkpoint settings wakes the loop: a round looks at every
+// block the store holds, and a step writing many small files into a Dataset that is not
+// checkpointed would otherwise have a round for each, all for nothing, on the cores the writer
+// needs (a node holding n blocks paid n for each seal). Such a file's blocks are counted in
+// the pending gauge at the next Poll.
 func (c *Checkpointer) Published(ctx context.Context, f SealedFile, written string) {
+	d := c.current().of(f.Dataset)
+	if d == nil {
+		return
+	}
 	defer c.Wake()
 	if written == "" {
 		// The background loop may have seen its blocks before it was published: now it may.
 		c.mu.Lock()
 		delete(c.retries, fileKey(f.Path, f.Token))
 		c.mu.Unlock()
-		return
-	}
-	d := c.current().of(f.Dataset)
-	if d == nil {
 		return
 	}
 	if err := c.record(ctx, d, f.Path, f.Token, written); err != nil {

@@ -1,0 +1,44 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+)
+
+// A published file wakes the background loop, whose round looks at every block the store
+// holds, only when its Dataset is checkpointed: sealing many small files of a Dataset that is
+// not would otherwise cost a round each.
+func TestOnlyAFileOfACheckpointedDatasetWakesTheLoop(t *testing.T) {
+	raw, err := json.Marshal(File{Datasets: []Dataset{{Name: "ns/kept/u1", Root: "/strata/ns/kept", Strategy: "Edge",
+		Target: Target{URI: "s3://bucket/kept"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings, err := Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, dataset string
+		wake          bool
+	}{
+		{"a file of a Dataset without checkpoint settings", "ns/scratch/u2", false},
+		{"a file of a checkpointed Dataset", "ns/kept/u1", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Config{})
+			c.Apply(settings)
+			<-c.wake // what Apply asked
+			key := fileKey("/x/part-0", "t1")
+			c.retries[key] = retry{failures: 1} // the loop saw its blocks before it was published
+			c.Published(context.Background(), SealedFile{Dataset: tc.dataset, Path: "/x/part-0", Token: "t1", Size: 1, Blocks: []string{"t1-0"}}, "")
+			if woken := len(c.wake) == 1; woken != tc.wake {
+				t.Errorf("woke the loop: %v, want %v", woken, tc.wake)
+			}
+			if _, waits := c.retries[key]; tc.wake && waits {
+				t.Error("a checkpointed file published still waits for its retry")
+			}
+		})
+	}
+}
