@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -175,12 +176,12 @@ func measureRound(ctx context.Context, s *setup, st *strata, round int, r *resul
 	}
 
 	// MinIO read directly: the floor of any cold read.
-	m, err := minioSequential(ctx, s.client)
+	m, err := metered(func() (measure, error) { return minioSequential(ctx, s.client) })
 	if err != nil {
 		return err
 	}
 	r.add("cold-seq", "minio", m)
-	if m, err = minioTree(ctx, s.client, s.smallFiles); err != nil {
+	if m, err = metered(func() (measure, error) { return minioTree(ctx, s.client, s.smallFiles) }); err != nil {
 		return err
 	}
 	r.add("small-cold", "minio", m)
@@ -212,7 +213,7 @@ func measureReads(s *setup, system string, m mounted, r *results) error {
 		if system == "tmpfs" && strings.Contains(step.workload, "cold") {
 			continue // tmpfs has nothing cold: MinIO read directly is the cold baseline
 		}
-		m, err := step.fn()
+		m, err := metered(step.fn)
 		if err != nil {
 			return fmt.Errorf("%s: %w", step.workload, err)
 		}
@@ -249,13 +250,12 @@ func measureWrites(s *setup, st *strata, round int, r *results) error {
 }
 
 func measureWrite(s *setup, what, system, dir string, r *results) error {
-	var m measure
-	var err error
-	if what == "large" {
-		m, err = writeLarge(dir, s.largeSize)
-	} else {
-		m, err = writeSmall(dir, s.writeFiles, s.smallSize)
-	}
+	m, err := metered(func() (measure, error) {
+		if what == "large" {
+			return writeLarge(dir, s.largeSize)
+		}
+		return writeSmall(dir, s.writeFiles, s.smallSize)
+	})
 	if err != nil {
 		return fmt.Errorf("%s: write-%s: %w", system, what, err)
 	}
@@ -358,7 +358,7 @@ func (r *results) add(workload, system string, m measure) {
 		r.values[workload] = map[string][]measure{}
 	}
 	r.values[workload][system] = append(r.values[workload][system], m)
-	fmt.Printf("  %-16s %-7s %10.1f %s\n", workload, system, m.value, m.unit)
+	fmt.Printf("  %-16s %-7s %10.1f %-7s cores %s\n", workload, system, m.value, m.unit, m.cpu)
 }
 
 // median of a system's rounds of a workload; ok false when it was not measured.
@@ -371,12 +371,42 @@ func (r *results) median(workload, system string) (measure, bool) {
 	for i, m := range ms {
 		vs[i] = m.value
 	}
-	slices.Sort(vs)
+	return measure{value: medianOf(vs), unit: ms[0].unit}, true
+}
+
+// cpuMedian is the median of a system's rounds of a workload of the cores busy: the host's,
+// and each process's (a round in which a process took none counts as none).
+func (r *results) cpuMedian(workload, system string) (cpuUse, bool) {
+	ms := r.values[workload][system]
+	if len(ms) == 0 {
+		return cpuUse{}, false
+	}
+	host := make([]float64, len(ms))
+	procs := map[string][]float64{}
+	for i, m := range ms {
+		host[i] = m.cpu.Host
+		for name := range m.cpu.Procs {
+			procs[name] = nil
+		}
+	}
+	use := cpuUse{Host: medianOf(host), Procs: map[string]float64{}}
+	for name := range procs {
+		for _, m := range ms {
+			procs[name] = append(procs[name], m.cpu.Procs[name])
+		}
+		use.Procs[name] = medianOf(procs[name])
+	}
+	return use, true
+}
+
+// medianOf vs, which is not empty: the mean of the middle two of an even number.
+func medianOf(vs []float64) float64 {
+	vs = slices.Sorted(slices.Values(vs))
 	mid := vs[len(vs)/2]
 	if len(vs)%2 == 0 {
 		mid = (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
 	}
-	return measure{value: mid, unit: ms[0].unit}, true
+	return mid
 }
 
 var systems = []string{"strata", "rclone", "s3fs", "tmpfs", "minio"}
@@ -440,6 +470,14 @@ func (r *results) table() string {
 	for _, l := range r.summary() {
 		fmt.Fprintf(&w, "workload=%s %s=%.1f %s=%.1f ratio=%.2f\n", l.Workload, l.System, l.Value, l.Baseline, l.Base, l.Ratio)
 	}
+	fmt.Fprintf(&w, "\ncores busy of the host's %d meanwhile (medians): the host's, then each process's\n", runtime.NumCPU())
+	for _, wl := range workloads {
+		for _, sys := range systems {
+			if use, ok := r.cpuMedian(wl.name, sys); ok {
+				fmt.Fprintf(&w, "cpu workload=%s system=%s %s\n", wl.name, sys, use)
+			}
+		}
+	}
 	return w.String()
 }
 
@@ -449,6 +487,7 @@ func (r *results) write(path string, s *setup) error {
 		System   string    `json:"system"`
 		Unit     string    `json:"unit"`
 		Values   []float64 `json:"values"`
+		CPU      []cpuUse  `json:"cpu"`
 	}
 	doc := struct {
 		Time      time.Time     `json:"time"`
@@ -468,6 +507,7 @@ func (r *results) write(path string, s *setup) error {
 			rd := round{Workload: w.name, System: sys, Unit: ms[0].unit}
 			for _, m := range ms {
 				rd.Values = append(rd.Values, m.value)
+				rd.CPU = append(rd.CPU, m.cpu)
 			}
 			doc.Measures = append(doc.Measures, rd)
 		}

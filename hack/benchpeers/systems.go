@@ -74,8 +74,10 @@ func startProc(name string, env []string, bin string, args ...string) (*proc, er
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s (%s): %w", name, bin, err)
 	}
+	watch(name, p.cmd.Process.Pid)
 	go func() {
 		p.err = p.cmd.Wait()
+		unwatch(name)
 		close(p.exited)
 	}()
 	return p, nil

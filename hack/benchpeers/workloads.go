@@ -16,6 +16,7 @@ import (
 type measure struct {
 	value float64
 	unit  string // "MB/s" or "files/s"
+	cpu   cpuUse // the cores busy meanwhile (metered)
 }
 
 func mbps(bytes int64, d time.Duration) measure {
