@@ -605,6 +605,57 @@ func TestAFileIsCheckpointedOncePublished(t *testing.T) {
 	g.Expect(n.object(f)).To(Equal(f.data))
 }
 
+// TestOneLookAtTheStoreServesManyFiles: a look at the store lists every block the node holds,
+// so a round checkpoints every file its plan picks from one look before it looks again, rather
+// than looking once per file (a node holding n blocks paid n for each file).
+func TestOneLookAtTheStoreServesManyFiles(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	// No poll while the test runs: only the rounds look at the store.
+	n.cp = checkpoint.New(checkpoint.Config{Master: n.calls, Now: n.clock.Now, Poll: time.Hour, Log: testr.NewWithInterface(t, testr.Options{})})
+	looks := &lookCounter{tierBlocks: n.store}
+	n.cp.Attach(looks)
+	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1"})
+	const count = 12
+	var files []file
+	for i := range count {
+		f, publish := n.storeFile("ns/out/u1", fmt.Sprintf("part-%02d", i), randomBytes(4096, uint64(i)+1), uint64(i)+1)
+		n.publish(publish)
+		files = append(files, f)
+	}
+	n.run()
+	g.Eventually(func() int {
+		done := 0
+		for _, f := range files {
+			if n.checkpointed(f) {
+				done++
+			}
+		}
+		return done
+	}).WithTimeout(60 * time.Second).Should(Equal(count))
+	for _, f := range files {
+		g.Expect(n.object(f)).To(Equal(f.data))
+	}
+	// The round that checkpointed them all, the one after it (nothing left), and the one the
+	// settings asked for; a look per file would be count more.
+	g.Expect(looks.n.Load()).To(BeNumerically("<=", 3), "looks at the store for %d files", count)
+}
+
+// lookCounter counts the looks at the store, each of which lists every block.
+type lookCounter struct {
+	tierBlocks
+	n atomic.Int64
+}
+
+// tierBlocks is the tier store as the checkpointer uses it, under a name of its own so that
+// lookCounter can both embed it and have a method Blocks.
+type tierBlocks interface{ checkpoint.Blocks }
+
+func (l *lookCounter) Blocks() []tierstore.BlockInfo {
+	l.n.Add(1)
+	return l.tierBlocks.Blocks()
+}
+
 // TestAnAttemptsFileIsCheckpointedOncePublished: a file a pod sealed as its attempt is not the
 // Dataset's yet (its pod may fail, and its files be discarded); it reaches the under-store only
 // once the operator publishes the attempt.

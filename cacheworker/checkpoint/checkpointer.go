@@ -233,7 +233,12 @@ func (c *Checkpointer) Run(ctx context.Context) {
 	}
 }
 
-// round checkpoints at most one file, and reports whether it tried one.
+// round looks at the files the store holds and checkpoints the ones the plan picks, one after
+// the other, and reports whether it tried any. One look serves many files: a look lists every
+// block the node holds, so a look per file made a node holding n blocks pay n for each file it
+// checkpointed. What the look found may change meanwhile (a file deleted, dropped or written
+// again), which the checkpoint of each file checks at the master anyway; files sealed meanwhile
+// wait for the next look, at most roundBudget away, or once the plan has nothing left.
 func (c *Checkpointer) round(ctx context.Context) bool {
 	store, err := c.blocks()
 	if err != nil {
@@ -254,12 +259,29 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 			candidates = append(candidates, f)
 		}
 	}
-	p := c.plan(candidates, now)
-	if p == nil {
-		return false
+	deadline := now.Add(roundBudget)
+	for tried := false; ; tried = true {
+		if tried && (ctx.Err() != nil || c.current() != settings || !now.Before(deadline)) {
+			return true // look again
+		}
+		p := c.plan(candidates, now)
+		if p == nil {
+			return tried
+		}
+		c.checkpointPicked(ctx, store, p)
+		candidates = slices.DeleteFunc(candidates, func(f *heldFile) bool { return f == p.file })
+		now = c.cfg.Now()
 	}
+}
+
+// roundBudget is how long a round works through what one look at the store found before it
+// looks again.
+const roundBudget = time.Second
+
+// checkpointPicked checkpoints the file the plan picked, and records how it went.
+func (c *Checkpointer) checkpointPicked(ctx context.Context, store Blocks, p *pick) {
 	start := c.cfg.Now()
-	err = c.checkpoint(ctx, store, p.file, p.reason, true)
+	err := c.checkpoint(ctx, store, p.file, p.reason, true)
 	if p.planner != nil {
 		p.planner.Done(p.kind, c.cfg.Now().Sub(start))
 	}
@@ -272,7 +294,6 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 		c.log.Error(err, "Checkpointing an output file failed; it stays in memory and is tried again",
 			"file", p.file.path, "dataset", p.file.ds.Name, "reason", p.reason)
 	}
-	return true
 }
 
 // retryDue says whether f may be tried now: the master has it, and it never failed, or its
