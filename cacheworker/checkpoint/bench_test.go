@@ -16,6 +16,7 @@ import (
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
+	"github.com/strata-cache/strata/master/masterpb"
 	"github.com/strata-cache/strata/master/mastertest"
 )
 
@@ -156,7 +157,8 @@ func BenchmarkCheckpointingSmallFilesOnABusyNode(b *testing.B) {
 	ctx := context.Background()
 	n := newNode(b, 1<<30)
 	// The real clock, and no poll: only the files' wake starts the rounds.
-	n.cp = checkpoint.New(checkpoint.Config{Master: n.master, Poll: time.Hour})
+	recorded := &recordingMaster{Master: n.master, recorded: make(chan struct{}, files)}
+	n.cp = checkpoint.New(checkpoint.Config{Master: recorded, Poll: time.Hour})
 	n.store = benchStore(b, n)
 	n.cp.Attach(n.store)
 	for i := range held {
@@ -184,11 +186,30 @@ func BenchmarkCheckpointingSmallFilesOnABusyNode(b *testing.B) {
 		}
 		b.StartTimer()
 		n.cp.Wake() // as the last file's seal does
+		for range written {
+			<-recorded.recorded
+		}
+		b.StopTimer()
 		for _, f := range written {
-			for !n.checkpointed(f) {
-				time.Sleep(time.Millisecond)
+			if !n.checkpointed(f) {
+				b.Fatalf("%s recorded as checkpointed, but its blocks are not clean", f.path())
 			}
 		}
+		b.StartTimer()
 	}
 	b.ReportMetric(float64(b.N*files)/b.Elapsed().Seconds(), "files/s")
+}
+
+// recordingMaster says on recorded each checkpoint the master recorded.
+type recordingMaster struct {
+	checkpoint.Master
+	recorded chan struct{}
+}
+
+func (m *recordingMaster) CheckpointFile(ctx context.Context, req *masterpb.CheckpointFileRequest) (*masterpb.File, error) {
+	f, err := m.Master.CheckpointFile(ctx, req)
+	if err == nil {
+		m.recorded <- struct{}{}
+	}
+	return f, err
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"strings"
 	"testing"
 )
@@ -95,11 +94,9 @@ func TestCPUMedianOfRounds(t *testing.T) {
 	}
 }
 
-// The host this runs on has a /proc/stat this parses, and the benchmark's own process is seen.
+// The host this runs on (Linux: the benchmark needs FUSE) has a /proc/stat this parses, and the
+// benchmark's own process is seen.
 func TestSampleThisHost(t *testing.T) {
-	if _, err := os.Stat("/proc/stat"); err != nil {
-		t.Skip("no /proc/stat: not Linux")
-	}
 	s, err := sampleCPU()
 	if err != nil {
 		t.Fatal(err)
