@@ -31,7 +31,8 @@ type Tier struct {
 	Medium Medium `json:"medium"`
 
 	// Paths are the host directories of this tier; blocks are spread over them.
-	// For MEM the worker mounts a tmpfs of the quota's size on the first path if none is there.
+	// For MEM the worker mounts a tmpfs of the quota's size on the first path if none is there
+	// (in huge pages where a block fills them, when the kernel has them).
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=set

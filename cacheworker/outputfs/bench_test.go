@@ -10,12 +10,17 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
 
+	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/policy"
 	"github.com/strata-cache/strata/cacheworker/replication"
+	"github.com/strata-cache/strata/cacheworker/tiermount"
+	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/internal/fusetest"
+	"github.com/strata-cache/strata/internal/testenv"
 	"github.com/strata-cache/strata/master/mastertest"
 )
 
@@ -181,5 +186,61 @@ func BenchmarkReadingASealedOutput(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			fusetest.ReadDroppedEachLoop(b, filepath.Join(readers[mode], "big.bin"), size)
 		})
+	}
+}
+
+// BenchmarkWritingIntoTheWorkersTmpfs writes one 256 MiB output file (blocks of 64 MiB, a
+// TierPool's default) through an output mount whose worker keeps its MEM tier and staging
+// folder on a tmpfs mounted the way the worker mounts one (tiermount: huge pages within a
+// file's size), and through one on a tmpfs of ordinary pages (the default, as /dev/shm), each
+// beside a writer to a folder of the same tmpfs, alternating in one run.
+//
+//	go test -run '^$' -bench WritingIntoTheWorkersTmpfs -benchtime 5x ./cacheworker/outputfs/
+func BenchmarkWritingIntoTheWorkersTmpfs(b *testing.B) {
+	fusetest.Require(b)
+	if os.Geteuid() != 0 {
+		testenv.Lacking(b, "mounting tmpfs needs root")
+	}
+	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()
+	dirs := map[string]string{}
+	for i, pages := range []string{"huge pages", "ordinary pages"} {
+		base := b.TempDir()
+		if mem, err := tiermount.InMemory(base); err != nil || mem {
+			testenv.Lacking(b, "the temporary directory must be on a disk, for the benchmark to mount its own tmpfs: set TMPDIR")
+		}
+		if pages == "huge pages" {
+			tier := tierstore.Tier{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{base}, Quota: 4 << 30}
+			if err := tiermount.EnsureMemoryTiers([]tierstore.Tier{tier}, logr.Discard()); err != nil {
+				b.Fatal(err)
+			}
+		} else if err := unix.Mount("strata-bench", base, "tmpfs", 0, "size=4g"); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = unix.Unmount(base, unix.MNT_DETACH) }) // last: after the mounts in it
+		w := startWorkerIn(b, master, fmt.Sprintf("pool/node-%d", i), 2<<30, filepath.Join(base, "worker"))
+		dirs[pages+"/output mount"] = mountOutputIn(b, master, w, 64<<20, filepath.Join(base, "staging"), logr.Discard()).Dir()
+		dirs[pages+"/tmpfs"] = filepath.Join(base, "tmpfs")
+		if err := os.Mkdir(dirs[pages+"/tmpfs"], 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	data := randomBytes(256<<20, 1)
+	for range 2 {
+		for _, target := range []string{"ordinary pages/tmpfs", "ordinary pages/output mount", "huge pages/tmpfs", "huge pages/output mount"} {
+			b.Run(target, func(b *testing.B) {
+				b.SetBytes(int64(len(data)))
+				for i := range b.N {
+					name := filepath.Join(dirs[target], fmt.Sprintf("part-%d", i))
+					if err := os.WriteFile(name, data, 0o644); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					if err := os.Remove(name); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+			})
+		}
 	}
 }

@@ -3,6 +3,7 @@ package tiermount
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -40,10 +41,29 @@ func TestEnsureMemoryTiers(t *testing.T) {
 	var st unix.Statfs_t
 	g.Expect(unix.Statfs(mem, &st)).To(Succeed())
 	g.Expect(int64(st.Blocks)*st.Bsize).To(Equal(int64(8<<20)), "the tmpfs is the size of the quota")
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage"); err == nil {
+		g.Expect(mountOptions(t, mem)).To(ContainSubstring(hugePages), "a kernel with huge pages puts large blocks in them")
+	}
 
 	// A block written there survives a second call, as after a worker restart: no new mount
 	// hides it.
 	g.Expect(os.WriteFile(filepath.Join(mem, "block"), []byte("kept"), 0o600)).To(Succeed())
 	g.Expect(EnsureMemoryTiers(tiers, logr.Discard())).To(Succeed())
 	g.Expect(os.ReadFile(filepath.Join(mem, "block"))).To(Equal([]byte("kept")))
+}
+
+// mountOptions are the options /proc/self/mounts shows for the mount at dir.
+func mountOptions(t *testing.T, dir string) string {
+	t.Helper()
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if fields := strings.Fields(line); len(fields) >= 4 && fields[1] == dir {
+			return fields[3]
+		}
+	}
+	t.Fatalf("%s is not a mount point", dir)
+	return ""
 }
