@@ -28,6 +28,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/strata-cache/strata/cacheworker/tiermount"
 )
 
 // The objects: one large file and a folder of small ones, in one bucket.
@@ -54,6 +56,9 @@ type setup struct {
 	blockSize, tierQuota        int64
 	rounds                      int
 	minioBin                    string
+	// workerTmpfs: the worker mounts its own tmpfs on its MEM tier, as in a cluster, instead of
+	// keeping it in a folder of /dev/shm.
+	workerTmpfs bool
 }
 
 func main() {
@@ -72,6 +77,8 @@ func main() {
 	flag.IntVar(&s.randReads128k, "rand-reads-128k", 4000, "Random 128 KiB reads of the large file in hot-rand-128k.")
 	flag.Int64Var(&s.blockSize, "block-size", 64<<20, "Strata's block size (a TierPool's default).")
 	flag.IntVar(&s.rounds, "rounds", 3, "Rounds; each mounts every system afresh.")
+	flag.BoolVar(&s.workerTmpfs, "worker-tmpfs", false, "Strata's MEM tier on a tmpfs the worker mounts itself, as on a node of a cluster "+
+		"(huge pages where a block fills them), instead of a folder of /dev/shm; the work folder (TMPDIR) must be on a disk.")
 	flag.StringVar(&out, "out", "bin/bench-peers.json", "Where the results are written as JSON.")
 	flag.Parse()
 
@@ -98,6 +105,11 @@ func run(s *setup, out string) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(s.work)) }()
+	if s.workerTmpfs {
+		if mem, err := tiermount.InMemory(s.work); err != nil || mem {
+			return fmt.Errorf("-worker-tmpfs: the work folder %s must be on a disk, for the worker to mount a tmpfs in it (set TMPDIR; in memory: %t, %v)", s.work, mem, err)
+		}
+	}
 	if s.shm, err = os.MkdirTemp("/dev/shm", "strata-bench-peers-"); err != nil {
 		return fmt.Errorf("the caches live on /dev/shm: %w", err)
 	}
@@ -128,6 +140,7 @@ func run(s *setup, out string) (err error) {
 	}
 	defer st.stop()
 
+	fmt.Printf("Strata's MEM tier: %s\n", s.memoryTier())
 	r := newResults()
 	for round := 1; round <= s.rounds; round++ {
 		fmt.Printf("round %d of %d\n", round, s.rounds)
@@ -492,12 +505,13 @@ func (r *results) write(path string, s *setup) error {
 	doc := struct {
 		Time      time.Time     `json:"time"`
 		Rounds    int           `json:"rounds"`
+		MemTier   string        `json:"strataMemoryTier"`
 		LargeSize int64         `json:"largeBytes"`
 		Small     int           `json:"smallFiles"`
 		SmallSize int           `json:"smallBytes"`
 		Measures  []round       `json:"measures"`
 		Summary   []summaryLine `json:"summary"`
-	}{Time: time.Now().UTC(), Rounds: s.rounds, LargeSize: s.largeSize, Small: s.smallFiles, SmallSize: s.smallSize, Summary: r.summary()}
+	}{Time: time.Now().UTC(), Rounds: s.rounds, LargeSize: s.largeSize, Small: s.smallFiles, SmallSize: s.smallSize, Summary: r.summary(), MemTier: s.memoryTier()}
 	for _, w := range workloads {
 		for _, sys := range systems {
 			ms := r.values[w.name][sys]
@@ -524,4 +538,12 @@ func (r *results) write(path string, s *setup) error {
 	}
 	fmt.Printf("\nwritten to %s\n", path)
 	return nil
+}
+
+// memoryTier says where Strata's MEM tier is.
+func (s *setup) memoryTier() string {
+	if s.workerTmpfs {
+		return "a tmpfs the worker mounted (huge pages within a file's size)"
+	}
+	return "a folder of /dev/shm"
 }

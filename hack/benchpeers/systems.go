@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/strata-cache/strata/cacheworker/workerpb"
@@ -213,6 +214,9 @@ type strata struct {
 	master, worker *proc
 	mounter        workerpb.MounterClient
 	conn           *grpc.ClientConn
+	// tmpfs is the MEM tier's tmpfs the worker mounted (-worker-tmpfs), which outlives it, as
+	// on a node, until unmounted here.
+	tmpfs string
 }
 
 const (
@@ -277,7 +281,11 @@ func startStrata(s *setup) (*strata, error) {
 		return nil, err
 	}
 	tiers := filepath.Join(s.work, "tiers.yaml")
-	tierDir := filepath.Join(s.shm, "strata-mem")
+	tierDir, mountTiers := filepath.Join(s.shm, "strata-mem"), false
+	if s.workerTmpfs {
+		tierDir, mountTiers = filepath.Join(s.work, "strata-mem"), true
+		st.tmpfs = filepath.Join(tierDir, strataPool) // a pool's blocks are in a folder of its name
+	}
 	if err := os.WriteFile(tiers, fmt.Appendf(nil, "- name: mem\n  medium: MEM\n  paths: [%s]\n  quota: %d\n", tierDir, s.tierQuota), 0o600); err != nil {
 		st.stop()
 		return nil, err
@@ -287,7 +295,7 @@ func startStrata(s *setup) (*strata, error) {
 		"--pool", strataPool, "--node-name", strataNode, "--master", apiAddr,
 		"--data-addr", dataAddr, "--advertise-addr", dataAddr, "--metrics-addr", workerMetrics,
 		"--mount-socket", socket, "--mounts-dir", filepath.Join(s.work, "strata-mounts"),
-		"--tiers", tiers, "--mount-memory-tiers=false", "--index-dir", filepath.Join(s.work, "index"),
+		"--tiers", tiers, fmt.Sprintf("--mount-memory-tiers=%t", mountTiers), "--index-dir", filepath.Join(s.work, "index"),
 		"--listings-dir", filepath.Join(s.work, "listings"), "--block-size", fmt.Sprint(s.blockSize),
 	}, tlsArgs(workerTLS)...)...)
 	if err != nil {
@@ -329,6 +337,9 @@ func (st *strata) stop() {
 		if p != nil {
 			p.stop()
 		}
+	}
+	if st.tmpfs != "" {
+		_ = unix.Unmount(st.tmpfs, unix.MNT_DETACH)
 	}
 }
 
