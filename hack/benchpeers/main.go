@@ -106,8 +106,12 @@ func run(s *setup, out string) (err error) {
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(s.work)) }()
 	if s.workerTmpfs {
-		if mem, err := tiermount.InMemory(s.work); err != nil || mem {
-			return fmt.Errorf("-worker-tmpfs: the work folder %s must be on a disk, for the worker to mount a tmpfs in it (set TMPDIR; in memory: %t, %v)", s.work, mem, err)
+		mem, err := tiermount.InMemory(s.work)
+		if err != nil {
+			return fmt.Errorf("-worker-tmpfs: %w", err)
+		}
+		if mem {
+			return fmt.Errorf("-worker-tmpfs: the work folder %s is in memory; it must be on a disk, for the worker to mount a tmpfs in it (set TMPDIR)", s.work)
 		}
 	}
 	if s.shm, err = os.MkdirTemp("/dev/shm", "strata-bench-peers-"); err != nil {
