@@ -248,7 +248,7 @@ func (c *Checkpointer) round(ctx context.Context) bool {
 	files, pending := heldFiles(store, settings)
 	c.cfg.Metrics.pending.Set(float64(pending))
 	now := c.cfg.Now()
-	c.forgetGone(files)
+	c.forgetUnheld(files)
 	var candidates []*heldFile
 	for _, f := range files {
 		switch {
@@ -305,9 +305,12 @@ func (c *Checkpointer) retryDue(f *heldFile, now time.Time) bool {
 	return !c.gone[f.key()] && (!failed || !now.Before(r.at))
 }
 
-// forgetGone forgets the gone files whose blocks the store no longer holds (held are those it
-// holds now), so that the set does not grow.
-func (c *Checkpointer) forgetGone(held []*heldFile) {
+// forgetUnheld forgets what it knows of the files it no longer has to checkpoint (held are
+// those it has to now: the store holds a block of theirs not yet clean, and their Dataset is
+// checkpointed): whether the master still has them, and the retries of those that failed. A
+// file deleted, or whose Dataset stopped being checkpointed, would otherwise stay in both
+// for good.
+func (c *Checkpointer) forgetUnheld(held []*heldFile) {
 	keys := make(map[string]bool, len(held))
 	for _, f := range held {
 		keys[f.key()] = true
@@ -317,6 +320,11 @@ func (c *Checkpointer) forgetGone(held []*heldFile) {
 	for key := range c.gone {
 		if !keys[key] {
 			delete(c.gone, key)
+		}
+	}
+	for key := range c.retries {
+		if !keys[key] {
+			delete(c.retries, key)
 		}
 	}
 }

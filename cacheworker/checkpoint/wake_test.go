@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 )
 
@@ -40,5 +41,27 @@ func TestOnlyAFileOfACheckpointedDatasetWakesTheLoop(t *testing.T) {
 				t.Error("a checkpointed file published still waits for its retry")
 			}
 		})
+	}
+}
+
+// What the checkpointer knows of a file (its retries after failures, that the master no longer
+// has it) goes once the file is no longer one to checkpoint: deleted, checkpointed, or of a
+// Dataset no longer checkpointed. Kept, it would grow with every file that ever failed.
+func TestWhatIsKnownOfFilesNoLongerHeldIsForgotten(t *testing.T) {
+	c := New(Config{})
+	held := &heldFile{path: "/x/held", token: "t1"}
+	deleted := &heldFile{path: "/x/deleted", token: "t2"}
+	replaced := &heldFile{path: "/x/replaced", token: "t3"}
+	c.settle(held, errors.New("the under-store is down"))
+	c.settle(deleted, errors.New("the under-store is down"))
+	c.settle(replaced, errGone)
+
+	c.forgetUnheld([]*heldFile{held})
+
+	if _, ok := c.retries[held.key()]; !ok || len(c.retries) != 1 {
+		t.Errorf("retries kept: %v, want only %s's", c.retries, held.path)
+	}
+	if len(c.gone) != 0 {
+		t.Errorf("files known gone kept: %v, want none", c.gone)
 	}
 }
