@@ -6,6 +6,7 @@ import (
 	"hash"
 	"hash/crc32"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -42,6 +43,12 @@ func ValidateID(id string) error {
 		}
 	}
 	return nil
+}
+
+// OutputBlockID names block index of an output file whose version's token is token (written
+// through an output mount): a file's blocks are found by their ids from its token.
+func OutputBlockID(token string, index int64) string {
+	return token + "-" + strconv.FormatInt(index, 10)
 }
 
 // BlockPath is where block id lives in dir. The id must have passed ValidateID.

@@ -605,9 +605,9 @@ func TestAFileIsCheckpointedOncePublished(t *testing.T) {
 	g.Expect(n.object(f)).To(Equal(f.data))
 }
 
-// TestOneLookAtTheStoreServesManyFiles: a look at the store lists every block the node holds,
-// so a round checkpoints every file its plan picks from one look before it looks again, rather
-// than looking once per file (a node holding n blocks paid n for each file).
+// TestOneLookAtTheStoreServesManyFiles: a look at the store lists every block not yet clean, so
+// a round checkpoints every file its plan picks from one look before it looks again, rather
+// than looking once per file (a node holding n such blocks paid n for each file).
 func TestOneLookAtTheStoreServesManyFiles(t *testing.T) {
 	g := NewWithT(t)
 	n := newNode(t, 64<<20)
@@ -641,19 +641,19 @@ func TestOneLookAtTheStoreServesManyFiles(t *testing.T) {
 	g.Expect(looks.n.Load()).To(BeNumerically("<=", 3), "looks at the store for %d files", count)
 }
 
-// lookCounter counts the looks at the store, each of which lists every block.
+// lookCounter counts the looks at the store, each of which lists every block not clean.
 type lookCounter struct {
 	tierBlocks
 	n atomic.Int64
 }
 
 // tierBlocks is the tier store as the checkpointer uses it, under a name of its own so that
-// lookCounter can both embed it and have a method Blocks.
+// lookCounter can both embed it and have a method UncleanBlocks.
 type tierBlocks interface{ checkpoint.Blocks }
 
-func (l *lookCounter) Blocks() []tierstore.BlockInfo {
+func (l *lookCounter) UncleanBlocks() []tierstore.BlockInfo {
 	l.n.Add(1)
-	return l.tierBlocks.Blocks()
+	return l.tierBlocks.UncleanBlocks()
 }
 
 // TestAnAttemptsFileIsCheckpointedOncePublished: a file a pod sealed as its attempt is not the

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
@@ -27,7 +28,8 @@ import (
 
 // Blocks is the part of the tier store the checkpointer works on.
 type Blocks interface {
-	Blocks() []tierstore.BlockInfo
+	UncleanBlocks() []tierstore.BlockInfo
+	Info(id string) (tierstore.BlockInfo, error)
 	OpenVerified(ctx context.Context, id string) (io.ReadCloser, tierstore.BlockInfo, error)
 	SetClean(ctx context.Context, id string) error
 	Put(ctx context.Context, id string, r io.Reader, size int64, opts tierstore.PutOptions) (tierstore.BlockInfo, error)
@@ -235,8 +237,8 @@ func (c *Checkpointer) Run(ctx context.Context) {
 
 // round looks at the files the store holds and checkpoints the ones the plan picks, one after
 // the other, and reports whether it tried any. One look serves many files: a look lists every
-// block the node holds, so a look per file made a node holding n blocks pay n for each file it
-// checkpointed. What the look found may change meanwhile (a file deleted, dropped or written
+// block not yet clean, so a look per file made a node holding n such blocks pay n for each file
+// it checkpointed. What the look found may change meanwhile (a file deleted, dropped or written
 // again), which the checkpoint of each file checks at the master anyway; files sealed meanwhile
 // wait for the next look, at most roundBudget away, or once the plan has nothing left.
 func (c *Checkpointer) round(ctx context.Context) bool {
@@ -576,20 +578,22 @@ func (f *heldFile) blockIDs(n int) ([]string, error) {
 	return ids, nil
 }
 
-// heldFiles groups the output blocks store holds by file: those of Datasets with settings and
-// a block not yet clean (not yet checkpointed, as far as the store knows). pending is the size
-// of every output block not clean, with settings or not.
+// heldFiles groups by file the output blocks store holds of the files to checkpoint: those of
+// Datasets with settings that have a block not yet clean (not yet checkpointed, as far as the
+// store knows). pending is the size of every output block not clean, with settings or not.
+//
+// It looks at the blocks not clean only, a few among the many cached blocks a node holds, and
+// finds the clean blocks of a file to checkpoint by their ids (blockindex.OutputBlockID), from
+// the first on, until one is missing: a file held whole is found whole, one held in part is
+// left to the node that holds it whole (blockIDs).
 func heldFiles(store Blocks, settings *Settings) (files []*heldFile, pending int64) {
 	byKey := map[string]*heldFile{}
-	dirty := map[string]bool{}
-	for _, b := range store.Blocks() {
+	for _, b := range store.UncleanBlocks() {
 		o, ok := outputOrigin(b.Origin)
 		if !ok {
 			continue
 		}
-		if !b.Clean {
-			pending += b.Size
-		}
+		pending += b.Size
 		d := settings.of(o.GetDataset())
 		if d == nil {
 			continue
@@ -599,24 +603,43 @@ func heldFiles(store Blocks, settings *Settings) (files []*heldFile, pending int
 		if f == nil {
 			f = &heldFile{ds: d, path: o.GetPath(), token: o.GetFileToken(), created: b.Created}
 			byKey[key] = f
+			files = append(files, f)
 		}
-		f.blocks = append(f.blocks, b)
-		f.indexes = append(f.indexes, o.GetIndex())
-		f.created = minTime(f.created, b.Created)
-		f.reads = max(f.reads, b.Accesses)
-		if !b.Clean {
-			dirty[key] = true
-		}
+		f.add(b, o.GetIndex())
 	}
-	for key, f := range byKey {
-		if !dirty[key] {
-			continue
-		}
+	for _, f := range files {
+		f.addClean(store)
 		sortByIndex(f)
-		files = append(files, f)
 	}
 	slices.SortFunc(files, func(a, b *heldFile) int { return strings.Compare(a.key(), b.key()) })
 	return files, pending
+}
+
+// add takes block b, the file's block index, into f.
+func (f *heldFile) add(b tierstore.BlockInfo, index int64) {
+	f.blocks = append(f.blocks, b)
+	f.indexes = append(f.indexes, index)
+	f.created = minTime(f.created, b.Created)
+	f.reads = max(f.reads, b.Accesses)
+}
+
+// addClean adds the file's clean blocks that store holds, from the first block on, until one is
+// missing or is another file's.
+func (f *heldFile) addClean(store Blocks) {
+	for index := int64(0); ; index++ {
+		b, err := store.Info(blockindex.OutputBlockID(f.token, index))
+		if err != nil {
+			return
+		}
+		if !b.Clean {
+			continue // taken already, from the blocks not clean
+		}
+		o, ok := outputOrigin(b.Origin)
+		if !ok || fileKey(o.GetPath(), o.GetFileToken()) != f.key() || o.GetIndex() != index {
+			return
+		}
+		f.add(b, index)
+	}
 }
 
 func sortByIndex(f *heldFile) {

@@ -23,8 +23,9 @@
 //
 // Run looks at the output files the tier store holds whose blocks are not clean (not
 // checkpointed) and writes one file at a time, within the Dataset's bandwidth cap, as many as
-// its plan picks from one look (a look lists every block the node holds) for up to a second
-// before it looks again:
+// its plan picks from one look (a look lists the blocks not yet clean, which the tier store
+// keeps apart from the cached copies a node mostly holds) for up to a second before it looks
+// again:
 //
 //   - strategy Edge: per CachePolicy, a lineage.Planner picks the oldest leaf of the lineage
 //     graph (a file of a Dataset no Lineage has read yet: the newest data, whose loss would cost

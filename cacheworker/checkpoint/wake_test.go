@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"testing"
 )
@@ -11,15 +10,7 @@ import (
 // holds, only when its Dataset is checkpointed: sealing many small files of a Dataset that is
 // not would otherwise cost a round each.
 func TestOnlyAFileOfACheckpointedDatasetWakesTheLoop(t *testing.T) {
-	raw, err := json.Marshal(File{Datasets: []Dataset{{Name: "ns/kept/u1", Root: "/strata/ns/kept", Strategy: "Edge",
-		Target: Target{URI: "s3://bucket/kept"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	settings, err := Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	settings := settingsOf(t, Dataset{Name: "ns/kept/u1", Root: "/strata/ns/kept", Strategy: "Edge", Target: Target{URI: "s3://bucket/kept"}})
 	for _, tc := range []struct {
 		name, dataset string
 		wake          bool

@@ -14,8 +14,8 @@ import (
 	. "github.com/onsi/gomega"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
-	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/cacheworker/understore"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/internal/miniotest"
@@ -78,19 +78,19 @@ func TestLargeFilesAreWrittenThroughAndLostBlocksReadBack(t *testing.T) {
 	// The writer's node no longer holds the file (as when memory dropped it once checkpointed):
 	// the other node reads it from MinIO, and keeps its blocks.
 	for index := int64(0); index*blockSize < int64(len(large)); index++ {
-		g.Expect(writer.store.Delete(ctx, outputfs.BlockID(f.GetClientToken(), index))).To(Succeed())
+		g.Expect(writer.store.Delete(ctx, blockindex.OutputBlockID(f.GetClientToken(), index))).To(Succeed())
 	}
 	got, err := os.ReadFile(filepath.Join(read.Dir(), "part", "large.bin"))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(bytes.Equal(got, large)).To(BeTrue(), "read back whole from its checkpoint")
-	info, err := reader.store.Info(outputfs.BlockID(f.GetClientToken(), 3))
+	info, err := reader.store.Info(blockindex.OutputBlockID(f.GetClientToken(), 3))
 	g.Expect(err).NotTo(HaveOccurred(), "a block read back is kept by the node that read it")
 	g.Expect(info.Clean).To(BeTrue())
 
 	// A file with no checkpoint whose blocks are gone cannot be read: it is recomputed.
 	sf, err := master.GetFile(ctx, &masterpb.GetFileRequest{Path: root + "/small.bin"})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(writer.store.Delete(ctx, outputfs.BlockID(sf.GetClientToken(), 0))).To(Succeed())
+	g.Expect(writer.store.Delete(ctx, blockindex.OutputBlockID(sf.GetClientToken(), 0))).To(Succeed())
 	_, err = os.ReadFile(filepath.Join(read.Dir(), "small.bin"))
 	g.Expect(err).To(MatchError(ContainSubstring("input/output error")))
 }

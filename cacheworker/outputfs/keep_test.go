@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	. "github.com/onsi/gomega"
 
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/internal/fusetest"
@@ -34,7 +35,7 @@ func TestAReaderKeepsWhatItReadOfASelectivelyReplicatedOutput(t *testing.T) {
 		c.KeepsReadCopies = func(ds string) bool { return ds == dataset && keeps.Load() }
 	})
 	holders := func(name string, index int64) []string {
-		id := outputfs.BlockID(tokenOf(ctx, t, master, name), index)
+		id := blockindex.OutputBlockID(tokenOf(ctx, t, master, name), index)
 		resp, err := master.GetBlockLocations(ctx, &masterpb.GetBlockLocationsRequest{BlockIds: []uint64{locations.MasterBlockID(id)}})
 		g.Expect(err).NotTo(HaveOccurred())
 		var out []string
@@ -56,7 +57,7 @@ func TestAReaderKeepsWhatItReadOfASelectivelyReplicatedOutput(t *testing.T) {
 	for index := range int64(2) {
 		g.Eventually(func() []string { return holders("replicated.bin", index) }).Should(Equal([]string{writer.id, reader.id}),
 			"block %d is kept by the node that read it", index)
-		_, _, err := reader.store.OpenBlock(ctx, outputfs.BlockID(tokenOf(ctx, t, master, "replicated.bin"), index))
+		_, _, err := reader.store.OpenBlock(ctx, blockindex.OutputBlockID(tokenOf(ctx, t, master, "replicated.bin"), index))
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 }

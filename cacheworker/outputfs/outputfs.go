@@ -589,9 +589,6 @@ func (o *output) addSealed(t *tree, files []listedFile) {
 	}
 }
 
-// BlockID names block index of the file whose token is token.
-func BlockID(token string, index int64) string { return fmt.Sprintf("%s-%d", token, index) }
-
 // validToken is a token this package made: 32 lowercase hex digits.
 func validToken(t string) bool {
 	if len(t) != 32 {

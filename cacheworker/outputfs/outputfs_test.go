@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/outputfs"
@@ -263,7 +264,7 @@ func TestWriteSealAndReadElsewhere(t *testing.T) {
 		"the node that wrote the first version reads the new one")
 
 	t.Log("deleting a sealed file removes it at the master and from the writer's tier")
-	id := outputfs.BlockID(tokenOf(ctx, t, master, "part-00000/features.bin"), 0)
+	id := blockindex.OutputBlockID(tokenOf(ctx, t, master, "part-00000/features.bin"), 0)
 	_, _, err = a.store.OpenBlock(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(os.Remove(p)).To(Succeed())
@@ -507,7 +508,7 @@ func TestASealHandsTheStagedBytesToTheTierWithoutCopyingThem(t *testing.T) {
 
 	token := tokenOf(ctx, t, master, "three-blocks.bin")
 	for index := range int64(3) {
-		id := outputfs.BlockID(token, index)
+		id := blockindex.OutputBlockID(token, index)
 		b, _, err := w.store.OpenBlock(ctx, id)
 		g.Expect(err).NotTo(HaveOccurred())
 		fi, err := b.Stat()

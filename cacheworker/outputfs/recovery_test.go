@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/outputfs"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/master/client"
@@ -159,7 +160,7 @@ func lose(ctx context.Context, t *testing.T, master *client.Client, w *worker, n
 	t.Helper()
 	token := tokenOf(ctx, t, master, name)
 	for index := int64(0); index*blockSize < size; index++ {
-		if err := w.store.Delete(ctx, outputfs.BlockID(token, index)); err != nil {
+		if err := w.store.Delete(ctx, blockindex.OutputBlockID(token, index)); err != nil {
 			t.Fatalf("dropping block %d of %s: %v", index, name, err)
 		}
 	}

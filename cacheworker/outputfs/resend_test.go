@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	datav1alpha1 "github.com/strata-cache/strata/api/v1alpha1"
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 	"github.com/strata-cache/strata/cacheworker/locations"
@@ -264,7 +265,7 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 	}
 	for _, name := range []string{"halfway-small", "halfway-large", "halfway-rewritten"} {
 		n := first.t.get(ids[name])
-		_, err := o.storeBlock(context.Background(), BlockID(n.state.Token, 0), n.staged, 0, 1024, nil)
+		_, err := o.storeBlock(context.Background(), blockindex.OutputBlockID(n.state.Token, 0), n.staged, 0, 1024, nil)
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 	// A block whose staging file changed after it was stored (as after a failed seal that could
@@ -291,7 +292,7 @@ func TestASealAKilledProcessFinishedIsOnlyRecorded(t *testing.T) {
 		g.Expect(f.GetWritten()).To(BeTrue(), "%s is a pod's output, which a restore must not replace", name)
 		var got []byte
 		for index := int64(0); index*1024 < int64(len(want)); index++ {
-			data, _, err := o.cfg.Store.(*tierstore.Store).Get(context.Background(), BlockID(f.GetClientToken(), index)) // checks the CRC
+			data, _, err := o.cfg.Store.(*tierstore.Store).Get(context.Background(), blockindex.OutputBlockID(f.GetClientToken(), index)) // checks the CRC
 			g.Expect(err).NotTo(HaveOccurred(), "%s block %d", name, index)
 			got = append(got, data...)
 		}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/checkpoint"
 	"github.com/strata-cache/strata/cacheworker/tierstore"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
@@ -147,7 +148,7 @@ func (o *output) writeThrough(ctx context.Context, final, token string, size int
 	}
 	f := checkpoint.SealedFile{Dataset: o.cfg.Dataset, Path: final, Token: token, Size: size}
 	for index := int64(0); index*o.cfg.BlockSize < size; index++ {
-		f.Blocks = append(f.Blocks, BlockID(token, index))
+		f.Blocks = append(f.Blocks, blockindex.OutputBlockID(token, index))
 	}
 	written, err := o.cfg.Checkpoints.WriteThrough(ctx, f)
 	if err != nil {
@@ -172,7 +173,7 @@ func (o *output) storeBlocks(ctx context.Context, final, token string, staged *s
 		if err != nil {
 			return fmt.Errorf("encoding the origin of block %d: %w", index, err)
 		}
-		info, err := o.storeBlock(ctx, BlockID(token, index), staged, index, min(bs, size-off), origin)
+		info, err := o.storeBlock(ctx, blockindex.OutputBlockID(token, index), staged, index, min(bs, size-off), origin)
 		if err != nil {
 			return fmt.Errorf("storing block %d: %w", index, err)
 		}
@@ -275,7 +276,7 @@ func (o *output) undoSeal(sealing, token string, staged *stagedFile, stored []in
 	ctx, cancel := context.WithTimeout(context.Background(), o.cfg.MasterTimeout)
 	defer cancel()
 	for _, index := range stored {
-		id := BlockID(token, index)
+		id := blockindex.OutputBlockID(token, index)
 		err := o.cfg.Store.Delete(ctx, id)
 		if err == nil || errors.Is(err, tierstore.ErrNotFound) {
 			continue
@@ -305,7 +306,7 @@ func (o *output) deleteSealed(ctx context.Context, rel, token string, size int64
 		return syscall.EIO
 	}
 	for index := int64(0); index*o.cfg.BlockSize < size; index++ {
-		if err := o.cfg.Store.Delete(ctx, BlockID(token, index)); err != nil && !errors.Is(err, tierstore.ErrNotFound) {
+		if err := o.cfg.Store.Delete(ctx, blockindex.OutputBlockID(token, index)); err != nil && !errors.Is(err, tierstore.ErrNotFound) {
 			o.log.Error(err, "removing a block of a deleted output file; it stays until the worker restarts", "file", rel, "block", index)
 		}
 	}
@@ -376,7 +377,7 @@ func (h *handle) readSealed(ctx context.Context, o *output, v sealedVersion, des
 // loadBlock opens the local copy of a block, or reads it from the worker that holds it, or
 // else from the file's checkpoint.
 func (o *output) loadBlock(ctx context.Context, v sealedVersion, index int64) (*heldBlock, error) {
-	id := BlockID(v.token, index)
+	id := blockindex.OutputBlockID(v.token, index)
 	if f, _, err := o.cfg.Store.OpenBlock(ctx, id); err == nil {
 		return &heldBlock{token: v.token, index: index, file: f}, nil
 	}
@@ -406,7 +407,7 @@ func (o *output) loadBlock(ctx context.Context, v sealedVersion, index int64) (*
 // it), and has it recorded at the master as a copy of version v: a replica that the read made,
 // which replication then need not make. A failure only costs the copy.
 func (o *output) keep(ctx context.Context, v sealedVersion, index int64, data []byte) {
-	id := BlockID(v.token, index)
+	id := blockindex.OutputBlockID(v.token, index)
 	rel := v.rel()
 	if rel == "" {
 		return // out of the tree: no path to record it under

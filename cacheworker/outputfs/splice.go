@@ -6,6 +6,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/strata-cache/strata/cacheworker/blockindex"
 	"github.com/strata-cache/strata/cacheworker/fuseconn"
 )
 
@@ -73,7 +74,7 @@ func (h *handle) getSpliced(o *output, token string, index int64) *splicedBlock 
 		b.refs++
 		return b
 	}
-	f, _, err := o.cfg.Store.OpenBlock(context.Background(), BlockID(token, index))
+	f, _, err := o.cfg.Store.OpenBlock(context.Background(), blockindex.OutputBlockID(token, index))
 	if err != nil {
 		return nil
 	}

@@ -241,7 +241,7 @@ func (s *stagedFile) convertWhole(names []string, stored func(id string, length 
 // the tier store holds.
 func (s *stagedFile) convertBlock(whole *os.File, index, length int64, stored func(id string, length int64) string) error {
 	if stored != nil {
-		if p := stored(BlockID(s.token, index), length); p != "" {
+		if p := stored(blockindex.OutputBlockID(s.token, index), length); p != "" {
 			if err := os.Link(p, s.blockPath(index)); err == nil {
 				s.blocks[index] = true
 				return nil

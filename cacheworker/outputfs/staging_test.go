@@ -68,7 +68,7 @@ func TestAFileStagedWholeByAnOlderVersionIsCutIntoBlocks(t *testing.T) {
 	storedBlock := filepath.Join(t.TempDir(), "tier-block")
 	g.Expect(os.WriteFile(storedBlock, data[10:20], 0o600)).To(Succeed())
 	stored := func(id string, length int64) string {
-		if id == BlockID("77aa", 1) && length == 10 {
+		if id == blockindex.OutputBlockID("77aa", 1) && length == 10 {
 			return storedBlock
 		}
 		return ""

@@ -105,7 +105,7 @@ func (s *Store) store(ctx context.Context, id string, size int64, opts PutOption
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.blocks[id] = b
+	s.addLocked(b)
 	top.enter(b)
 	return b.info(), nil
 }
@@ -307,6 +307,7 @@ func (s *Store) forgetLocked(b *block) {
 		s.cfg.OnRemove(b.info())
 	}
 	delete(s.blocks, b.id)
+	delete(s.unclean, b.id)
 	delete(s.queue, b.id)
 	b.tier.leave(b)
 	b.tier.used -= b.size
@@ -326,10 +327,17 @@ func (s *Store) Info(id string) (BlockInfo, error) {
 
 // Blocks describes every stored block, ordered by id: what a worker reports to the master
 // when it registers.
-func (s *Store) Blocks() []BlockInfo {
+func (s *Store) Blocks() []BlockInfo { return s.describe(s.blocks) }
+
+// UncleanBlocks describes the blocks that are not clean (no copy exists elsewhere), ordered by
+// id: what the checkpointer looks for, without listing every block the node holds.
+func (s *Store) UncleanBlocks() []BlockInfo { return s.describe(s.unclean) }
+
+// describe describes the blocks of m, one of the store's maps, ordered by id.
+func (s *Store) describe(m map[string]*block) []BlockInfo {
 	s.mu.Lock()
-	out := make([]BlockInfo, 0, len(s.blocks))
-	for _, b := range s.blocks {
+	out := make([]BlockInfo, 0, len(m))
+	for _, b := range m {
 		out = append(out, b.info())
 	}
 	s.mu.Unlock()
@@ -380,8 +388,24 @@ func (s *Store) update(ctx context.Context, id, what string, change func(b *bloc
 	s.mu.Lock()
 	change(b)
 	b.tier.setPinned(b, b.pinned)
+	s.trackCleanLocked(b)
 	s.mu.Unlock()
 	return nil
+}
+
+// addLocked puts b among the stored blocks, in place of any of its id. mu must be held.
+func (s *Store) addLocked(b *block) {
+	s.blocks[b.id] = b
+	s.trackCleanLocked(b)
+}
+
+// trackCleanLocked keeps unclean in step with b.clean. mu must be held.
+func (s *Store) trackCleanLocked(b *block) {
+	if b.clean {
+		delete(s.unclean, b.id)
+	} else {
+		s.unclean[b.id] = b
+	}
 }
 
 // commit writes a block's index entry, the commit point of its write or move, and makes it

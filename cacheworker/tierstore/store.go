@@ -90,9 +90,12 @@ type Store struct {
 	evictMu sync.Mutex
 	stripes [64]sync.Mutex
 
-	mu      sync.Mutex
-	rules   map[string]DatasetRules // by Dataset
-	blocks  map[string]*block
+	mu     sync.Mutex
+	rules  map[string]DatasetRules // by Dataset
+	blocks map[string]*block
+	// unclean are the blocks of blocks that are not clean (UncleanBlocks): outputs with no copy
+	// elsewhere yet, a few among the many cached copies a node holds.
+	unclean map[string]*block
 	pending map[string]bool // ids being written
 	queue   map[string]bool // ids waiting for promotion
 	closed  bool
@@ -177,6 +180,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		blocks:  make(map[string]*block),
+		unclean: make(map[string]*block),
 		pending: make(map[string]bool),
 		queue:   make(map[string]bool),
 	}
@@ -244,7 +248,7 @@ func (s *Store) load(rep blockindex.Report) {
 		}
 		b := &block{id: e.ID, tier: t, dir: d, size: e.Size, checksum: e.Checksum, created: e.Created, origin: e.Origin,
 			dataset: s.datasetOf(e.Origin), clean: e.Clean, pinned: e.Pinned, accesses: e.Accesses, lastAccess: e.LastAccess}
-		s.blocks[e.ID] = b
+		s.addLocked(b)
 		t.used += e.Size
 		d.used += e.Size
 		t.enter(b)

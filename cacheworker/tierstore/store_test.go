@@ -744,3 +744,44 @@ func TestOnRemoveIsToldOfEveryBlockThatLeaves(t *testing.T) {
 		g.Expect(err).To(MatchError(ErrNotFound), "only blocks that left are reported: %s", id)
 	}
 }
+
+// UncleanBlocks lists the blocks with no copy elsewhere, and only those, as they are written,
+// marked clean, deleted, moved down a tier, and found again after a restart.
+func TestUncleanBlocksAreTheBlocksNotClean(t *testing.T) {
+	ctx := context.Background()
+	ts := newStore(t, []tierSpec{memTier, nvmeTier}, nil)
+	ids := func() []string {
+		var out []string
+		for _, b := range ts.UncleanBlocks() {
+			if b.Clean {
+				t.Errorf("%s is clean, but listed", b.ID)
+			}
+			out = append(out, b.ID)
+		}
+		return out
+	}
+	ts.put("cached", PutOptions{Clean: true})
+	ts.put("out-b", PutOptions{})
+	ts.put("out-a", PutOptions{})
+	ts.put("out-c", PutOptions{})
+	if got, want := ids(), []string{"out-a", "out-b", "out-c"}; !slices.Equal(got, want) {
+		t.Fatalf("unclean after writing = %v, want %v", got, want)
+	}
+	if err := ts.SetClean(ctx, "out-b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.Delete(ctx, "out-c"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(), []string{"out-a"}; !slices.Equal(got, want) {
+		t.Fatalf("unclean after one was marked clean and one deleted = %v, want %v", got, want)
+	}
+	ts.put("out-c", PutOptions{}) // an id written again
+	if err := ts.Move(ctx, "out-a", "nvme"); err != nil {
+		t.Fatal(err)
+	}
+	ts.restart()
+	if got, want := ids(), []string{"out-a", "out-c"}; !slices.Equal(got, want) {
+		t.Fatalf("unclean after a move and a restart = %v, want %v", got, want)
+	}
+}
