@@ -48,7 +48,7 @@ import (
 
 // Store is the part of the tier store the replicator reads.
 type Store interface {
-	Blocks() []tierstore.BlockInfo
+	UncleanBlocks() []tierstore.BlockInfo
 	OpenVerified(ctx context.Context, id string) (io.ReadCloser, tierstore.BlockInfo, error)
 }
 
@@ -223,14 +223,15 @@ func (r *Replicator) Pass(ctx context.Context) (Result, error) {
 }
 
 // candidates are the blocks held whose Dataset is replicated and that are not checkpointed
-// (clean) nor settled within Recheck; behind are those settled as lacking copies.
+// (clean) nor settled within Recheck; behind are those settled as lacking copies. It looks at
+// the blocks not clean only, a few among the cached copies a node mostly holds.
 func (r *Replicator) candidates(set *policy.Set, now time.Time) (out []candidate, behind []tierstore.BlockInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	held := map[string]bool{}
-	for _, b := range r.cfg.Store.Blocks() {
+	held := map[string]bool{} // the blocks not clean: a block settled and since clean or gone is forgotten
+	for _, b := range r.cfg.Store.UncleanBlocks() {
 		held[b.ID] = true
-		if b.Clean || len(b.Origin) == 0 {
+		if len(b.Origin) == 0 {
 			continue
 		}
 		if v, ok := r.settled[b.ID]; ok && now.Sub(v.at) < r.cfg.Recheck {
