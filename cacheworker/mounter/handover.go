@@ -75,7 +75,7 @@ func (m *Mounter) put(ctx context.Context, mnt *mount) error {
 // putFiles hands the store files, mnt's handover, with the request that made mnt, and marks
 // it held. The caller keeps files.
 func (m *Mounter) putFiles(ctx context.Context, mnt *mount, files []*os.File) error {
-	data, err := proto.Marshal(mnt.req)
+	data, err := proto.Marshal(mnt.handedOver())
 	if err != nil {
 		return fmt.Errorf("encoding the mount request: %w", err)
 	}
@@ -88,6 +88,17 @@ func (m *Mounter) putFiles(ctx context.Context, mnt *mount, files []*os.File) er
 	mnt.held = true
 	m.mu.Unlock()
 	return nil
+}
+
+// handedOver is the request the next worker process resumes mnt with: the one that made it,
+// and whether the Dataset is deleted.
+func (mnt *mount) handedOver() *workerpb.MountDatasetRequest {
+	if !mnt.deleted.Load() {
+		return mnt.req
+	}
+	req := proto.Clone(mnt.req).(*workerpb.MountDatasetRequest)
+	req.DatasetDeleted = true
+	return req
 }
 
 // handoverFiles are what the next worker needs to take an input's fs over; the caller closes
@@ -169,7 +180,11 @@ func (m *Mounter) resumeOne(ctx context.Context, uid string) (err error) {
 	if req.GetUid() != uid {
 		return fmt.Errorf("the held mount request is for uid %s, not %s", req.GetUid(), uid)
 	}
+	// The mark is the mount's, not part of the request a publish is compared with.
+	deleted := req.GetDatasetDeleted()
+	req.DatasetDeleted = false
 	mnt := m.newMount(req)
+	mnt.deleted.Store(deleted)
 	log := m.log.WithValues("dataset", mnt.dataset(), "uid", uid)
 	fs, err := m.resumeFileSystem(ctx, mnt, files, log)
 	if err != nil {

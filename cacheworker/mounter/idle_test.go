@@ -9,6 +9,8 @@ import (
 
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fdstore"
@@ -180,4 +182,34 @@ func TestADeletedDatasetIsNotKeptIdle(t *testing.T) {
 		g.Expect(mounted(t, path)).To(BeFalse(), "unmounted with its last pod, not kept idle")
 		g.Expect(f.m.Mounted(uid)).To(BeFalse())
 	})
+	t.Run("in use when deleted, its last pod gone after a worker restart", func(t *testing.T) {
+		g := NewWithT(t)
+		store, sock := fdstoretest.Start(t)
+		handovers, err := fdstore.NewClient(sock, "pool-a")
+		g.Expect(err).NotTo(HaveOccurred())
+		f := newFixture(t, func(c *Config) { c.KeepIdle = time.Hour; c.Handovers = handovers })
+		path := f.mount(t, f.request(uid))
+		g.Expect(forget(t, f).GetMounted()).To(BeTrue(), "a pod still reads it")
+		g.Expect(f.m.Close()).To(Succeed())
+		g.Expect(store.Len()).To(Equal(1), "left to the next worker")
+
+		next := f.nextWorker(t)
+		_, err = next.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(mounted(t, path)).To(BeFalse(), "the next worker knew it deleted: unmounted with its last pod, not kept idle")
+		g.Expect(next.Mounted(uid)).To(BeFalse())
+		g.Eventually(store.Len).Should(BeZero())
+	})
+}
+
+// Only a worker marks a request it hands over as of a deleted Dataset: a caller that says so is
+// refused, rather than the mark being taken or dropped unsaid.
+func TestAMountOfADatasetMarkedDeletedIsRefused(t *testing.T) {
+	f := newFixture(t, nil)
+	req := f.request(uid)
+	req.DatasetDeleted = true
+	_, err := f.client.MountDataset(context.Background(), req)
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("MountDataset of a request marked deleted: %v, want InvalidArgument", err)
+	}
 }

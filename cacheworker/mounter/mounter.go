@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -188,8 +189,9 @@ type mount struct {
 	// when it fires; the UID's lock guards it.
 	idle *time.Timer
 	// deleted: the operator said the Dataset is deleted (forgetDeleted), so the mount is not
-	// kept idle when its last pod goes; the UID's lock guards it.
-	deleted bool
+	// kept idle when its last pod goes. It is handed over with the mount (handedOver): the
+	// store may put the mount back at any time.
+	deleted atomic.Bool
 }
 
 func (mnt *mount) dataset() string { return mnt.namespace + "/" + mnt.name }
@@ -333,6 +335,9 @@ func (m *Mounter) lock(ctx context.Context, uid string) (unlock func(), err erro
 func (m *Mounter) MountDataset(ctx context.Context, req *workerpb.MountDatasetRequest) (*workerpb.MountDatasetResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, err
+	}
+	if req.GetDatasetDeleted() {
+		return nil, status.Error(codes.InvalidArgument, "dataset_deleted is set only by a worker, in the request it hands over to the next worker process")
 	}
 	uid, dataset := req.GetUid(), req.GetNamespace()+"/"+req.GetName()
 	unlock, err := m.lock(ctx, uid)
@@ -681,7 +686,7 @@ func (m *Mounter) UnmountDataset(ctx context.Context, req *workerpb.UnmountDatas
 		}
 		return &workerpb.UnmountDatasetResponse{}, nil
 	}
-	if m.cfg.KeepIdle > 0 && !mnt.output && !mnt.deleted {
+	if m.cfg.KeepIdle > 0 && !mnt.output && !mnt.deleted.Load() {
 		m.keepIdle(mnt)
 		return &workerpb.UnmountDatasetResponse{}, nil
 	}

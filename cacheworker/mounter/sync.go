@@ -165,7 +165,7 @@ func (m *Mounter) forgetDeleted(ctx context.Context, uid string) (*workerpb.Sync
 	}
 	// No pod will mount it again: a mount kept for the next pod goes now, with the under-store
 	// client and the credentials it holds, and one that pods use goes with the last of them.
-	mnt.deleted = true
+	mnt.deleted.Store(true)
 	if mnt.stopIdle() {
 		if err := m.unmount(ctx, mnt); err != nil {
 			m.keepIdle(mnt) // unmounted when its time is up, as before
@@ -174,6 +174,8 @@ func (m *Mounter) forgetDeleted(ctx context.Context, uid string) (*workerpb.Sync
 		m.log.Info("unmounted the idle mount of a deleted Dataset", "dataset", mnt.dataset(), "uid", uid)
 		return &workerpb.SyncDatasetResponse{}, nil
 	}
+	// The next worker process must know too, should this one restart before the last pod goes.
+	m.hold(ctx, mnt)
 	return &workerpb.SyncDatasetResponse{Mounted: true}, nil
 }
 

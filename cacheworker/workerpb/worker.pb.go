@@ -841,9 +841,14 @@ type MountDatasetRequest struct {
 	Output bool `protobuf:"varint,6,opt,name=output,proto3" json:"output,omitempty"`
 	// mounts are the stores of a Dataset of several (spec.mounts), each at its folder of the tree;
 	// a Dataset of one store gives source instead. No folder may be inside another.
-	Mounts        []*SourceMount `protobuf:"bytes,7,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Mounts []*SourceMount `protobuf:"bytes,7,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	// dataset_deleted is never sent by a caller (MountDataset refuses it): a worker sets it in the
+	// copy of the request it hands over to the next worker process once the operator said the
+	// Dataset is deleted, so that the next process, too, unmounts it with its last pod instead of
+	// keeping it for a pod that cannot come.
+	DatasetDeleted bool `protobuf:"varint,8,opt,name=dataset_deleted,json=datasetDeleted,proto3" json:"dataset_deleted,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *MountDatasetRequest) Reset() {
@@ -923,6 +928,13 @@ func (x *MountDatasetRequest) GetMounts() []*SourceMount {
 		return x.Mounts
 	}
 	return nil
+}
+
+func (x *MountDatasetRequest) GetDatasetDeleted() bool {
+	if x != nil {
+		return x.DatasetDeleted
+	}
+	return false
 }
 
 type MountDatasetResponse struct {
@@ -1523,7 +1535,7 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
 	"\vSourceMount\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x127\n" +
-	"\x06source\x18\x02 \x01(\v2\x1f.strata.worker.v1.DatasetSourceR\x06source\"\xfe\x01\n" +
+	"\x06source\x18\x02 \x01(\v2\x1f.strata.worker.v1.DatasetSourceR\x06source\"\xa7\x02\n" +
 	"\x13MountDatasetRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -1531,7 +1543,8 @@ const file_cacheworker_workerpb_worker_proto_rawDesc = "" +
 	"\x06source\x18\x04 \x01(\v2\x1f.strata.worker.v1.DatasetSourceR\x06source\x12\x1b\n" +
 	"\tread_only\x18\x05 \x01(\bR\breadOnly\x12\x16\n" +
 	"\x06output\x18\x06 \x01(\bR\x06output\x125\n" +
-	"\x06mounts\x18\a \x03(\v2\x1d.strata.worker.v1.SourceMountR\x06mounts\"*\n" +
+	"\x06mounts\x18\a \x03(\v2\x1d.strata.worker.v1.SourceMountR\x06mounts\x12'\n" +
+	"\x0fdataset_deleted\x18\b \x01(\bR\x0edatasetDeleted\"*\n" +
 	"\x14MountDatasetResponse\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\")\n" +
 	"\x15UnmountDatasetRequest\x12\x10\n" +
