@@ -121,7 +121,13 @@ type countedMaster struct {
 type heldAnswer struct {
 	skip              int
 	reached, released chan struct{}
+	releaseOnce       sync.Once
 }
+
+// release lets the held answer go; a test calls it again in a cleanup that runs before the
+// background loop's (registered after n.run), so that a test failing before it released the
+// answer fails instead of waiting forever for the loop it stops.
+func (h *heldAnswer) release() { h.releaseOnce.Do(func() { close(h.released) }) }
 
 // holdGetFile holds the answer to the GetFile of path after skip more.
 func (m *countedMaster) holdGetFile(path string, skip int) *heldAnswer {
@@ -693,6 +699,7 @@ func TestAnOlderVersionsUploadNeverLandsOnANewerOne(t *testing.T) {
 	old := n.seal("ns/out/u1", "x", 2*blockSize, 1)
 	held := n.calls.holdGetFile(old.path(), 1)
 	n.run()
+	t.Cleanup(held.release)
 	n.cp.Wake()
 	g.Eventually(held.reached).WithTimeout(30*time.Second).Should(BeClosed(), "the master said the old version is current")
 
@@ -708,7 +715,7 @@ func TestAnOlderVersionsUploadNeverLandsOnANewerOne(t *testing.T) {
 	g.Expect(n.object(newer)).To(Equal(newer.data))
 
 	before := n.calls.about(old.path())
-	close(held.released)
+	held.release()
 	// The master is asked about the path again only once the old upload has ended, landed or not.
 	g.Eventually(func() int { return n.calls.about(old.path()) }).WithTimeout(30 * time.Second).Should(BeNumerically(">", before))
 	g.Expect(n.object(newer)).To(Equal(newer.data), "the old version's upload did not land on the new one")

@@ -69,6 +69,7 @@ func summarize(in io.Reader, out io.Writer) (tally, error) {
 			packages++
 			if e.Action == "fail" {
 				t.failedPackages = append(t.failedPackages, e.Package)
+				unended(out, outputs, e.Package)
 			}
 		case e.Action == "output":
 			outputs[key] = append(outputs[key], e.Output)
@@ -101,6 +102,23 @@ func summarize(in io.Reader, out io.Writer) (tally, error) {
 		_, _ = fmt.Fprintln(out, "FAILED:", strings.Join(t.failedPackages, " "))
 	}
 	return t, nil
+}
+
+// unended prints, and forgets, what the tests of pkg that never ended printed: those running
+// when its test binary died (a timeout's panic, with the goroutines' stacks, is among their
+// lines), which would otherwise go unsaid.
+func unended(out io.Writer, outputs map[string][]string, pkg string) {
+	var keys []string
+	for key := range outputs {
+		if strings.HasPrefix(key, pkg+" ") {
+			keys = append(keys, key)
+		}
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		_, _ = fmt.Fprintf(out, "--- DID NOT END: %s (%s)\n%s", strings.TrimPrefix(key, pkg+" "), pkg, strings.Join(outputs[key], ""))
+		delete(outputs, key)
+	}
 }
 
 // lastLine is the last non-empty line a test printed, where a skip says why.

@@ -40,3 +40,22 @@ func TestTheSummaryCountsAndKeepsTheVerdict(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(tally.failedPackages).NotTo(BeEmpty(), "nothing run is a failure, not a pass")
 }
+
+// A test binary that dies (a timeout) leaves tests that never end: what they printed, the
+// panic among it, is shown with the package's failure.
+func TestTheTestsADeadBinaryLeftRunningAreShown(t *testing.T) {
+	g := NewWithT(t)
+	events := strings.Join([]string{
+		`{"Action":"run","Package":"c","Test":"TestHangs"}`,
+		`{"Action":"output","Package":"c","Test":"TestHangs","Output":"=== RUN   TestHangs\n"}`,
+		`{"Action":"output","Package":"c","Test":"TestHangs","Output":"panic: test timed out after 10m0s\n"}`,
+		`{"Action":"output","Package":"c","Test":"TestHangs","Output":"goroutine 7 [chan receive]:\n"}`,
+		`{"Action":"output","Package":"c","Output":"FAIL\tc\t600.1s\n"}`,
+		`{"Action":"fail","Package":"c"}`,
+	}, "\n")
+	var out strings.Builder
+	tally, err := summarize(strings.NewReader(events), &out)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(tally.failedPackages).To(Equal([]string{"c"}))
+	g.Expect(out.String()).To(ContainSubstring("--- DID NOT END: TestHangs (c)\n=== RUN   TestHangs\npanic: test timed out after 10m0s\ngoroutine 7 [chan receive]:\n"))
+}
