@@ -19,6 +19,18 @@ import (
 	"github.com/strata-cache/strata/internal/fusetest"
 )
 
+// startHandovers starts a file descriptor store, as the CSI node plugin runs one, and returns
+// it and a client of it for pool-a's workers (Config.Handovers).
+func startHandovers(t *testing.T) (*fdstore.Server, *fdstore.Client) {
+	t.Helper()
+	store, sock := fdstoretest.Start(t)
+	handovers, err := fdstore.NewClient(sock, "pool-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, handovers
+}
+
 // TestPodsMountsOutliveTheWorker stands for a worker restart with a pod reading: the worker
 // stops (Close) while a pod's bind mount of a Dataset has a file open, and a new worker takes
 // the mount over (Recover) from the CSI plugin's file descriptor store. The pod's read goes on
@@ -26,9 +38,7 @@ import (
 // lets it go.
 func TestPodsMountsOutliveTheWorker(t *testing.T) {
 	g := NewWithT(t)
-	store, sock := fdstoretest.Start(t)
-	handovers, err := fdstore.NewClient(sock, "pool-a")
-	g.Expect(err).NotTo(HaveOccurred())
+	store, handovers := startHandovers(t)
 	f := newFixture(t, func(c *Config) { c.Handovers = handovers })
 	ctx := context.Background()
 
@@ -74,9 +84,7 @@ func TestPodsMountsOutliveTheWorker(t *testing.T) {
 // TestAStoreThatRestartedIsRefilled checks that mounts a restarted store lost are put back.
 func TestAStoreThatRestartedIsRefilled(t *testing.T) {
 	g := NewWithT(t)
-	store, sock := fdstoretest.Start(t)
-	handovers, err := fdstore.NewClient(sock, "pool-a")
-	g.Expect(err).NotTo(HaveOccurred())
+	store, handovers := startHandovers(t)
 	f := newFixture(t, func(c *Config) { c.Handovers = handovers })
 	f.mount(t, f.request(uid))
 	g.Expect(store.Len()).To(Equal(1))
@@ -84,7 +92,7 @@ func TestAStoreThatRestartedIsRefilled(t *testing.T) {
 	g.Expect(store.Len()).To(BeZero())
 	f.m.refill(context.Background(), logr.Discard())
 	g.Expect(store.Len()).To(Equal(1))
-	_, err = f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
+	_, err := f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(store.Len()).To(BeZero())
 }

@@ -13,8 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/strata-cache/strata/cacheworker/workerpb"
-	"github.com/strata-cache/strata/internal/fdstore"
-	"github.com/strata-cache/strata/internal/fdstore/fdstoretest"
 )
 
 // fuseReadBytes is what the worker's FUSE file systems have returned to readers so far.
@@ -126,15 +124,13 @@ func TestAnIdleMountOfAnotherSpecIsReplaced(t *testing.T) {
 // keep them for good.
 func TestCloseUnmountsIdleDatasets(t *testing.T) {
 	g := NewWithT(t)
-	store, sock := fdstoretest.Start(t)
-	handovers, err := fdstore.NewClient(sock, "pool-a")
-	g.Expect(err).NotTo(HaveOccurred())
+	store, handovers := startHandovers(t)
 	f := newFixture(t, func(c *Config) { c.KeepIdle = time.Hour; c.Handovers = handovers })
 	idle := f.mount(t, f.request(uid))
 	const used = "7d4b2c1a-0e9f-4a3b-8c2d-5e6f7a8b9c0d"
 	inUse := f.mount(t, f.request(used))
 	g.Expect(store.Len()).To(Equal(2))
-	_, err = f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
+	_, err := f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
 	g.Expect(err).NotTo(HaveOccurred())
 
 	g.Expect(f.m.Close()).To(Succeed())
@@ -184,9 +180,7 @@ func TestADeletedDatasetIsNotKeptIdle(t *testing.T) {
 	})
 	t.Run("in use when deleted, its last pod gone after a worker restart", func(t *testing.T) {
 		g := NewWithT(t)
-		store, sock := fdstoretest.Start(t)
-		handovers, err := fdstore.NewClient(sock, "pool-a")
-		g.Expect(err).NotTo(HaveOccurred())
+		store, handovers := startHandovers(t)
 		f := newFixture(t, func(c *Config) { c.KeepIdle = time.Hour; c.Handovers = handovers })
 		path := f.mount(t, f.request(uid))
 		g.Expect(forget(t, f).GetMounted()).To(BeTrue(), "a pod still reads it")
@@ -194,7 +188,7 @@ func TestADeletedDatasetIsNotKeptIdle(t *testing.T) {
 		g.Expect(store.Len()).To(Equal(1), "left to the next worker")
 
 		next := f.nextWorker(t)
-		_, err = next.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
+		_, err := next.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(mounted(t, path)).To(BeFalse(), "the next worker knew it deleted: unmounted with its last pod, not kept idle")
 		g.Expect(next.Mounted(uid)).To(BeFalse())

@@ -16,8 +16,6 @@ import (
 	"github.com/strata-cache/strata/cacheworker/dataplane"
 	"github.com/strata-cache/strata/cacheworker/locations"
 	"github.com/strata-cache/strata/cacheworker/workerpb"
-	"github.com/strata-cache/strata/internal/fdstore"
-	"github.com/strata-cache/strata/internal/fdstore/fdstoretest"
 	"github.com/strata-cache/strata/internal/fusetest"
 	"github.com/strata-cache/strata/master/client"
 	"github.com/strata-cache/strata/master/masterpb"
@@ -66,9 +64,7 @@ func TestOutputMountsOutliveTheWorker(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	master, outputs := outputsOfAMaster(t)
-	store, sock := fdstoretest.Start(t)
-	handovers, err := fdstore.NewClient(sock, "pool-a")
-	g.Expect(err).NotTo(HaveOccurred())
+	store, handovers := startHandovers(t)
 	f := newFixture(t, func(c *Config) {
 		c.Outputs = outputs
 		c.Handovers = handovers
