@@ -104,11 +104,16 @@ var _ = Describe("The Lineage reconciler", func() {
 		})).To(Succeed())
 		Expect(k8sClient.Create(ctx, newLineage(namespace, "train", nil, []string{"model"}))).To(Succeed())
 
-		cond := ready("train", ReasonWaitingForOutputClaims)
-		Expect(cond.Message).To(And(
-			ContainSubstring("output model (claim model is "), // Pending, or new if the binder has not seen it yet
-			ContainSubstring("not yet bound to volume strata-"),
-			ContainSubstring("before running the Job")))
+		// The Dataset may be looked at before its Lineage exists and say so for a moment; the
+		// Lineage then waits on that until the Dataset's next look says what the claim waits for.
+		train := &datav1alpha1.Lineage{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "train"}}
+		awaitCondition(train, lineageConditions, datav1alpha1.ConditionReady, ReasonWaitingForOutputClaims, func(g Gomega) {
+			cond := meta.FindStatusCondition(train.Status.Conditions, datav1alpha1.ConditionReady)
+			g.Expect(cond.Message).To(And(
+				ContainSubstring("output model (claim model is "), // Pending, or new if the binder has not seen it yet
+				ContainSubstring("not yet bound to volume strata-"),
+				ContainSubstring("before running the Job")))
+		})
 		noJob("train")
 
 		By("binding the claim, as kube-controller-manager would")
