@@ -75,6 +75,8 @@ func (m *Mounter) put(ctx context.Context, mnt *mount) error {
 // putFiles hands the store files, mnt's handover, with the request that made mnt, and marks
 // it held. The caller keeps files.
 func (m *Mounter) putFiles(ctx context.Context, mnt *mount, files []*os.File) error {
+	mnt.handoverMu.Lock()
+	defer mnt.handoverMu.Unlock()
 	data, err := proto.Marshal(mnt.handedOver())
 	if err != nil {
 		return fmt.Errorf("encoding the mount request: %w", err)
@@ -91,7 +93,7 @@ func (m *Mounter) putFiles(ctx context.Context, mnt *mount, files []*os.File) er
 }
 
 // handedOver is the request the next worker process resumes mnt with: the one that made it,
-// and whether the Dataset is deleted.
+// and whether the Dataset is deleted; mnt.handoverMu is held.
 func (mnt *mount) handedOver() *workerpb.MountDatasetRequest {
 	if !mnt.deleted.Load() {
 		return mnt.req

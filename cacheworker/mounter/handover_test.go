@@ -2,6 +2,7 @@ package mounter
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,11 +13,13 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/strata-cache/strata/cacheworker/workerpb"
 	"github.com/strata-cache/strata/internal/fdstore"
 	"github.com/strata-cache/strata/internal/fdstore/fdstoretest"
 	"github.com/strata-cache/strata/internal/fusetest"
+	"github.com/strata-cache/strata/internal/miniotest"
 )
 
 // startHandovers starts a file descriptor store, as the CSI node plugin runs one, and returns
@@ -95,6 +98,60 @@ func TestAStoreThatRestartedIsRefilled(t *testing.T) {
 	_, err := f.client.UnmountDataset(context.Background(), &workerpb.UnmountDatasetRequest{Uid: uid})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(store.Len()).To(BeZero())
+}
+
+// TestTheStoreKeepsTheRequestOfTheLastRotation puts the mount back in the store over and over,
+// as the store's refill does (without the UID's lock), while the kubelet's republishes rotate the
+// credentials: the store ends with the request of the last rotation, which the next worker
+// resumes with. (Under -race, as make test runs, a rotation that replaced the request while a
+// refill read it failed here.)
+func TestTheStoreKeepsTheRequestOfTheLastRotation(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	_, handovers := startHandovers(t)
+	f := newFixture(t, func(c *Config) { c.Handovers = handovers })
+	f.mount(t, f.request(uid))
+	f.m.mu.Lock()
+	mnt := f.m.mounts[uid]
+	f.m.mu.Unlock()
+	g.Expect(mnt).NotTo(BeNil())
+
+	stop := make(chan struct{})
+	refilled := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				refilled <- nil
+				return
+			default:
+			}
+			if err := f.m.put(ctx, mnt); err != nil {
+				refilled <- err
+				return
+			}
+		}
+	}()
+	var last map[string]string
+	for i := range 20 {
+		req := f.request(uid)
+		last = map[string]string{"accessKeyID": miniotest.AccessKey, "secretAccessKey": fmt.Sprintf("rotated-%d", i)}
+		req.Source.Credentials = last
+		g.Expect(f.mount(t, req)).NotTo(BeEmpty())
+	}
+	close(stop)
+	g.Expect(<-refilled).To(Succeed())
+
+	data, files, err := handovers.Get(ctx, uid)
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, file := range files {
+		_ = file.Close()
+	}
+	held := &workerpb.MountDatasetRequest{}
+	g.Expect(proto.Unmarshal(data, held)).To(Succeed())
+	g.Expect(held.GetSource().GetCredentials()).To(Equal(last), "the store holds the request of the last rotation")
+	_, err = f.client.UnmountDataset(ctx, &workerpb.UnmountDatasetRequest{Uid: uid})
+	g.Expect(err).NotTo(HaveOccurred())
 }
 
 // nextWorker starts the mounter of a worker that follows f's, as a restarted worker does: it

@@ -181,8 +181,13 @@ type mount struct {
 	// store is the source, which a publish with rotated credentials replaces (rotate).
 	store    *understore.Replaceable
 	released sync.Once
-	// req is the request that made the mount, for putting it back in a restarted store.
-	req *workerpb.MountDatasetRequest
+	// req is the request that made the mount, for putting it back in a restarted store. A
+	// rotation replaces it (under the UID's lock, which sameMount's reads hold too) while the
+	// store's refill or a compacted journal may hand it over (without that lock): handoverMu
+	// serialises the replacement with each read and put, so that the store never ends up with an
+	// older request than the mount's.
+	req        *workerpb.MountDatasetRequest
+	handoverMu sync.Mutex
 	// held is set once Config.Handovers holds the mount's connection; Mounter.mu guards it.
 	held bool
 	// idle, set while no pod of the node mounts the Dataset (Config.KeepIdle), unmounts it
@@ -533,7 +538,9 @@ func (m *Mounter) rotate(ctx context.Context, old *mount, req *workerpb.MountDat
 	// hold resources: a Union of mounts with a file:// one beside a rotated one).
 	old.store.Replace(store)
 	// sameMount found req the same as old.req but for the credentials.
+	old.handoverMu.Lock()
 	old.req = proto.Clone(req).(*workerpb.MountDatasetRequest)
+	old.handoverMu.Unlock()
 	m.rotations.Inc()
 	m.log.Info("reading the Dataset's source with its Secret's new credentials", "dataset", old.dataset(), "uid", old.uid)
 	m.hold(ctx, old)
