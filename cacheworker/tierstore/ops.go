@@ -220,7 +220,7 @@ func (s *Store) touch(b *block) BlockInfo {
 	defer s.mu.Unlock()
 	b.accesses++
 	b.lastAccess = s.cfg.Now()
-	b.dirty = true
+	s.unflushed[b.id] = b
 	b.tierReads++
 	b.tier.touched(b)
 	if s.blocks[b.id] == b && b.tier.index > 0 && !b.queued && b.tierReads >= s.promotionThreshold(b.dataset) {
@@ -308,6 +308,7 @@ func (s *Store) forgetLocked(b *block) {
 	}
 	delete(s.blocks, b.id)
 	delete(s.unclean, b.id)
+	delete(s.unflushed, b.id)
 	delete(s.queue, b.id)
 	b.tier.leave(b)
 	b.tier.used -= b.size
@@ -396,6 +397,7 @@ func (s *Store) update(ctx context.Context, id, what string, change func(b *bloc
 // addLocked puts b among the stored blocks, in place of any of its id. mu must be held.
 func (s *Store) addLocked(b *block) {
 	s.blocks[b.id] = b
+	delete(s.unflushed, b.id) // b's statistics are the index's: it was just written or loaded
 	s.trackCleanLocked(b)
 }
 

@@ -364,7 +364,9 @@ func (s *Store) move(ctx context.Context, b *block, to *tier, rm room) error {
 	b.tierReads = 0
 	b.queued = false
 	delete(s.queue, b.id)
-	b.dirty = b.accesses != e.Accesses
+	if b.accesses == e.Accesses {
+		delete(s.unflushed, b.id) // the move wrote them
+	}
 	to.enter(b)
 	s.mu.Unlock()
 	if err := os.Remove(oldPath); err != nil && !errors.Is(err, fs.ErrNotExist) {

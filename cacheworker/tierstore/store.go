@@ -96,10 +96,13 @@ type Store struct {
 	// unclean are the blocks of blocks that are not clean (UncleanBlocks): outputs with no copy
 	// elsewhere yet, a few among the many cached copies a node holds.
 	unclean map[string]*block
-	pending map[string]bool // ids being written
-	queue   map[string]bool // ids waiting for promotion
-	closed  bool
-	ops     sync.WaitGroup
+	// unflushed are the blocks read since their access statistics were last written to the
+	// index, which flush writes: the blocks read in a minute, not every block the node holds.
+	unflushed map[string]*block
+	pending   map[string]bool // ids being written
+	queue     map[string]bool // ids waiting for promotion
+	closed    bool
+	ops       sync.WaitGroup
 
 	// indexSyncs counts the index's syncs for writes (commit).
 	indexSyncs atomic.Int64
@@ -150,7 +153,6 @@ type block struct {
 	tierReads     int  // reads since the block arrived in its tier
 	moving        bool // a move or drop is under way
 	queued        bool // waiting for promotion
-	dirty         bool // access statistics not yet in the index
 }
 
 func (b *block) path() string { return blockindex.BlockPath(b.dir.path, b.id) }
@@ -173,16 +175,17 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{
-		cfg:     cfg,
-		log:     cfg.Log,
-		byName:  make(map[string]*tier),
-		seed:    maphash.MakeSeed(),
-		wake:    make(chan struct{}, 1),
-		done:    make(chan struct{}),
-		blocks:  make(map[string]*block),
-		unclean: make(map[string]*block),
-		pending: make(map[string]bool),
-		queue:   make(map[string]bool),
+		cfg:       cfg,
+		log:       cfg.Log,
+		byName:    make(map[string]*tier),
+		seed:      maphash.MakeSeed(),
+		wake:      make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		blocks:    make(map[string]*block),
+		unclean:   make(map[string]*block),
+		unflushed: make(map[string]*block),
+		pending:   make(map[string]bool),
+		queue:     make(map[string]bool),
 	}
 	var layout []blockindex.TierLayout
 	for i, tc := range cfg.Tiers {
@@ -345,11 +348,9 @@ func (s *Store) FlushStats(ctx context.Context) error {
 func (s *Store) flush() error {
 	groups := make(map[*sync.Mutex][]string)
 	s.mu.Lock()
-	for id, b := range s.blocks {
-		if b.dirty {
-			l := s.stripe(id)
-			groups[l] = append(groups[l], id)
-		}
+	for id := range s.unflushed {
+		l := s.stripe(id)
+		groups[l] = append(groups[l], id)
 	}
 	s.mu.Unlock()
 	for l, ids := range groups {
@@ -360,8 +361,8 @@ func (s *Store) flush() error {
 		var flushed []*block
 		s.mu.Lock()
 		for _, id := range ids {
-			if b := s.blocks[id]; b != nil && b.dirty {
-				b.dirty = false
+			if b := s.unflushed[id]; b != nil {
+				delete(s.unflushed, id)
 				es = append(es, b.entry())
 				flushed = append(flushed, b)
 			}
@@ -371,7 +372,9 @@ func (s *Store) flush() error {
 		if err != nil {
 			s.mu.Lock()
 			for _, b := range flushed {
-				b.dirty = true
+				if s.blocks[b.id] == b {
+					s.unflushed[b.id] = b
+				}
 			}
 			s.mu.Unlock()
 		}

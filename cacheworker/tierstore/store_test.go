@@ -785,3 +785,46 @@ func TestUncleanBlocksAreTheBlocksNotClean(t *testing.T) {
 		t.Fatalf("unclean after a move and a restart = %v, want %v", got, want)
 	}
 }
+
+// TestAFlushWritesTheBlocksReadSinceTheLast follows the set of blocks whose access statistics
+// the next flush writes: the blocks read since the last flush, not every block held, less those
+// a move or a delete wrote or dropped meanwhile; and the statistics survive a restart.
+func TestAFlushWritesTheBlocksReadSinceTheLast(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ts := newStore(t, []tierSpec{memTier, nvmeTier}, nil)
+	unflushed := func() []string {
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		var ids []string
+		for id, b := range ts.unflushed {
+			g.Expect(ts.blocks[id]).To(BeIdenticalTo(b), "%s is held as it is stored", id)
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		ts.put(id, PutOptions{Clean: true})
+	}
+	g.Expect(unflushed()).To(BeEmpty(), "a block written has its statistics in the index")
+	ts.get("a")
+	ts.get("b")
+	ts.get("c")
+	g.Expect(unflushed()).To(Equal([]string{"a", "b", "c"}))
+	g.Expect(ts.Delete(ctx, "c")).To(Succeed())
+	g.Expect(ts.Move(ctx, "b", "nvme")).To(Succeed())
+	g.Expect(unflushed()).To(Equal([]string{"a"}), "a deleted block has nothing to write, a moved one was written by its move")
+	g.Expect(ts.FlushStats(ctx)).To(Succeed())
+	g.Expect(unflushed()).To(BeEmpty())
+	ts.get("a")
+	g.Expect(unflushed()).To(Equal([]string{"a"}))
+
+	ts.restart() // Close flushes what is left
+	for id, reads := range map[string]int{"a": 2, "b": 1, "d": 0} {
+		info, err := ts.Info(id)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(info.Accesses).To(BeEquivalentTo(reads), "the reads of %s survive the restart", id)
+	}
+	g.Expect(unflushed()).To(BeEmpty())
+}
