@@ -623,22 +623,29 @@ func (f *heldFile) add(b tierstore.BlockInfo, index int64) {
 	f.reads = max(f.reads, b.Accesses)
 }
 
-// addClean adds the file's clean blocks that store holds, from the first block on, until one is
-// missing or is another file's.
+// addClean adds the file's clean blocks that store holds (its others are taken already, from
+// the blocks not clean).
 func (f *heldFile) addClean(store Blocks) {
+	f.eachHeld(store, func(b tierstore.BlockInfo, index int64) {
+		if b.Clean {
+			f.add(b, index)
+		}
+	})
+}
+
+// eachHeld calls take with each block of f's file that store holds, by id, from the first block
+// on, until one is missing or is another file's.
+func (f *heldFile) eachHeld(store Blocks, take func(b tierstore.BlockInfo, index int64)) {
 	for index := int64(0); ; index++ {
 		b, err := store.Info(blockindex.OutputBlockID(f.token, index))
 		if err != nil {
 			return
 		}
-		if !b.Clean {
-			continue // taken already, from the blocks not clean
-		}
 		o, ok := outputOrigin(b.Origin)
 		if !ok || fileKey(o.GetPath(), o.GetFileToken()) != f.key() || o.GetIndex() != index {
 			return
 		}
-		f.add(b, index)
+		take(b, index)
 	}
 }
 

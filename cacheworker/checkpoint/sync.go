@@ -44,16 +44,17 @@ func (c *Checkpointer) Persist(ctx context.Context, b tierstore.BlockInfo, _ io.
 	if c.isRecorded(o.GetPath(), o.GetFileToken()) {
 		return nil
 	}
-	files, _ := heldFiles(store, &Settings{datasets: map[string]*dataset{d.Name: d}})
-	for _, f := range files {
-		if f.path == o.GetPath() && f.token == o.GetFileToken() {
-			if err := c.checkpoint(ctx, store, f, reasonPersist, false); err != nil && !errors.Is(err, errGone) {
-				return err
-			}
-			return nil
-		}
+	// The file's blocks, found by their ids: what the store holds of it, whole or not (a file
+	// held in part fails to checkpoint with errPartial, and its block stays).
+	f := &heldFile{ds: d, path: o.GetPath(), token: o.GetFileToken(), created: b.Created}
+	f.eachHeld(store, f.add)
+	if len(f.blocks) == 0 {
+		return fmt.Errorf("%s: block 0 is missing on this node (%w)", o.GetPath(), errPartial)
 	}
-	return fmt.Errorf("block %s: its file %s is not among the blocks held", b.ID, o.GetPath())
+	if err := c.checkpoint(ctx, store, f, reasonPersist, false); err != nil && !errors.Is(err, errGone) {
+		return err
+	}
+	return nil
 }
 
 // SealedFile is a file an output mount seals: its blocks are in the tier store, and it is, or
