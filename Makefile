@@ -13,8 +13,16 @@ MINIO_VERSION ?= v0.0.0-20260212201848-7aac2a2c5b7c
 PROTOC_GEN_GO_VERSION ?= v1.36.7
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.5.1
 
-# The project's version, which tags its images and the chart's appVersion.
-VERSION ?= 0.1.0
+# RELEASE_VERSION is the project's release (the chart's appVersion). VERSION tags the images
+# built here: the release, then the commit and a hash of any uncommitted changes
+# (hack/devversion/dev-version.sh), so that each tree's images have a tag of their own and
+# `make deploy` after an edit restarts what changed (Helm and the operator change nothing for a
+# tag already running). Computed once, and passed to the makes this one runs.
+RELEASE_VERSION ?= 0.1.0
+ifndef VERSION
+VERSION := $(shell hack/devversion/dev-version.sh $(RELEASE_VERSION))
+endif
+export VERSION
 IMAGE_PREFIX ?= strata-cache
 
 # Where tools and built dependencies go (git-ignored); nothing is installed outside it.
@@ -192,7 +200,7 @@ node-image: kubeadm-images ## Build the Kind node image with every kubeadm image
 
 .PHONY: kind-up
 kind-up: node-image $(KIND) podnet-image ## Create the Kind cluster (1 control plane, 2 workers) if it does not exist.
-	hack/docker-room.sh $(E2E_DISK_GIB)
+	hack/docker-room.sh $(E2E_DISK_GIB) $(VERSION)
 	KIND=$(KIND) KUBECTL=$(KUBECTL) KIND_CLUSTER=$(KIND_CLUSTER) NODE_IMAGE=$(NODE_IMAGE) \
 		PODNET_IMAGE=$(IMAGE_PREFIX)/podnet:e2e hack/kind/up.sh
 
@@ -237,7 +245,7 @@ e2e-images: docker-up $(MINIO) ## Build the e2e infrastructure images: MinIO and
 
 .PHONY: kind-load
 kind-load: images e2e-images $(KIND) ## Load the images into the Kind cluster.
-	hack/docker-room.sh $(E2E_DISK_GIB)
+	hack/docker-room.sh $(E2E_DISK_GIB) $(VERSION)
 	for img in $(IMAGES) $(E2E_IMAGES); do $(KIND) load docker-image --name $(KIND_CLUSTER) $$img >/dev/null; done
 
 .PHONY: chart-crds

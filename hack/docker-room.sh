@@ -7,12 +7,21 @@
 # removed here, as are their layers, unless a container still runs from them. Images of other
 # projects are never touched.
 #
-# Usage: hack/docker-room.sh NEEDED_GIB
+# Images of earlier trees, whose tags (hack/devversion) differ from this tree's VERSION, are
+# removed too: each edit deployed leaves a set of them behind, tagged.
+#
+# Usage: hack/docker-room.sh NEEDED_GIB [VERSION]
 set -euo pipefail
 
-needed_gib=${1:?usage: docker-room.sh NEEDED_GIB}
+needed_gib=${1:?usage: docker-room.sh NEEDED_GIB [VERSION]}
+version=${2:-}
 
 docker image prune --force --filter label=dev.strata.inputs >/dev/null
+if [ -n "$version" ]; then
+  # An image a container still runs from stays (docker refuses to remove it).
+  docker images --filter label=dev.strata.inputs --format '{{.Repository}}:{{.Tag}}' |
+    grep -e '-dev\.' | grep -v -e ":$version\$" | xargs -r docker rmi >/dev/null 2>&1 || true
+fi
 
 root=$(docker info --format '{{.DockerRootDir}}')
 free_gib=$(( $(df --output=avail -k "$root" | tail -1) / 1024 / 1024 ))
