@@ -307,6 +307,12 @@ func (fsys *fileSystem) newHandleNumber(passthrough bool) uint64 {
 	return fh
 }
 
+// Flush implements fuse.RawFileSystem with ENOSYS, which the kernel takes as "no close needs
+// the server" and stops sending FLUSH for the connection's life: a close(2) then costs the
+// reader no round trip to the worker (go-fuse's default answers each one, for nothing). The
+// mount is read-only: a close has nothing to write, and what an open holds goes with RELEASE.
+func (fsys *fileSystem) Flush(<-chan struct{}, *fuse.FlushIn) fuse.Status { return fuse.ENOSYS }
+
 // Release implements fuse.RawFileSystem.
 func (fsys *fileSystem) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	fsys.mu.Lock()
