@@ -3,7 +3,9 @@ package outputfs_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -187,6 +189,58 @@ func BenchmarkReadingASealedOutput(b *testing.B) {
 			fusetest.ReadDroppedEachLoop(b, filepath.Join(readers[mode], "big.bin"), size)
 		})
 	}
+}
+
+// BenchmarkReadingSmallSealedOutputs walks a folder of 1,000 sealed output files of 4 KiB
+// through an output mount of the node that wrote them, as a later pipeline step reads its
+// input once the step that wrote it finished (the Dataset complete): it lists the folder, then
+// opens and reads each file whole. It reports files/s.
+//
+//	go test -run '^$' -bench ReadingSmallSealedOutputs -benchtime 10x ./cacheworker/outputfs/
+func BenchmarkReadingSmallSealedOutputs(b *testing.B) {
+	const files, size = 1000, 4 << 10
+	base := fusetest.MemoryFolder(b)
+	master := mastertest.New(b, 1, mastertest.Options{GRPC: true}).Client()
+	w := startWorkerIn(b, master, "pool/node-a", 2<<30, filepath.Join(base, "worker"))
+	writer := mountOutputIn(b, master, w, 64<<20, filepath.Join(base, "staging"), logr.Discard())
+	data := randomBytes(size, 1)
+	if err := os.Mkdir(filepath.Join(writer.Dir(), "parts"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	for i := range files {
+		if err := os.WriteFile(filepath.Join(writer.Dir(), "parts", fmt.Sprintf("part-%05d", i)), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := master.CompleteDataset(context.Background(), dataset); err != nil {
+		b.Fatal(err)
+	}
+	reader := mountOutputIn(b, master, w, 64<<20, filepath.Join(base, "staging-reader"), logr.Discard())
+	dir := filepath.Join(reader.Dir(), "parts")
+	buf := make([]byte, 2*size)
+	b.ResetTimer()
+	for range b.N {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(entries) != files {
+			b.Fatalf("listed %d files, want %d", len(entries), files)
+		}
+		for _, e := range entries {
+			f, err := os.Open(filepath.Join(dir, e.Name()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n, err := io.ReadFull(f, buf); n != size || !errors.Is(err, io.ErrUnexpectedEOF) {
+				b.Fatalf("%s: read %d bytes (%v), want %d", e.Name(), n, err, size)
+			}
+			if err := f.Close(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N*files)/b.Elapsed().Seconds(), "files/s")
 }
 
 // BenchmarkWritingIntoTheWorkersTmpfs writes one 256 MiB output file (blocks of 64 MiB, a

@@ -53,7 +53,11 @@
 // # Reading
 //
 // A mount starts with the Dataset's sealed files as the master lists them, and looks up and
-// lists folders at the master again, so that files other nodes seal later appear. Blocks are
+// lists folders at the master again, so that files other nodes seal later appear. Opening a
+// sealed file asks the master whether it is still the Dataset's version (one lost and forgotten
+// for a recomputation waits for the new one, below), unless the Dataset is complete: its files
+// then change only once the operator opens it again, which the mount learns within a second, so
+// that a later step's walk of it costs no round trip per file. Blocks are
 // read from a local tier when one holds them (spliced from the blocks' files into the FUSE
 // device, splice.go, so that the worker copies none of their bytes) and otherwise from the
 // worker that does (Peers), or else from the file's checkpoint. A file none of these has was lost with its node: when the

@@ -296,6 +296,49 @@ func (m *countingMaster) Lookup(ctx context.Context, req *masterpb.LookupRequest
 	return m.Master.Lookup(ctx, req)
 }
 
+// TestAnOpenOfACompleteDatasetAsksTheMasterNothing: opening a sealed file for reading asks the
+// master whether it is still the Dataset's version, unless the Dataset is complete (a later
+// step reads what an earlier one wrote): its files change only once the operator opens it
+// again, and then each open asks again.
+func TestAnOpenOfACompleteDatasetAsksTheMasterNothing(t *testing.T) {
+	fusetest.Require(t)
+	g := NewWithT(t)
+	ctx := context.Background()
+	master := mastertest.New(t, 1, mastertest.Options{GRPC: true}).Client()
+	a := startWorker(t, master, "pool/node-a", 64<<20)
+	b := startWorker(t, master, "pool/node-b", 64<<20)
+	counted := &countingMaster{Master: master}
+	mntA := mountOutputIn(t, master, a, blockSize, filepath.Join(t.TempDir(), "staging"), testr.New(t),
+		func(c *outputfs.Config) { c.Master = counted })
+	mntB := mountOutput(t, master, b)
+	want := map[string][]byte{}
+	for i := range 3 {
+		name := fmt.Sprintf("part-%d", i)
+		want[name] = []byte("rows of " + name)
+		g.Expect(os.WriteFile(filepath.Join(mntB.Dir(), name), want[name], 0o644)).To(Succeed())
+	}
+	// readAll reads every file through node a's mount, and returns how many reads of files it
+	// made at the master.
+	readAll := func() int64 {
+		before := counted.reads.Load()
+		for name, data := range want {
+			g.Expect(os.ReadFile(filepath.Join(mntA.Dir(), name))).To(Equal(data))
+		}
+		return counted.reads.Load() - before
+	}
+	g.Expect(readAll()).To(BeNumerically(">=", len(want)), "while the Dataset is written, each open asks the master")
+	g.Expect(readAll()).To(Equal(int64(len(want))))
+
+	_, err := master.CompleteDataset(ctx, dataset)
+	g.Expect(err).NotTo(HaveOccurred())
+	// The mount asks whether the Dataset is complete at most once a second.
+	g.Eventually(readAll).WithTimeout(10*time.Second).Should(BeZero(), "once the Dataset is complete, opens ask the master nothing")
+
+	_, err = master.ReopenDataset(ctx, dataset)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(readAll).WithTimeout(10*time.Second).Should(Equal(int64(len(want))), "once it is opened again (to recompute part of it), each open asks again")
+}
+
 // TestANameIsLookedUpAtTheMasterOnce: every file a writer creates is looked up first, and a
 // name this node does not know may be a file or a folder another node sealed, so the lookup
 // asks the master; it must ask once (a second read doubled the cost of a new small file), and
