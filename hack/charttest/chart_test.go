@@ -14,6 +14,7 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 
 	"github.com/strata-cache/strata/internal/testenv"
 )
@@ -181,4 +182,81 @@ func TestUninstallLetsTheLineagesPodsGo(t *testing.T) {
 		HaveKeyWithValue("args", ContainElement("--release-attempts-and-exit")),
 		HaveKeyWithValue("image", HaveSuffix(":1.2.3")))))
 	g.Expect(hooks[0].GetAnnotations()).To(HaveKeyWithValue("helm.sh/hook-delete-policy", ContainSubstring("hook-succeeded")))
+}
+
+// TestImageTagTagsEveryComponent: image.tag (what `make deploy` sets to the tree it built)
+// tags the operator, the master, the workers and the CSI driver alike, unless a component names
+// its own tag; with none, the chart's appVersion.
+func TestImageTagTagsEveryComponent(t *testing.T) {
+	// images are the operator's and the CSI driver's images, and the master's and the workers'
+	// as the operator is told them.
+	images := func(g *WithT, set ...string) map[string]string {
+		objs, failed := render(t, set...)
+		g.Expect(failed).To(BeEmpty())
+		out := map[string]string{}
+		for _, d := range append(ofKind(objs, "Deployment"), ofKind(objs, "DaemonSet")...) {
+			containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+			for _, c := range containers {
+				c := c.(map[string]any)
+				out[d.GetName()+"/"+c["name"].(string)] = c["image"].(string)
+				args, _ := c["args"].([]any)
+				for _, a := range args {
+					for _, flag := range []string{"--master-image=", "--worker-image="} {
+						if s := a.(string); strings.HasPrefix(s, flag) {
+							out[flag] = strings.TrimPrefix(s, flag)
+						}
+					}
+				}
+			}
+		}
+		return out
+	}
+	tags := func(images map[string]string) map[string]string {
+		out := map[string]string{}
+		for k, image := range images {
+			out[k] = image[strings.LastIndex(image, ":")+1:]
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want func(what string) string
+	}{
+		{"none", nil, func(string) string { return appVersion(t) }},
+		{"image.tag", []string{"image.tag=1.2.3"}, func(string) string { return "1.2.3" }},
+		{"image.tag and the master's own", []string{"image.tag=1.2.3", "master.image.tag=4.5.6"}, func(what string) string {
+			if what == "--master-image=" {
+				return "4.5.6"
+			}
+			return "1.2.3"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			got := tags(images(g, tc.set...))
+			g.Expect(got).To(HaveKey("--master-image="))
+			g.Expect(got).To(HaveKey("--worker-image="))
+			g.Expect(len(got)).To(BeNumerically(">=", 4), "the operator, the CSI driver, the master and the workers: %v", got)
+			for what, tag := range got {
+				g.Expect(tag).To(Equal(tc.want(what)), "the tag of %s", what)
+			}
+		})
+	}
+}
+
+// appVersion is the chart's appVersion.
+func appVersion(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("../../charts/strata/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(raw, &chart); err != nil || chart.AppVersion == "" {
+		t.Fatalf("reading the chart's appVersion: %v", err)
+	}
+	return chart.AppVersion
 }

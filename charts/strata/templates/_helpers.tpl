@@ -63,19 +63,25 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The operator image, with the chart's appVersion as the default tag. */}}
+{{/* The tag of the project's images unless a component names its own: image.tag, or else the
+chart's appVersion. */}}
+{{- define "strata.image.tag" -}}
+{{- default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{/* The operator image. */}}
 {{- define "strata.operator.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" .Values.image.repository (include "strata.image.tag" .) }}
 {{- end }}
 
 {{/* The master's image. */}}
 {{- define "strata.master.image" -}}
-{{- printf "%s:%s" .Values.master.image.repository (default .Chart.AppVersion .Values.master.image.tag) }}
+{{- printf "%s:%s" .Values.master.image.repository (default (include "strata.image.tag" .) .Values.master.image.tag) }}
 {{- end }}
 
 {{/* The workers' image. */}}
 {{- define "strata.worker.image" -}}
-{{- printf "%s:%s" .Values.worker.image.repository (default .Chart.AppVersion .Values.worker.image.tag) }}
+{{- printf "%s:%s" .Values.worker.image.repository (default (include "strata.image.tag" .) .Values.worker.image.tag) }}
 {{- end }}
 
 {{/* The workers' ServiceAccount; the operator names it in every worker DaemonSet. */}}
@@ -85,7 +91,7 @@ strata-worker
 
 {{/* The CSI node plugin's image. */}}
 {{- define "strata.csi.image" -}}
-{{- printf "%s:%s" .Values.csi.image.repository (default .Chart.AppVersion .Values.csi.image.tag) }}
+{{- printf "%s:%s" .Values.csi.image.repository (default (include "strata.image.tag" .) .Values.csi.image.tag) }}
 {{- end }}
 
 {{/* Selector of the CSI node plugin pods; never change it, a DaemonSet's selector is immutable. */}}
