@@ -21,8 +21,10 @@ import (
 )
 
 var (
-	helmPath    = envOr("HELM", "helm")
-	imageTag    = envOr("E2E_IMAGE_TAG", "0.1.0")
+	helmPath = envOr("HELM", "helm")
+	// imageTag is the tag of the images this run installs: E2E_IMAGE_TAG (the Makefile's
+	// VERSION), or else the tag of the release installed (deployedImageTag).
+	imageTag    = envOr("E2E_IMAGE_TAG", "")
 	releaseName = "strata"
 )
 

@@ -6,14 +6,17 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -62,7 +65,21 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	clientset, err = kubernetes.NewForConfig(restConfig)
 	Expect(err).NotTo(HaveOccurred())
+	if imageTag == "" {
+		imageTag = deployedImageTag()
+	}
 })
+
+// deployedImageTag is the tag of the images of the release installed, for a run on a cluster
+// `make deploy` set up (its images are tagged with the tree they were built from).
+func deployedImageTag() string {
+	dep := &appsv1.Deployment{}
+	err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: strataNamespace, Name: releaseName + "-operator"}, dep)
+	Expect(err).NotTo(HaveOccurred(), "E2E_IMAGE_TAG is not set, and no Strata is installed in %s to take it from: "+
+		"set it to the tag of the images loaded into the cluster (make deploy prints it)", strataNamespace)
+	image := dep.Spec.Template.Spec.Containers[0].Image
+	return image[strings.LastIndex(image, ":")+1:]
+}
 
 // dumpOnFailure prints what a person would look at first when a spec fails: events, pods,
 // `kubectl describe` and the logs of Strata's namespace and of the spec's own namespace.
