@@ -231,13 +231,7 @@ func BenchmarkMountAMillionObjects(b *testing.B) {
 //	go test -run '^$' -bench ReadLocalBlocksThroughTheMount -benchtime 10x ./cacheworker/fusefs/
 func BenchmarkReadLocalBlocksThroughTheMount(b *testing.B) {
 	const bs, size = 64 << 20, 256 << 20
-	root := fusetest.MemoryFolder(b)
-	store, err := tierstore.Open(context.Background(), tierstore.Config{IndexDir: filepath.Join(root, "index"),
-		Tiers: []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(root, "mem")}, Quota: 1 << 30}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = store.Close() })
+	store := memoryTier(b)
 	data := randomBytes(size, 3)
 	for i := range int64(size / bs) {
 		id := cache.BlockID(sourceID, "big.bin", "", i)
@@ -272,13 +266,7 @@ func BenchmarkReadLocalBlocksThroughTheMount(b *testing.B) {
 //	go test -run '^$' -bench ReadingSmallFilesHot -benchtime 20x ./cacheworker/fusefs/
 func BenchmarkReadingSmallFilesHot(b *testing.B) {
 	const files, size = 2000, 16 << 10
-	root := fusetest.MemoryFolder(b)
-	store, err := tierstore.Open(context.Background(), tierstore.Config{IndexDir: filepath.Join(root, "index"),
-		Tiers: []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(root, "mem")}, Quota: 1 << 30}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = store.Close() })
+	store := memoryTier(b)
 	data := randomBytes(size, 4)
 	var objects fakeLister
 	for i := range files {
@@ -325,4 +313,18 @@ func BenchmarkReadingSmallFilesHot(b *testing.B) {
 		walk()
 	}
 	b.ReportMetric(float64(b.N*files)/b.Elapsed().Seconds(), "files/s")
+}
+
+// memoryTier is a tier store of one MEM tier of 1 GiB on /dev/shm (a temporary folder when there
+// is none), closed when b ends.
+func memoryTier(b *testing.B) *tierstore.Store {
+	b.Helper()
+	root := fusetest.MemoryFolder(b)
+	store, err := tierstore.Open(context.Background(), tierstore.Config{IndexDir: filepath.Join(root, "index"),
+		Tiers: []tierstore.Tier{{Name: "mem", Medium: datav1alpha1.MediumMemory, Dirs: []string{filepath.Join(root, "mem")}, Quota: 1 << 30}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = store.Close() })
+	return store
 }
