@@ -361,15 +361,13 @@ func (fsys *fileSystem) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.
 	if st.Sealed {
 		ctx, stop := fuseconn.RequestContext(cancel)
 		defer stop()
-		if !writable && st.Attempt == "" && fsys.o.isComplete(ctx, false) {
-			// A complete Dataset's files change only once the operator opens it again (to
-			// recompute part of it), which the master says within completeRecheck: the version
-			// this node shows stands, and a walk of the Dataset costs no round trip per file.
-			out.OpenFlags = fuse.FOPEN_KEEP_CACHE
-			out.Fh = fsys.newHandle(false)
-			return fuse.OK
+		// A complete Dataset's files change only once the operator opens it again (to recompute
+		// part of it), which the master says within completeRecheck: a reader's open of a version
+		// the Dataset published needs no check, and a walk of it costs no round trip per file.
+		var gone, changed bool
+		if writable || st.Attempt != "" || !fsys.o.isComplete(ctx, false) {
+			gone, changed = fsys.check(ctx, n)
 		}
-		gone, changed := fsys.check(ctx, n)
 		superseded := false
 		if writable && !gone {
 			caller, _ := fsys.caller(&in.InHeader)
