@@ -519,7 +519,9 @@ func TestReadBackAfterTheBlocksAreGone(t *testing.T) {
 }
 
 // TestAFailedCheckpointIsTriedAgain: a target that cannot be reached fails the checkpoint,
-// counted, and the file stays unclean; once the target answers, the retry writes it.
+// counted, and the file stays unclean; once the target is fixed, the file is tried at once (the
+// clock stands still: no backoff comes due), whether its failure was recorded before the new
+// settings or after, and the retry writes it.
 func TestAFailedCheckpointIsTriedAgain(t *testing.T) {
 	g := NewWithT(t)
 	n := newNode(t, 64<<20)
@@ -531,10 +533,30 @@ func TestAFailedCheckpointIsTriedAgain(t *testing.T) {
 	g.Expect(n.checkpointed(f)).To(BeFalse())
 
 	n.settings(n.endpoint(), checkpoint.Dataset{Name: "ns/out/u1"})
-	n.clock.Advance(10 * time.Second) // past the first retry's backoff
-	n.cp.Wake()
 	g.Eventually(func() bool { return n.checkpointed(f) }).WithTimeout(30 * time.Second).Should(BeTrue())
 	g.Expect(n.object(f)).To(Equal(f.data))
+}
+
+// TestAFailedCheckpointWaitsOutItsBackoff: with the target unchanged, a failed file is not
+// tried again before its backoff is due, and is once the clock passes it.
+func TestAFailedCheckpointWaitsOutItsBackoff(t *testing.T) {
+	g := NewWithT(t)
+	n := newNode(t, 64<<20)
+	n.settings("http://"+miniotest.ClosedAddr(t), checkpoint.Dataset{Name: "ns/out/u1"})
+	n.seal("ns/out/u1", "x", blockSize, 1)
+	n.run()
+	failures := func() float64 { return n.count("strata_worker_checkpoint_failures_total", "edge") }
+	g.Eventually(failures).WithTimeout(30 * time.Second).Should(BeNumerically(">=", 1))
+	first := failures()
+	for range 5 {
+		n.cp.Wake()
+	}
+	g.Consistently(failures).WithTimeout(300*time.Millisecond).Should(Equal(first), "woken, but not due")
+	g.Eventually(func() float64 {
+		n.clock.Advance(time.Second)
+		n.cp.Wake()
+		return failures()
+	}).WithTimeout(30*time.Second).Should(BeNumerically(">", first), "due once the clock passes its backoff")
 }
 
 // TestSettingsRefuseWhatTheOperatorNeverWrites: a bad entry refuses the whole file (the last

@@ -111,6 +111,7 @@ type storeRef struct{ Blocks }
 type retry struct {
 	failures int
 	at       time.Time
+	dataset  string // the file's Dataset: a new target of it makes the retry due at once
 }
 
 // New returns a Checkpointer. It checkpoints nothing until Attach gives it the tier store and
@@ -153,12 +154,23 @@ func (c *Checkpointer) blocks() (Blocks, error) {
 	return ref.Blocks, nil
 }
 
-// Apply makes s the settings in force. A Dataset whose target changed gets a new under-store.
+// Apply makes s the settings in force. A Dataset whose target changed gets a new under-store,
+// and its files that failed are tried at once: the failure was most likely the old target's,
+// and whoever fixed it should not wait out a backoff of up to lastRetry to see it work.
 func (c *Checkpointer) Apply(s *Settings) {
 	c.mu.Lock()
+	targetChanged := func(name string) bool {
+		old, now := c.settings.of(name), s.of(name)
+		return now == nil || old == nil || !sameTarget(old.Target, now.Target)
+	}
 	for name := range c.stores {
-		if old, now := c.settings.of(name), s.of(name); now == nil || old == nil || !sameTarget(old.Target, now.Target) {
+		if targetChanged(name) {
 			delete(c.stores, name)
+		}
+	}
+	for key, r := range c.retries {
+		if targetChanged(r.dataset) {
+			delete(c.retries, key)
 		}
 	}
 	c.settings = s
@@ -349,7 +361,13 @@ func (c *Checkpointer) settle(f *heldFile, err error) {
 		c.retries[f.key()] = retry{at: c.cfg.Now().Add(unpublishedRetry)}
 		return
 	}
+	if now := c.settings.of(f.ds.Name); now == nil || !sameTarget(now.Target, f.ds.Target) {
+		// Tried against a target no longer in force: the new one is tried at once.
+		delete(c.retries, f.key())
+		return
+	}
 	r := c.retries[f.key()]
+	r.dataset = f.ds.Name
 	r.failures++
 	r.at = c.cfg.Now().Add(min(firstRetry<<min(r.failures-1, 16), lastRetry))
 	c.retries[f.key()] = r

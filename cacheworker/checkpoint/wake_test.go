@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
 // A published file wakes the background loop, whose round looks at every block the store
@@ -40,9 +41,11 @@ func TestOnlyAFileOfACheckpointedDatasetWakesTheLoop(t *testing.T) {
 // Dataset no longer checkpointed. Kept, it would grow with every file that ever failed.
 func TestWhatIsKnownOfFilesNoLongerHeldIsForgotten(t *testing.T) {
 	c := New(Config{})
-	held := &heldFile{path: "/x/held", token: "t1"}
-	deleted := &heldFile{path: "/x/deleted", token: "t2"}
-	replaced := &heldFile{path: "/x/replaced", token: "t3"}
+	c.Apply(settingsOf(t, Dataset{Name: "ns/x/u1", Root: "/strata/ns/x", Strategy: "Edge", Target: Target{URI: "s3://bucket/x"}}))
+	ds := c.current().of("ns/x/u1")
+	held := &heldFile{ds: ds, path: "/x/held", token: "t1"}
+	deleted := &heldFile{ds: ds, path: "/x/deleted", token: "t2"}
+	replaced := &heldFile{ds: ds, path: "/x/replaced", token: "t3"}
 	c.settle(held, errors.New("the under-store is down"))
 	c.settle(deleted, errors.New("the under-store is down"))
 	c.settle(replaced, errGone)
@@ -54,5 +57,34 @@ func TestWhatIsKnownOfFilesNoLongerHeldIsForgotten(t *testing.T) {
 	}
 	if len(c.gone) != 0 {
 		t.Errorf("files known gone kept: %v, want none", c.gone)
+	}
+}
+
+// A failure is held against the target it was tried with: a file that failed under a target
+// since replaced is due at once, whether it failed before the new settings came or after.
+func TestANewTargetMakesTheFailedFilesDue(t *testing.T) {
+	old := Dataset{Name: "ns/x/u1", Root: "/strata/ns/x", Strategy: "Edge", Target: Target{URI: "s3://bucket/x", Endpoint: "http://down:9000"}}
+	fixed := old
+	fixed.Target.Endpoint = "http://up:9000"
+	other := Dataset{Name: "ns/y/u1", Root: "/strata/ns/y", Strategy: "Edge", Target: Target{URI: "s3://bucket/y", Endpoint: "http://down:9000"}}
+	now := time.Unix(1000, 0)
+	c := New(Config{Now: func() time.Time { return now }})
+	c.Apply(settingsOf(t, old, other))
+	before := &heldFile{ds: c.current().of(old.Name), path: "/x/before", token: "t1"}
+	after := &heldFile{ds: c.current().of(old.Name), path: "/x/after", token: "t2"}
+	unchanged := &heldFile{ds: c.current().of(other.Name), path: "/y/f", token: "t3"}
+	c.settle(before, errors.New("the under-store is down"))
+	c.settle(unchanged, errors.New("the under-store is down"))
+
+	c.Apply(settingsOf(t, fixed, other))
+	c.settle(after, errors.New("the under-store is down")) // its try began under the old target
+
+	for _, f := range []*heldFile{before, after} {
+		if !c.retryDue(f, now) {
+			t.Errorf("%s, failed under the old target, waits for its backoff", f.path)
+		}
+	}
+	if c.retryDue(unchanged, now) {
+		t.Errorf("%s, of a Dataset whose target did not change, is due before its backoff", unchanged.path)
 	}
 }
