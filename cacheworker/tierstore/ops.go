@@ -218,12 +218,17 @@ func (s *Store) find(ctx context.Context, id string, fn func(b BlockInfo, path s
 func (s *Store) touch(b *block) BlockInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.blocks[b.id] != b {
+		// Deleted or dropped while it was read: it has left its tier's ranking and the index,
+		// and a flush of its statistics would write it back, an entry with no file.
+		return b.info()
+	}
 	b.accesses++
 	b.lastAccess = s.cfg.Now()
-	s.unflushed[b.id] = b
 	b.tierReads++
 	b.tier.touched(b)
-	if s.blocks[b.id] == b && b.tier.index > 0 && !b.queued && b.tierReads >= s.promotionThreshold(b.dataset) {
+	s.unflushed[b.id] = b
+	if b.tier.index > 0 && !b.queued && b.tierReads >= s.promotionThreshold(b.dataset) {
 		b.queued = true
 		s.queue[b.id] = true
 		select {

@@ -361,7 +361,7 @@ func (s *Store) flush() error {
 		var flushed []*block
 		s.mu.Lock()
 		for _, id := range ids {
-			if b := s.unflushed[id]; b != nil {
+			if b := s.unflushed[id]; b != nil && s.blocks[id] == b {
 				delete(s.unflushed, id)
 				es = append(es, b.entry())
 				flushed = append(flushed, b)
