@@ -135,8 +135,22 @@ func (r *MasterReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 			log.Info("master object applied", "kind", fmt.Sprintf("%T", obj), "name", obj.GetName(), "operation", result)
 		}
 	}
-	if err := r.replacePlaintextReplicas(ctx); err != nil {
+	if r.APIReader == nil {
+		return ctrl.Result{RequeueAfter: requeue}, nil
+	}
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.InNamespace(r.Spec.Namespace), client.MatchingLabels(r.Spec.selector())); err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing the master's pods: %w", err)
+	}
+	if replaced, err := r.replacePlaintextReplicas(ctx, pods.Items); err != nil || replaced {
+		return ctrl.Result{RequeueAfter: rolloutRecheck}, err
+	}
+	rolling, err := r.replaceStalledReplicas(ctx, pods.Items)
+	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if rolling && (requeue == 0 || requeue > rolloutRecheck) {
+		requeue = rolloutRecheck
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil
 }
@@ -146,32 +160,25 @@ func (r *MasterReconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.
 // so a rolling update would stall at its first pod with the rest of the group unable to reach
 // it. The StatefulSet (Parallel) starts them again together, on TLS; with persistent storage
 // they keep their state, on an emptyDir the workers report their blocks to the new group.
-func (r *MasterReconciler) replacePlaintextReplicas(ctx context.Context) error {
-	if r.APIReader == nil {
-		return nil
-	}
-	var pods corev1.PodList
-	if err := r.APIReader.List(ctx, &pods, client.InNamespace(r.Spec.Namespace), client.MatchingLabels(r.Spec.selector())); err != nil {
-		return fmt.Errorf("listing the master's pods: %w", err)
-	}
+func (r *MasterReconciler) replacePlaintextReplicas(ctx context.Context, pods []corev1.Pod) (replaced bool, err error) {
 	var plaintext []*corev1.Pod
-	for i := range pods.Items {
-		p := &pods.Items[i]
+	for i := range pods {
+		p := &pods[i]
 		if p.DeletionTimestamp == nil && !speaksTLS(p) {
 			plaintext = append(plaintext, p)
 		}
 	}
 	if len(plaintext) == 0 {
-		return nil
+		return false, nil
 	}
 	log := ctrl.LoggerFrom(ctx)
 	for _, p := range plaintext {
 		log.Info("replacing a master replica that speaks no TLS, with the others at once", "pod", p.Name)
 		if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID}); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("deleting master pod %s/%s, which speaks no TLS: %w", p.Namespace, p.Name, err)
+			return true, fmt.Errorf("deleting master pod %s/%s, which speaks no TLS: %w", p.Namespace, p.Name, err)
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // speaksTLS says whether a master pod runs with a certificate (the flags of ComponentTLS).

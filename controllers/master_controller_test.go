@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"maps"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
@@ -122,6 +124,77 @@ var _ = Describe("The master reconciler", func() {
 			}).Should(BeTrue(), "waiting for the plaintext replica %s to be replaced", p.Name)
 		}
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(current), &corev1.Pod{})).To(Succeed(), "a replica on TLS stays")
+	})
+
+	It("replaces a replica of an earlier revision that never started, so that a fixed rollout goes on, and leaves the others", func() {
+		const oldRevision, newRevision = "strata-master-old", "strata-master-new"
+		replica := func(name, revision string, status corev1.PodStatus) *corev1.Pod {
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: key.Namespace, Labels: testMasterSpec.selector()},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "master", Image: "strata-cache/master:gone",
+					Args: []string{"--ca-file=/var/run/strata/identity/ca.crt"}}}},
+			}
+			p.Labels = maps.Clone(p.Labels)
+			p.Labels[appsv1.ControllerRevisionHashLabelKey] = revision
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			p.Status = status
+			Expect(k8sClient.Status().Update(ctx, p)).To(Succeed())
+			DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, p))).To(Succeed()) })
+			return p
+		}
+		waiting := func(reason string) corev1.PodStatus {
+			return corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{Name: "master",
+				Image: "strata-cache/master:gone", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason}}}}}
+		}
+		running := corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "master",
+			Image: "strata-cache/master:test", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}}
+		unscheduled := corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled,
+			Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/3 nodes are available"}}}
+
+		serving := replica("strata-master-20", oldRevision, running)                       // not ready, or ready: its container runs
+		creating := replica("strata-master-21", oldRevision, waiting("ContainerCreating")) // starting, as a rollout makes them
+		updated := replica("strata-master-22", newRevision, waiting("ErrImagePull"))       // the new revision's: the user's to fix
+		stalled := []*corev1.Pod{
+			replica("strata-master-23", oldRevision, waiting("ImagePullBackOff")),
+			replica("strata-master-24", oldRevision, waiting("CrashLoopBackOff")),
+			replica("strata-master-25", oldRevision, unscheduled),
+		}
+
+		By("the StatefulSet controller having seen a new template, as a fixed `helm upgrade` makes")
+		Eventually(func(g Gomega) {
+			sts := getStatefulSet(g)
+			sts.Status = appsv1.StatefulSetStatus{ObservedGeneration: sts.Generation, Replicas: 3,
+				CurrentRevision: oldRevision, UpdateRevision: newRevision}
+			g.Expect(k8sClient.Status().Update(ctx, sts)).To(Succeed())
+		}).Should(Succeed())
+		DeferCleanup(func() {
+			Eventually(func(g Gomega) {
+				sts := getStatefulSet(g)
+				sts.Status = appsv1.StatefulSetStatus{}
+				g.Expect(k8sClient.Status().Update(ctx, sts)).To(Succeed())
+			}).Should(Succeed())
+		})
+		for _, p := range stalled {
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{}))
+			}).Should(BeTrue(), "waiting for the stalled replica %s to be replaced", p.Name)
+		}
+		for _, p := range []*corev1.Pod{serving, creating, updated} {
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{})).To(Succeed(), "%s stays", p.Name)
+		}
+		Eventually(func(g Gomega) {
+			var events corev1.EventList
+			g.Expect(k8sClient.List(ctx, &events, client.InNamespace(key.Namespace))).To(Succeed())
+			var said []string
+			for _, e := range events.Items {
+				if e.Reason == "ReplacedStalledReplica" && e.InvolvedObject.Name == key.Name {
+					said = append(said, e.Message)
+				}
+			}
+			g.Expect(said).To(ContainElement(And(ContainSubstring("deleted replica strata-master-23 of revision strata-master-old"),
+				ContainSubstring("never started (master: ImagePullBackOff)"), ContainSubstring("at revision strata-master-new"))))
+			g.Expect(said).To(ContainElement(ContainSubstring("never started (not scheduled: 0/3 nodes are available)")))
+		}).Should(Succeed())
 	})
 
 	It("lists the replicas' addresses in ordinal order for clients", func() {

@@ -259,7 +259,7 @@ var _ = BeforeSuite(func() {
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Nodes: syncs, Refresh: 200 * time.Millisecond,
 		WorkerImage: WorkerImage{Image: testWorkerSpec.Image, ImagePullPolicy: corev1.PullIfNotPresent},
 	}).SetupWithManager(mgr)).To(Succeed())
-	Expect((&MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&MasterReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Spec: testMasterSpec}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&CachePolicyReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())
 	lineageDepthRegistry = prometheus.NewRegistry()
 	lineageDepth, err = NewLineageDepthGauge(lineageDepthRegistry)
