@@ -18,12 +18,15 @@ import (
 const rolloutRecheck = 10 * time.Second
 
 // replaceStalledReplicas deletes the replicas of an earlier revision of the StatefulSet that
-// never started: a rolling update replaces a replica only once the others are ready, so one
-// that cannot start (an image that does not exist, a bad flag) would hold the StatefulSet at
-// the broken revision after the fix is applied, until someone deleted it by hand (Kubernetes'
-// "forced rollback"). Such a replica serves nothing, so deleting it costs the group nothing; the
-// StatefulSet starts it again at the new revision. A replica whose container runs, ready or
-// not (catching up, or on a node that stopped answering), is left to the rollout.
+// never started. The StatefulSet controller replaces one replica at a time and waits for each
+// new one to be Ready before the next; a master replica is Ready only once it is part of a
+// quorum. So when a majority never started (an install or upgrade whose image cannot be pulled,
+// a flag that makes the replica exit), the replica replaced with the fixed template waits for a
+// quorum of replicas the controller will not replace until it is Ready: the fix is never rolled
+// out, and someone has to delete the broken replicas by hand. Such a replica serves nothing, so
+// deleting it costs the group nothing; the StatefulSet starts it again at the new revision. A
+// replica whose container runs, ready or not (catching up, or on a node that stopped
+// answering), is left to the rollout.
 // It reports whether the rollout is still going, to be looked at again.
 func (r *MasterReconciler) replaceStalledReplicas(ctx context.Context, pods []corev1.Pod) (rolling bool, err error) {
 	sts := &appsv1.StatefulSet{}
