@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -112,19 +113,41 @@ func (p *Peers) markSilent(addr string) {
 // conn is the connection to the worker at addr, made at first use.
 func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil, ErrClosed
 	}
 	c, ok := p.conns[addr]
 	if !ok {
 		var err error
 		if c, err = grpc.NewClient(addr, p.dialOpts...); err != nil {
+			p.mu.Unlock()
 			return nil, fmt.Errorf("connecting to worker %s: %w", addr, err)
 		}
 		p.conns[addr] = c
 	}
+	p.mu.Unlock()
+	redialIfFailed(c)
 	return c, nil
+}
+
+// redialWait bounds the wait for a failed connection to start its new dial.
+const redialWait = time.Second
+
+// redialIfFailed starts a new dial of c at once if its last one failed. Otherwise gRPC fails
+// every call until its backoff runs out (up to two minutes after repeated failures), even once
+// the worker is back: a restarted worker keeps its node's address. A call is worth a new dial,
+// which fails as fast as the last one if the worker is still gone; a peer that does not answer
+// at all is passed over by its reader (silentUntil) rather than dialled at each read.
+func redialIfFailed(c *grpc.ClientConn) {
+	if c.GetState() != connectivity.TransientFailure {
+		return
+	}
+	c.ResetConnectBackoff()
+	// The reset takes effect asynchronously; a call made before then would still fail at once.
+	ctx, cancel := context.WithTimeout(context.Background(), redialWait)
+	defer cancel()
+	c.WaitForStateChange(ctx, connectivity.TransientFailure)
 }
 
 // SyncDataset asks the worker at addr to sync its mount of Dataset uid with the source, or,
