@@ -45,6 +45,12 @@ func (l *testWorkerList) add(w *masterpb.Worker) {
 	l.workers = append(l.workers, w)
 }
 
+func (l *testWorkerList) remove(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.workers = slices.DeleteFunc(l.workers, func(w *masterpb.Worker) bool { return w.GetId() == id })
+}
+
 // syncingWorker is a worker's data-plane port as the operator meets it: gRPC over mutual TLS
 // with a worker's certificate of the test CA, the worker's authorization policy, and a sync
 // service whose answers the spec sets.

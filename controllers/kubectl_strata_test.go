@@ -3,6 +3,7 @@ package controllers
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"path"
 	"strings"
 	"time"
@@ -137,6 +138,16 @@ var _ = Describe("kubectl strata", func() {
 		err := plugin.List(ctx, "unmounted", "")
 		Expect(err).To(MatchError(ContainSubstring("no node has mounted the Dataset yet")))
 		Expect(err).To(MatchError(ContainSubstring("claim unmounted")))
+
+		// A worker of the pool that cannot be asked may mount it: the report says why it failed.
+		gone, err := net.Listen("tcp", "127.0.0.1:0")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(gone.Close()).To(Succeed())
+		syncWorkers.add(&masterpb.Worker{Id: poolName + "/node-gone", Address: gone.Addr().String(), Node: "node-gone", State: masterpb.WorkerState_WORKER_STATE_ALIVE})
+		err = plugin.List(ctx, "unmounted", "")
+		Expect(err).To(MatchError(ContainSubstring("worker %s/node-gone", poolName)))
+		Expect(err).NotTo(MatchError(ContainSubstring("no node has mounted")))
+		syncWorkers.remove(poolName + "/node-gone")
 
 		Expect(plugin.DiskUsage(ctx, "unmounted", "../other")).To(MatchError(ContainSubstring("climbs out of the Dataset's tree")))
 		Expect(plugin.List(ctx, "missing", "")).To(MatchError(ContainSubstring(`no Dataset "missing" in namespace ` + namespace)))

@@ -173,7 +173,7 @@ func (w *WorkerSyncs) Held(ctx context.Context, pool, node, uid string, sel *wor
 // Tree implements DatasetTrees: the tree the first worker of the pool, in order, that mounts
 // the Dataset shows; when none mounts it, the newest listing a worker keeps of it (the tree its
 // next mount starts from). Workers that cannot be asked are passed over; when none has a
-// listing, errNotListed, joined with why the others could not say.
+// listing, errNotListed if every worker answered so, else why the others could not say.
 func (w *WorkerSyncs) Tree(ctx context.Context, pool, uid string, visit func(understore.ObjectInfo)) error {
 	addrs, ids, err := w.liveWorkers(ctx, pool)
 	if err != nil {
@@ -219,5 +219,10 @@ func (w *WorkerSyncs) Tree(ctx context.Context, pool, uid string, visit func(und
 	if visited {
 		return errors.Join(errs...)
 	}
-	return errors.Join(append([]error{errNotListed}, errs...)...)
+	if len(errs) > 0 {
+		// Not errNotListed: a worker that could not be asked may well mount the Dataset, and
+		// the user is told why it could not show its tree, not that no node mounts it.
+		return fmt.Errorf("no worker that answered has listed the Dataset: %w", errors.Join(errs...))
+	}
+	return errNotListed
 }
