@@ -35,8 +35,9 @@ func (r *MasterReconciler) replaceStalledReplicas(ctx context.Context, pods []co
 	}
 	revision := sts.Status.UpdateRevision
 	if revision == "" || sts.Status.ObservedGeneration < sts.Generation {
-		// The StatefulSet controller has not looked at the latest template yet.
-		return sts.Status.ObservedGeneration < sts.Generation, nil
+		// The StatefulSet controller has not looked at the latest template yet; its status
+		// update, when it does, wakes this reconciler (it owns the StatefulSet).
+		return false, nil
 	}
 	for i := range pods {
 		p := &pods[i]
@@ -57,7 +58,7 @@ func (r *MasterReconciler) replaceStalledReplicas(ctx context.Context, pods []co
 			"deleted replica %s of revision %s, which never started (%s), to start it at revision %s",
 			p.Name, p.Labels[appsv1.ControllerRevisionHashLabelKey], why, revision))
 	}
-	return rolling || sts.Status.CurrentRevision != revision, nil
+	return rolling, nil
 }
 
 // neverStarted says whether none of p's containers runs nor is ready, and why: it waits to be
