@@ -21,19 +21,27 @@ import (
 // the Datasets of mounted.
 func listingWorker(t testing.TB, kept *listings.Store, mounted ...string) string {
 	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveListings(t, lis, kept, mounted...)
+	return lis.Addr().String()
+}
+
+// serveListings serves a worker's listings on lis (a test that restarts a worker at its
+// address needs the listener it gives); kept nil serves none.
+func serveListings(t testing.TB, lis net.Listener, kept *listings.Store, mounted ...string) *grpc.Server {
+	t.Helper()
 	s := NewServer(nil, nil, testBlockSize, nil, logr.Discard())
 	if kept != nil {
 		s.ServeListings(kept, func(uid string) bool { return slices.Contains(mounted, uid) })
 	}
 	srv := grpc.NewServer()
 	workerpb.RegisterWorkerServer(srv, s)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
-	return lis.Addr().String()
+	return srv
 }
 
 func keptListing(t *testing.T, uid string, l listings.Listing) *listings.Store {

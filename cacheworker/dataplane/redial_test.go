@@ -5,14 +5,11 @@ import (
 	"net"
 	"testing"
 
-	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/strata-cache/strata/cacheworker/listings"
 	"github.com/strata-cache/strata/cacheworker/understore"
-	"github.com/strata-cache/strata/cacheworker/workerpb"
 )
 
 // TestAWorkerRestartedAtItsAddressIsReachedAtOnce: once calls to a gone worker have failed,
@@ -22,18 +19,10 @@ func TestAWorkerRestartedAtItsAddressIsReachedAtOnce(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	kept := keptListing(t, "uid", listings.Listing{Objects: []understore.ObjectInfo{{Path: "a"}}})
-	serve := func(lis net.Listener) *grpc.Server {
-		s := NewServer(nil, nil, testBlockSize, nil, logr.Discard())
-		s.ServeListings(kept, func(string) bool { return true })
-		srv := grpc.NewServer()
-		workerpb.RegisterWorkerServer(srv, s)
-		go func() { _ = srv.Serve(lis) }()
-		return srv
-	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	g.Expect(err).NotTo(HaveOccurred())
 	addr := lis.Addr().String()
-	srv := serve(lis)
+	srv := serveListings(t, lis, kept, "uid")
 	peers := newPeers(t)
 	_, err = peers.GetListing(ctx, addr, "uid", true)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -52,8 +41,7 @@ func TestAWorkerRestartedAtItsAddressIsReachedAtOnce(t *testing.T) {
 
 	lis, err = net.Listen("tcp", addr)
 	g.Expect(err).NotTo(HaveOccurred())
-	srv = serve(lis)
-	defer srv.Stop()
+	serveListings(t, lis, kept, "uid")
 	got, err := peers.GetListing(ctx, addr, "uid", true)
 	g.Expect(err).NotTo(HaveOccurred(), "the first call reaches the worker back at %s", addr)
 	g.Expect(got.Objects).To(HaveLen(1))
