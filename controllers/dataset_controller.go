@@ -773,12 +773,17 @@ func (r *DatasetReconciler) uncheckpointedDependent(ctx context.Context, ds *dat
 }
 
 func outputState(l *datav1alpha1.Lineage, name string) datav1alpha1.OutputState {
+	return outputStatus(l, name).State
+}
+
+// outputStatus is what l's status says of its output name; Pending when it says nothing.
+func outputStatus(l *datav1alpha1.Lineage, name string) datav1alpha1.LineageOutputStatus {
 	for _, o := range l.Status.Outputs {
 		if o.Name == name {
-			return o.State
+			return o
 		}
 	}
-	return datav1alpha1.OutputPending
+	return datav1alpha1.LineageOutputStatus{Name: name, State: datav1alpha1.OutputPending}
 }
 
 func contains(list []string, s string) bool {

@@ -45,6 +45,9 @@ const (
 	ReasonAllCheckpointed        = "AllCheckpointed"
 )
 
+// ReasonOutputForgotten is the event of an output that the master no longer knows.
+const ReasonOutputForgotten = "OutputForgotten"
+
 // recomputeRecheck is how often a running recomputation is looked at: whether a pod of higher
 // priority now waits for its data (pods are not watched: the operator does not cache tenants'
 // pods).
@@ -83,6 +86,9 @@ type LineageReconciler struct {
 	APIReader client.Reader
 	// Refresh is how often written outputs are looked up at the master; 0 means usageRefresh.
 	Refresh time.Duration
+	// RestorePending, when set, says whether the master is still to be restored from a backup:
+	// until then, an output it does not know is not taken for lost.
+	RestorePending func(context.Context) (bool, error)
 }
 
 // LineageMaster is the part of the master the Lineage reconciler talks to: the outputs'
@@ -286,7 +292,7 @@ func (r *LineageReconciler) outputLost(ctx context.Context, namespace string, ns
 	default:
 		// Pending too: the status read here may be older than the write (the cache lags), and an
 		// output never written has nothing lost at the master anyway.
-		st := datav1alpha1.LineageOutputStatus{Name: dataset, State: state}
+		st := outputStatus(ns.lineages[producer], dataset)
 		r.outputUsage(ctx, namespace, dataset, &st)
 		return st.State == datav1alpha1.OutputLost
 	}
@@ -370,7 +376,7 @@ func (r *LineageReconciler) missingInputs(ctx context.Context, l *datav1alpha1.L
 			available = meta.IsStatusConditionTrue(producer.Status.Conditions, datav1alpha1.ConditionReady) &&
 				state != datav1alpha1.OutputLost && state != datav1alpha1.OutputRecomputing
 			if available {
-				st := datav1alpha1.LineageOutputStatus{Name: in, State: state}
+				st := outputStatus(producer, in)
 				r.outputUsage(ctx, l.Namespace, in, &st)
 				_, _, active, _, err := r.recomputeJobs(ctx, producer)
 				available = st.State != datav1alpha1.OutputLost && len(active) == 0 && err == nil
@@ -492,7 +498,14 @@ func (r *LineageReconciler) setOutputs(ctx context.Context, l *datav1alpha1.Line
 			if st.State == "" || st.State == datav1alpha1.OutputPending {
 				st.State = datav1alpha1.OutputInMemory
 			}
-			complete[out] = r.outputUsage(ctx, l.Namespace, out, &st)
+			var forgotten bool
+			complete[out], forgotten = r.outputUsage(ctx, l.Namespace, out, &st)
+			if forgotten {
+				r.Recorder.Eventf(l, corev1.EventTypeWarning, ReasonOutputForgotten,
+					"the master no longer knows output %s (%d bytes when it last answered): its state was lost, as when every master replica "+
+						"is replaced on emptyDir storage (master.persistence.size unset) or restored from a backup older than the output; "+
+						"the output is lost and is recomputed", out, st.Bytes)
+			}
 		}
 		l.Status.Outputs = append(l.Status.Outputs, st)
 	}
@@ -510,7 +523,8 @@ func (r *LineageReconciler) completeOutputs(ctx context.Context, l *datav1alpha1
 		return
 	}
 	for _, out := range l.Spec.Outputs {
-		if complete[out] {
+		st := outputStatus(l, out)
+		if complete[out] || st.State == datav1alpha1.OutputLost {
 			continue
 		}
 		ds := &datav1alpha1.Dataset{}
@@ -520,7 +534,7 @@ func (r *LineageReconciler) completeOutputs(ctx context.Context, l *datav1alpha1
 		uid := string(ds.UID)
 		cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
 		err := completeAtMaster(cctx, r.Master, datav1alpha1.MasterDatasetName(l.Namespace, out, uid),
-			datav1alpha1.MasterDatasetRoot(l.Namespace, out, uid))
+			datav1alpha1.MasterDatasetRoot(l.Namespace, out, uid), st.Bytes == 0)
 		cancel()
 		if err != nil {
 			ctrl.LoggerFrom(ctx).Info("cannot mark an output complete at the master yet; it stays writable until then",
@@ -530,12 +544,16 @@ func (r *LineageReconciler) completeOutputs(ctx context.Context, l *datav1alpha1
 }
 
 // completeAtMaster marks the Dataset complete at the master, registering it first when the
-// writer wrote nothing into it, so that it stays empty.
-func completeAtMaster(ctx context.Context, master DatasetMetadata, name, root string) error {
+// writer wrote nothing into it (empty), so that it stays empty. An output the master held bytes
+// of and no longer knows is never registered so: it is lost (see notAtMaster), or waits for the
+// master's restore, and registered empty and complete it would look written.
+func completeAtMaster(ctx context.Context, master DatasetMetadata, name, root string, empty bool) error {
 	ds, err := master.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name, StaleOk: true})
 	switch {
 	case err == nil && ds.GetComplete():
 		return nil
+	case status.Code(err) == codes.NotFound && !empty:
+		return fmt.Errorf("the master does not know %s, which held files: not registering it empty", name)
 	case status.Code(err) == codes.NotFound:
 		if _, err := master.RegisterDataset(ctx, &masterpb.RegisterDatasetRequest{Name: name, Root: root}); err != nil {
 			return fmt.Errorf("registering %s: %w", name, err)
@@ -550,32 +568,30 @@ func completeAtMaster(ctx context.Context, master DatasetMetadata, name, root st
 }
 
 // outputUsage updates st from the master's record of the output Dataset; without an answer it
-// keeps what st says. It returns whether the master holds the Dataset complete.
-func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name string, st *datav1alpha1.LineageOutputStatus) (complete bool) {
+// keeps what st says. It returns whether the master holds the Dataset complete, and whether
+// the master forgot the output just now (see notAtMaster).
+func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name string, st *datav1alpha1.LineageOutputStatus) (complete, forgotten bool) {
 	if r.Master == nil {
-		return false
+		return false, false
 	}
 	ds := &datav1alpha1.Dataset{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ds); err != nil {
-		return false
+		return false, false
 	}
+	masterName := datav1alpha1.MasterDatasetName(namespace, name, string(ds.UID))
 	cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
 	defer cancel()
-	usage, err := r.Master.GetDatasetUsage(cctx, &masterpb.GetDatasetUsageRequest{
-		Name: datav1alpha1.MasterDatasetName(namespace, name, string(ds.UID)), StaleOk: true,
-	})
+	usage, err := r.Master.GetDatasetUsage(cctx, &masterpb.GetDatasetUsageRequest{Name: masterName, StaleOk: true})
 	switch {
 	case status.Code(err) == codes.NotFound:
-		// Nothing written into it (or forgotten for a recomputation, which says so itself):
-		// nothing to lose.
-		st.State, st.Replicas = datav1alpha1.OutputInMemory, 0
-		return false
+		return false, r.notAtMaster(ctx, masterName, ds, st)
 	case err != nil:
 		ctrl.LoggerFrom(ctx).Info("cannot read an output's state from the master; keeping the last", "output", name, "error", err.Error())
-		return false
+		return false, false
 	}
 	st.CheckpointedBytes = usage.GetCheckpointedBytes()
 	st.Replicas = int32(usage.GetMinCopies())
+	st.Bytes = int64(usage.GetTotalBytes())
 	switch {
 	case usage.GetLostFiles() > 0:
 		// A file with neither a live copy nor a checkpoint: only a recomputation brings it back.
@@ -588,7 +604,46 @@ func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name str
 	default:
 		st.State = datav1alpha1.OutputInMemory
 	}
-	return usage.GetComplete()
+	return usage.GetComplete(), false
+}
+
+// notAtMaster updates st for an output Dataset the master (as one replica answered) does not
+// know. Usually nothing was written into it, or a recomputation let go of it (and says so
+// itself): nothing to lose. But an output the master held bytes of has been forgotten, when the
+// master's state was lost: st is then Lost, so that the output is recomputed instead of shown
+// written and empty. That is decided only on the leader's word (a replica that answered may lag
+// behind), and not while the master is still to be restored from a backup. It returns whether
+// st became Lost so.
+func (r *LineageReconciler) notAtMaster(ctx context.Context, masterName string, ds *datav1alpha1.Dataset, st *datav1alpha1.LineageOutputStatus) bool {
+	held := st.Bytes > 0 && ds.DeletionTimestamp == nil &&
+		st.State != datav1alpha1.OutputRecomputing && st.State != datav1alpha1.OutputPending
+	if !held {
+		st.State, st.Replicas, st.Bytes = datav1alpha1.OutputInMemory, 0, 0
+		return false
+	}
+	if st.State == datav1alpha1.OutputLost {
+		return false // found forgotten before
+	}
+	log := ctrl.LoggerFrom(ctx).WithValues("output", ds.Name)
+	cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
+	defer cancel()
+	if _, err := r.Master.GetDatasetUsage(cctx, &masterpb.GetDatasetUsageRequest{Name: masterName}); status.Code(err) != codes.NotFound {
+		if err != nil {
+			log.Info("cannot ask the master's leader whether it forgot an output; keeping its last state", "error", err.Error())
+		}
+		return false // the leader knows it (a lagging replica answered), or said nothing
+	}
+	if r.RestorePending != nil {
+		pending, err := r.RestorePending(ctx)
+		if err != nil || pending {
+			log.Info("the master does not know an output it held, but is still to be restored from a backup; waiting for the restore",
+				"bytes", st.Bytes, "error", fmt.Sprint(err))
+			return false
+		}
+	}
+	log.Info("the master forgot an output it held: it is lost", "bytes", st.Bytes)
+	st.State, st.Replicas, st.CheckpointedBytes = datav1alpha1.OutputLost, 0, 0
+	return true
 }
 
 // recordTransition turns a change of the Ready reason into an event.

@@ -502,6 +502,74 @@ var _ = Describe("Recomputation of lost outputs", func() {
 		Eventually(completeAtMaster).Should(BeTrue(), "the recomputation finished: the output is closed again")
 		Consistently(func() int32 { return lineageOf("score").Status.Recomputations }, "2s").Should(BeEquivalentTo(1))
 	})
+
+	It("recomputes an output the master forgot (its state lost), instead of showing it written and empty", func() {
+		priorityClass(DefaultRecomputeClass, -100)
+		Expect(k8sClient.Create(ctx, &datav1alpha1.Dataset{
+			ObjectMeta: metav1.ObjectMeta{Name: "tables", Namespace: namespace},
+			Spec:       datav1alpha1.DatasetSpec{Lineage: &datav1alpha1.LineageReference{Name: "tabulate"}, TierPoolName: pool},
+		})).To(Succeed())
+		Expect(k8sClient.Create(ctx, newLineage(namespace, "tabulate", nil, []string{"tables"}))).To(Succeed())
+		job := &batchv1.Job{}
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "tabulate-run"}, job)
+		}).Should(Succeed())
+
+		By("the Job writes a file of 100 bytes, and succeeds")
+		ds := &datav1alpha1.Dataset{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "tables"}, ds)).To(Succeed())
+		name := datav1alpha1.MasterDatasetName(namespace, "tables", string(ds.UID))
+		worker := "pool/" + namespace
+		writeOn("tables", worker)
+		finishJob(job, true)
+		held := func(g Gomega) {
+			st := outputStatus(lineageOf("tabulate"), "tables")
+			g.Expect(st.State).To(Equal(datav1alpha1.OutputInMemory))
+			g.Expect(st.Bytes).To(BeEquivalentTo(100))
+			m, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(m.GetComplete()).To(BeTrue())
+		}
+		Eventually(held).Should(Succeed())
+
+		By("the master forgets it while it is still to be restored from a backup: the output waits for the restore")
+		lineageRestorePending.Store(true)
+		DeferCleanup(lineageRestorePending.Store, false)
+		_, err := lineageMaster.DeleteDataset(ctx, name)
+		Expect(err).NotTo(HaveOccurred())
+		Consistently(func(g Gomega) {
+			l := lineageOf("tabulate")
+			g.Expect(outputState(l, "tables")).To(Equal(datav1alpha1.OutputInMemory))
+			g.Expect(l.Status.Recomputations).To(BeZero())
+			_, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+			g.Expect(status.Code(err)).To(Equal(codes.NotFound), "not registered again as complete and empty")
+		}, "3s").Should(Succeed())
+
+		By("with no restore to wait for, the forgotten output is lost, said so, and recomputed")
+		lineageRestorePending.Store(false)
+		var recomputation string
+		Eventually(func(g Gomega) {
+			l := lineageOf("tabulate")
+			g.Expect(outputState(l, "tables")).To(Equal(datav1alpha1.OutputRecomputing))
+			g.Expect(l.Status.ActiveRecomputation).NotTo(BeNil())
+			recomputation = l.Status.ActiveRecomputation.JobName
+		}).Should(Succeed())
+		Expect(eventMessages(namespace, "tabulate", ReasonOutputForgotten)).To(ConsistOf(
+			And(ContainSubstring("no longer knows output tables (100 bytes"), ContainSubstring("master.persistence.size"))))
+		m, err := lineageMaster.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name})
+		if status.Code(err) != codes.NotFound {
+			Expect(err).NotTo(HaveOccurred())
+			Expect(m.GetComplete()).To(BeFalse(), "left open for the recomputation to write, not complete and empty")
+		}
+
+		By("the recomputation writes it again: held once more")
+		writeOn("tables", worker)
+		recompute := &batchv1.Job{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: namespace, Name: recomputation}, recompute)).To(Succeed())
+		finishJob(recompute, true)
+		Eventually(held).Should(Succeed())
+		Expect(lineageOf("tabulate").Status.Recomputations).To(BeEquivalentTo(1))
+	})
 })
 
 var _ = Describe("Recomputation of lost partitions", func() {

@@ -40,7 +40,12 @@ func (r *LineageReconciler) setRecovery(ctx context.Context, l *datav1alpha1.Lin
 		want := &masterpb.DatasetRecovery{WaitSeconds: r.readWaitSeconds(ctx, ds), Failed: failed, CommitPerAttempt: true}
 		name := datav1alpha1.MasterDatasetName(l.Namespace, out, string(ds.UID))
 		cctx, cancel := context.WithTimeout(ctx, masterCallTimeout)
-		err := setRecoveryAtMaster(cctx, r.Master, name, datav1alpha1.MasterDatasetRoot(l.Namespace, out, string(ds.UID)), want)
+		// An output that held files and that the master no longer knows is lost, or waits for the
+		// master's restore: registered now, it would look written and empty. Its recomputation
+		// registers it.
+		st := outputStatus(l, out)
+		mayRegister := st.Bytes == 0 || st.State == datav1alpha1.OutputRecomputing
+		err := setRecoveryAtMaster(cctx, r.Master, name, datav1alpha1.MasterDatasetRoot(l.Namespace, out, string(ds.UID)), want, mayRegister)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("telling the master how output %s is written and recovered: %w", out, err))
@@ -62,11 +67,14 @@ func (r *LineageReconciler) readWaitSeconds(ctx context.Context, ds *datav1alpha
 	return int64(math.Ceil(wait.Seconds()))
 }
 
-// setRecoveryAtMaster sets the Dataset's recovery at the master unless it is set so already.
-func setRecoveryAtMaster(ctx context.Context, master LineageMaster, name, root string, want *masterpb.DatasetRecovery) error {
+// setRecoveryAtMaster sets the Dataset's recovery at the master unless it is set so already;
+// a Dataset the master does not know is registered with it only if mayRegister.
+func setRecoveryAtMaster(ctx context.Context, master LineageMaster, name, root string, want *masterpb.DatasetRecovery, mayRegister bool) error {
 	ds, err := master.GetDataset(ctx, &masterpb.GetDatasetRequest{Name: name, StaleOk: true})
 	switch {
 	case err == nil && proto.Equal(ds.GetRecovery(), want):
+		return nil
+	case status.Code(err) == codes.NotFound && !mayRegister:
 		return nil
 	case err != nil && status.Code(err) != codes.NotFound:
 		return err

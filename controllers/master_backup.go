@@ -67,6 +67,24 @@ const (
 
 var backupName = regexp.MustCompile(`^strata-master-[0-9]{8}T[0-9]{6}Z\.backup$`)
 
+// RestorePending says whether the master is still to be restored from a backup: one is asked
+// for (RestoreFrom), and the record shows no restore yet, neither made nor refused. Until then
+// the master may lack what pods wrote before, and nothing it lacks counts as lost.
+func (s MasterBackupSpec) RestorePending(ctx context.Context, c client.Reader) (bool, error) {
+	if s.RestoreFrom == "" {
+		return false, nil
+	}
+	cm := &corev1.ConfigMap{}
+	err := c.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: datav1alpha1.MasterBackupsConfigMap}, cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil // made by the backup reconciler before it restores
+	case err != nil:
+		return false, fmt.Errorf("reading the record of the master's restore (ConfigMap %s/%s): %w", s.Namespace, datav1alpha1.MasterBackupsConfigMap, err)
+	}
+	return cm.Data[datav1alpha1.BackupKeyRestore] == "", nil
+}
+
 // Validate checks the spec at start-up, naming the flags to fix.
 func (s MasterBackupSpec) Validate() error {
 	if s.URI == "" {

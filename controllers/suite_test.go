@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,7 +70,10 @@ var (
 	blockReports *prometheus.CounterVec
 	// lineageMaster is a real master the Lineage reconciler reads outputs' state from; specs
 	// lose blocks in it to make outputs Lost.
-	lineageMaster                  *masterclient.Client
+	lineageMaster *masterclient.Client
+	// lineageRestorePending is what the Lineage reconciler hears of a restore of the master
+	// still to come.
+	lineageRestorePending          atomic.Bool
 	backedUpMaster, restoredMaster *masterclient.Client
 	// lineageDepth is the Lineage reconciler's gauge of uncheckpointed depth, registered alone
 	// on lineageDepthRegistry.
@@ -267,7 +271,8 @@ var _ = BeforeSuite(func() {
 	Expect((&LineageReconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator"), Master: lineageMaster, Partitions: lineageMaster,
 		APIReader: mgr.GetAPIReader(), Depth: lineageDepth,
-		Refresh: time.Second,
+		Refresh:        time.Second,
+		RestorePending: func(context.Context) (bool, error) { return lineageRestorePending.Load(), nil },
 	}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&volumeBinder{Client: mgr.GetClient()}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&ProvisionerReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("strata-operator")}).SetupWithManager(mgr)).To(Succeed())

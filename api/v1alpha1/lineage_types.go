@@ -102,7 +102,8 @@ const (
 	OutputCheckpointing OutputState = "Checkpointing"
 	// OutputCheckpointed: every file is in the under-store.
 	OutputCheckpointed OutputState = "Checkpointed"
-	// OutputLost: a file has neither a copy in memory nor a checkpoint; it is recomputed.
+	// OutputLost: a file has neither a copy in memory nor a checkpoint, or the master no longer
+	// knows the output at all (its state was lost); it is recomputed.
 	OutputLost OutputState = "Lost"
 	// OutputRecomputing: a recomputation Job writes it again.
 	OutputRecomputing OutputState = "Recomputing"
@@ -121,6 +122,11 @@ type LineageOutputStatus struct {
 	// spec.replication.count once replication caught up; 0 when a block has none).
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
+	// Bytes is the output's size as the master last reported it. An output the master held
+	// bytes of and then no longer knows at all is Lost: the master's state was lost (every
+	// replica replaced on emptyDir storage, or restored from a backup older than the output).
+	// +optional
+	Bytes int64 `json:"bytes,omitempty"`
 }
 
 // RecomputationStatus describes the recomputation Job that runs now.

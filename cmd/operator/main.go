@@ -283,6 +283,8 @@ func run(opts options) error {
 	// loadNodes are the pools' workers, asked what DataLoads brought them; none without a master.
 	var loadNodes controllers.LoadNodes
 	var partitionsMaster controllers.PartitionsMaster
+	// restorePending says whether the master is still to be restored from a backup.
+	var restorePending func(context.Context) (bool, error)
 	if masterSpec != nil {
 		if opts.ownerDeployment != "" {
 			owner, err := ownerReference(context.Background(), mgr.GetAPIReader(), opts.namespace, opts.ownerDeployment)
@@ -322,6 +324,9 @@ func run(opts options) error {
 		}
 		lineageMaster = masters
 		partitionsMaster = masters
+		backups := opts.master.backup
+		backups.Namespace = opts.namespace
+		restorePending = func(ctx context.Context) (bool, error) { return backups.RestorePending(ctx, mgr.GetClient()) }
 	}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the TierPool controller: %w", err)
@@ -340,7 +345,7 @@ func run(opts options) error {
 	}
 	if err := (&controllers.LineageReconciler{
 		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor(eventSource), Master: lineageMaster, Partitions: partitionsMaster, Depth: depth,
-		RecomputeClass: opts.recomputeClass, APIReader: mgr.GetAPIReader(),
+		RecomputeClass: opts.recomputeClass, APIReader: mgr.GetAPIReader(), RestorePending: restorePending,
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the Lineage controller: %w", err)
 	}
