@@ -491,7 +491,10 @@ func (r *LineageReconciler) setOutputs(ctx context.Context, l *datav1alpha1.Line
 	}
 	l.Status.Outputs = nil
 	for _, out := range l.Spec.Outputs {
-		st := datav1alpha1.LineageOutputStatus{Name: out, State: datav1alpha1.OutputPending}
+		// What the master held is kept while the Lineage is not Ready (its Job's pods being
+		// published again, an input gone for a while): a master that forgot the output meanwhile
+		// is found out once it is Ready again.
+		st := datav1alpha1.LineageOutputStatus{Name: out, State: datav1alpha1.OutputPending, Bytes: old[out].Bytes}
 		if written {
 			st = old[out]
 			st.Name = out
@@ -591,7 +594,7 @@ func (r *LineageReconciler) outputUsage(ctx context.Context, namespace, name str
 	}
 	st.CheckpointedBytes = usage.GetCheckpointedBytes()
 	st.Replicas = int32(usage.GetMinCopies())
-	st.Bytes = int64(usage.GetTotalBytes())
+	st.Bytes = usage.GetTotalBytes()
 	switch {
 	case usage.GetLostFiles() > 0:
 		// A file with neither a live copy nor a checkpoint: only a recomputation brings it back.

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"context"
+	"reflect"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -86,5 +88,25 @@ func TestALineageIsCheckedAgainstItsNamespaceBeforeItRuns(t *testing.T) {
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Reason).To(Equal(tc.reason))
 		})
+	}
+}
+
+// TestAnOutputNotReadyKeepsWhatTheMasterHeld: while a Lineage is not Ready (its pods' files
+// published again, an input gone for a while), its outputs are Pending but keep the bytes the
+// master held, so that a master that forgot them meanwhile is found out once it is Ready again.
+func TestAnOutputNotReadyKeepsWhatTheMasterHeld(t *testing.T) {
+	l := &datav1alpha1.Lineage{
+		Spec: datav1alpha1.LineageSpec{Outputs: []string{"index", "new"}},
+		Status: datav1alpha1.LineageStatus{Outputs: []datav1alpha1.LineageOutputStatus{
+			{Name: "index", State: datav1alpha1.OutputInMemory, Bytes: 100, Replicas: 1},
+		}},
+	}
+	(&LineageReconciler{}).setOutputs(context.Background(), l, false)
+	want := []datav1alpha1.LineageOutputStatus{
+		{Name: "index", State: datav1alpha1.OutputPending, Bytes: 100},
+		{Name: "new", State: datav1alpha1.OutputPending},
+	}
+	if !reflect.DeepEqual(l.Status.Outputs, want) {
+		t.Errorf("outputs %+v, want %+v", l.Status.Outputs, want)
 	}
 }
